@@ -1,0 +1,91 @@
+"""The exception tree. User exceptions raised by a tool body always pass through unwrapped.
+
+    GuardError                    root; also raised for misuse (e.g. current_key() outside a call)
+    ├── MissingTaskError          400  no task id in context: the tool was not run
+    ├── KeyReuseError             422  same task + operation, different arguments: not run
+    ├── InProgressError           409  another caller holds the claim: not run
+    ├── LeaseLostError            409  our lease expired and another worker took over: result refused
+    ├── OutcomeUnknownError       409  a step's outcome is unknown and the policy is "hold"
+    └── StoreError                503  the store could not be used; says whether the body ran
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class GuardError(Exception):
+    """Root of every error agentguard raises itself."""
+
+    status: int | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        task_id: str | None = None,
+        operation: str | None = None,
+        scope: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.key = key
+        self.task_id = task_id
+        self.operation = operation
+        self.scope = scope
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class MissingTaskError(GuardError):
+    """No task id was given: a key cannot be derived, so the tool was not run."""
+
+    status = 400
+
+
+class KeyReuseError(GuardError):
+    """The operation was already claimed with different arguments; the tool was not run."""
+
+    status = 422
+
+    def __init__(self, message: str, *, differing: Sequence[str] = (), **kw: str | None) -> None:
+        super().__init__(message, **kw)
+        self.differing = tuple(differing)
+
+
+class InProgressError(GuardError):
+    """Another caller is running this operation right now; this call did not run it."""
+
+    status = 409
+
+
+class LeaseLostError(GuardError):
+    """This worker's claim was taken over after its lease expired; its result was not stored."""
+
+    status = 409
+
+
+class OutcomeUnknownError(GuardError):
+    """A step of the operation started but its outcome was never recorded, and the policy says hold."""
+
+    status = 409
+
+    def __init__(self, message: str, *, step: str | None = None, **kw: str | None) -> None:
+        super().__init__(message, **kw)
+        self.step = step
+
+
+class StoreError(GuardError):
+    """The store was unreachable, its schema is wrong, or a write failed.
+
+    ``body_ran`` tells whether the tool body had already run when the store failed: if it had, the claim
+    is left held (fail closed) and a caller after the lease takes over with the same downstream key.
+    """
+
+    status = 503
+
+    def __init__(self, message: str, *, body_ran: bool = False, **kw: str | None) -> None:
+        super().__init__(message, **kw)
+        self.body_ran = body_ran

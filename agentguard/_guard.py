@@ -1,0 +1,734 @@
+"""Guard: configuration, the call state machine (written once), and the ``once`` decorator.
+
+derive -> claim -> replay | conflict | run -> record | release. ``_begin``, ``_succeed`` and ``_fail`` hold
+every decision; the async driver and the sync driver are a few lines each and only differ in where the
+body runs (the caller's task, or the caller's thread with store calls sent to the portal loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import logging
+import os
+import random
+import secrets
+import typing
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+
+from . import _codec
+from ._codec import Codec
+from ._context import _key, current_task
+from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, MissingTaskError
+from ._keys import argument_hashes, derive_key, fingerprint, operation_name
+from ._portal import Portal
+from .stores import FAILED, RUNNING, SUCCEEDED, Listing, Record, SQLStore
+
+log = logging.getLogger("agentguard")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+DEFAULT_URL = "sqlite+aiosqlite:///agentguard.db"
+DEFAULT_LEASE = 30.0
+DEFAULT_RETENTION = timedelta(days=7)
+_MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
+
+EventKind = Literal[
+    "claimed", "completed", "replayed", "takeover", "released", "waiting", "key_reuse", "lease_lost",
+    "not_stored",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class GuardEvent:
+    """What happened to one guarded call; passed to the ``on_event`` hook and logged."""
+
+    kind: EventKind
+    scope: str
+    task_id: str
+    operation: str
+    key: str
+    attempt: int
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """The result of :meth:`Guard.run`: the (decoded, stored) value and whether it was a replay."""
+
+    value: T
+    replayed: bool
+    key: str
+    operation: str
+    task_id: str
+    scope: str
+
+
+_LEVEL = {
+    "claimed": logging.DEBUG, "completed": logging.DEBUG, "waiting": logging.DEBUG,
+    "replayed": logging.INFO, "takeover": logging.INFO, "released": logging.INFO,
+    "key_reuse": logging.WARNING, "lease_lost": logging.WARNING, "not_stored": logging.ERROR,
+}
+
+
+@dataclass(slots=True)
+class _Call:
+    scope: str
+    task_id: str
+    operation: str
+    key: str
+    arg_hashes: dict[str, str]
+    fingerprint: str
+    codec: Codec
+    cache_errors: tuple[type[BaseException], ...]
+    on_conflict: str
+    wait_timeout: float | None
+    audit: str | None = None
+
+
+class _Claim:
+    __slots__ = ("attempt", "call", "fence", "heartbeat", "stop")
+
+    def __init__(self, call: _Call, fence: int, attempt: int) -> None:
+        self.call = call
+        self.fence = fence
+        self.attempt = attempt
+        self.stop = asyncio.Event()
+        self.heartbeat: asyncio.Task[None] | None = None
+
+
+class _Replay:
+    __slots__ = ("attempt", "call", "record")
+
+    def __init__(self, call: _Call, record: Record) -> None:
+        self.call = call
+        self.record = record
+
+    def result(self) -> Any:
+        rec, call = self.record, self.call
+        assert rec.result is not None
+        if rec.state == FAILED:
+            raise _codec.decode_error(rec.result, call.cache_errors)
+        try:
+            return call.codec.decode(rec.result)
+        except Exception as exc:  # the stored value no longer fits the tool's return type
+            raise GuardError(
+                f"the stored result of {call.operation!r} cannot be decoded as {call.codec.annotation!r} "
+                f"({exc}); the tool was not run again",
+                key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
+            ) from None
+
+
+async def _uncancellable(aw: Awaitable[T]) -> T:
+    """Finish ``aw`` even if we are cancelled meanwhile, then deliver the cancellation.
+
+    Recording an outcome or releasing a claim must not be split by a client timeout.
+    """
+    inner = asyncio.ensure_future(aw)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(inner)
+            break
+        except asyncio.CancelledError:
+            if inner.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+def _seconds(value: float | timedelta, what: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not seconds > 0:
+        raise ValueError(f"{what} must be a positive number of seconds or a timedelta, got {value!r}")
+    return float(seconds)
+
+
+class Guard:
+    """Runs side-effecting tools at most once per (scope, task, operation) and replays the outcome.
+
+    ``url``: ``sqlite+aiosqlite:///path.db`` (default ``$AGENTGUARD_URL``, else ``agentguard.db`` in the
+    working directory), ``sqlite+aiosqlite://`` for an in-memory store in tests, or
+    ``postgresql+asyncpg://user@host/db`` for a fleet of workers.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        lease: float | timedelta = DEFAULT_LEASE,
+        retention: float | timedelta = DEFAULT_RETENTION,
+        on_conflict: Literal["wait", "raise"] = "wait",
+        wait_timeout: float | timedelta | None = None,
+        on_event: Callable[[GuardEvent], None] | None = None,
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        sqlite_synchronous: str = "FULL",
+    ) -> None:
+        url = url or os.environ.get("AGENTGUARD_URL") or DEFAULT_URL
+        self._lease = _seconds(lease, "lease")
+        self._retention = _seconds(retention, "retention")
+        if on_conflict not in ("wait", "raise"):
+            raise ValueError(f"on_conflict must be 'wait' or 'raise', got {on_conflict!r}")
+        self._on_conflict = on_conflict
+        self._wait_timeout = None if wait_timeout is None else _seconds(wait_timeout, "wait_timeout")
+        self._on_event = on_event
+        self._store = SQLStore(
+            url, pool_size=pool_size, connect_timeout=connect_timeout, sqlite_synchronous=sqlite_synchronous
+        )
+        self._portal = Portal()
+        self._codecs: dict[Any, Codec] = {}
+        # Test seam: awaited between a failed claim insert and the read of the winner's row.
+        self._after_claim_miss: Callable[[], Awaitable[None]] | None = None
+
+    # -- configuration ------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._store.url
+
+    @property
+    def backend(self) -> str:
+        return self._store.backend
+
+    @property
+    def lease(self) -> float:
+        return self._lease
+
+    @property
+    def retention(self) -> float:
+        return self._retention
+
+    def __repr__(self) -> str:
+        return f"Guard(backend={self.backend!r}, lease={self._lease}, on_conflict={self._on_conflict!r})"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Guard:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def aclose(self) -> None:
+        """Dispose the engines of this loop and of the portal. The guard can be used again afterwards."""
+        await self._store.dispose()
+        if self._portal.started:
+            await self._portal.arun(self._store.dispose())
+            self._portal.stop()
+
+    def close(self) -> None:
+        """Close from sync code: disposes the portal's engine and stops the portal."""
+        if self._portal.started:
+            self._portal.run(self._store.dispose())
+            self._portal.stop()
+
+    # -- store passthroughs ---------------------------------------------------------------------------
+
+    async def _store_call(self, coro: Coroutine[Any, Any, T]) -> T:
+        # An in-memory SQLite database lives on one connection, so it lives on the portal loop.
+        return await (self._portal.arun(coro) if self._store.memory else coro)
+
+    async def sweep(self, batch: int = 1000) -> int:
+        """Delete records past their retention, in batches of ``batch``. Returns how many were deleted."""
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        return await self._store_call(self._store.sweep(batch))
+
+    async def records(
+        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100
+    ) -> Sequence[Listing]:
+        """The most recently updated records, for audit (``agentguard ls``)."""
+        return await self._store_call(self._store.listing(scope=scope, task_id=task_id, limit=limit))
+
+    async def ensure_schema(self) -> None:
+        await self._store_call(self._store.ensure_schema())
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    def _emit(self, kind: EventKind, call: _Call, attempt: int, detail: str = "") -> None:
+        level = _LEVEL[kind]
+        if log.isEnabledFor(level):
+            log.log(level, "%s %s task=%s scope=%s attempt=%d %s", kind, call.operation, call.task_id,
+                    call.scope, attempt, detail)
+        if self._on_event is not None:
+            try:
+                self._on_event(GuardEvent(kind, call.scope, call.task_id, call.operation, call.key, attempt, detail))
+            except Exception:
+                log.exception("the on_event hook raised; ignored")
+
+    # -- the state machine (written once) -----------------------------------------------------------
+
+    def _claimed(self, call: _Call, fence: int, attempt: int) -> _Claim:
+        claim = _Claim(call, fence, attempt)
+        claim.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(claim))
+        return claim
+
+    async def _heartbeat(self, claim: _Claim) -> None:
+        # A lease is not a lock: renew it while the body runs; every write stays fenced anyway.
+        call, interval = claim.call, self._lease / 3
+        while True:
+            try:
+                await asyncio.wait_for(claim.stop.wait(), interval)
+                return
+            except TimeoutError:
+                pass
+            try:
+                if not await self._store.renew(call.scope, call.key, claim.fence, self._lease):
+                    self._emit("lease_lost", call, claim.attempt, "renewal found the claim taken over")
+                    return
+            except GuardError as exc:
+                log.warning("could not renew the lease of %s: %s", call.operation, exc)
+
+    async def _stop_heartbeat(self, claim: _Claim) -> None:
+        claim.stop.set()
+        if claim.heartbeat is not None:
+            await claim.heartbeat
+
+    def _reuse_error(self, call: _Call, rec: Record) -> KeyReuseError:
+        try:
+            stored: dict[str, str] = json.loads(rec.arg_hashes)
+        except ValueError:
+            stored = {}
+        names = sorted(n for n in stored.keys() | call.arg_hashes.keys() if stored.get(n) != call.arg_hashes.get(n))
+        differ = ", ".join(names) or "unknown arguments"
+        self._emit("key_reuse", call, rec.attempts, differ)
+        return KeyReuseError(
+            f"{call.operation!r} in task {call.task_id!r} was already called with different arguments "
+            f"(differing: {differ}); the tool was not run. Use a new task id for a different operation.",
+            differing=names, key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
+        )
+
+    def _in_progress(self, call: _Call, rec: Record, why: str) -> InProgressError:
+        return InProgressError(
+            f"{call.operation!r} in task {call.task_id!r} is being run by another caller (attempt "
+            f"{rec.attempts}); {why}. This call did not run it; retry the same call shortly.",
+            key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
+        )
+
+    async def _begin(self, call: _Call) -> _Claim | _Replay:
+        store = self._store
+        owner = secrets.token_hex(8)
+        params: dict[str, Any] = {
+            "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
+            "fingerprint": call.fingerprint, "arg_hashes": json.dumps(call.arg_hashes, sort_keys=True),
+            "owner": owner, "lease": self._lease, "retention": self._retention, "audit": call.audit,
+            # Fences start at a random point so they never repeat for a key, not even after a sweep.
+            "fence": secrets.randbits(62),
+        }
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        delay, vanished = 0.01, 0
+        while True:
+            # Claim by insert, never check-then-insert: one statement decides.
+            fence = await store.claim(params)
+            if fence is not None:
+                self._emit("claimed", call, 1)
+                return self._claimed(call, fence, 1)
+            if self._after_claim_miss is not None:
+                await self._after_claim_miss()
+            rec = await store.read(call.scope, call.key)
+            if rec is None:
+                # The winner's row vanished (swept) between our insert and our read: claim again.
+                vanished += 1
+                if vanished >= _MAX_VANISHED:
+                    raise InProgressError(
+                        f"the record of {call.operation!r} kept vanishing while being claimed; the tool was "
+                        "not run. Retry the same call shortly.",
+                        key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
+                    )
+                continue
+            if rec.owner == owner and rec.state == RUNNING:
+                # Our own insert committed but its reply was lost to a reconnect.
+                self._emit("claimed", call, rec.attempts)
+                return self._claimed(call, rec.fence, rec.attempts)
+            stale = rec.expired and not rec.live  # past retention: a new operation
+            if not stale:
+                if rec.fingerprint != call.fingerprint:
+                    raise self._reuse_error(call, rec)
+                if rec.state in (SUCCEEDED, FAILED):
+                    self._emit("replayed", call, rec.attempts)
+                    return _Replay(call, rec)
+            if stale or not rec.live:
+                took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
+                if took is not None:
+                    attempt = 1 if stale else rec.attempts + 1
+                    self._emit("takeover" if not stale else "claimed", call, attempt,
+                               f"previous state {rec.state}" if not stale else "previous record expired")
+                    return self._claimed(call, took, attempt)
+                continue  # another caller took it first: look again
+            if call.on_conflict == "raise":
+                raise self._in_progress(call, rec, "on_conflict='raise'")
+            now = loop.time()
+            if deadline is None:
+                deadline = now + call.wait_timeout if call.wait_timeout is not None else float("inf")
+                self._emit("waiting", call, rec.attempts)
+            if now >= deadline:
+                raise self._in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
+            await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - now, 0.001)))
+            delay = min(delay * 1.6, 0.5)
+
+    async def _succeed(self, claim: _Claim, value: Any) -> Any:
+        call = claim.call
+        await self._stop_heartbeat(claim)
+        try:
+            encoded = call.codec.encode(value)
+        except (TypeError, ValueError) as exc:
+            self._emit("not_stored", call, claim.attempt, str(exc))
+            raise GuardError(
+                f"the result of {call.operation!r} could not be stored ({exc}); the tool body already ran, so "
+                "the claim is left held: after the lease expires the next caller takes over with the same "
+                "downstream key",
+                key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
+            ) from None
+        if not await self._store.complete(call.scope, call.key, claim.fence, SUCCEEDED, encoded, self._retention):
+            raise self._lease_lost(call, claim)
+        self._emit("completed", call, claim.attempt)
+        return call.codec.decode(encoded)
+
+    def _lease_lost(self, call: _Call, claim: _Claim) -> LeaseLostError:
+        self._emit("lease_lost", call, claim.attempt, "result refused")
+        return LeaseLostError(
+            f"the lease on {call.operation!r} in task {call.task_id!r} expired and another worker took over; "
+            "this worker's outcome was not stored and the other worker's stands",
+            key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
+        )
+
+    async def _fail(self, claim: _Claim, exc: BaseException) -> None:
+        call = claim.call
+        await self._stop_heartbeat(claim)
+        if isinstance(exc, Exception) and call.cache_errors and isinstance(exc, call.cache_errors):
+            stored = _codec.encode_error(exc)
+            if not await self._store.complete(call.scope, call.key, claim.fence, FAILED, stored, self._retention):
+                raise self._lease_lost(call, claim) from exc
+            self._emit("completed", call, claim.attempt, f"cached error {type(exc).__name__}")
+            return
+        # Released in its own statement on a fresh connection, never inside a failed transaction.
+        try:
+            released = await self._store.release(call.scope, call.key, claim.fence, self._retention)
+        except GuardError as store_exc:
+            exc.add_note(f"agentguard: the claim could not be released ({store_exc}); it expires with its lease")
+            return
+        if released:
+            self._emit("released", call, claim.attempt, type(exc).__name__)
+        else:
+            self._emit("lease_lost", call, claim.attempt, "release refused")
+
+    # -- drivers --------------------------------------------------------------------------------------
+
+    async def _drive(self, call: _Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
+        outcome = await self._store_call(self._begin(call))
+        if isinstance(outcome, _Replay):
+            return outcome.result(), True
+        token = _key.set(call.key)
+        try:
+            value = await body(call.key)
+        except BaseException as exc:
+            await _uncancellable(self._store_call(self._fail(outcome, exc)))
+            raise
+        finally:
+            _key.reset(token)
+        return await _uncancellable(self._store_call(self._succeed(outcome, value))), False
+
+    def _drive_sync(self, call: _Call, body: Callable[[str], T]) -> tuple[T, bool]:
+        portal = self._portal
+        outcome = portal.run(self._begin(call))
+        if isinstance(outcome, _Replay):
+            return outcome.result(), True
+        token = _key.set(call.key)
+        try:
+            value = body(call.key)
+        except BaseException as exc:
+            portal.run(self._fail(outcome, exc))
+            raise
+        finally:
+            _key.reset(token)
+        return portal.run(self._succeed(outcome, value)), False
+
+    # -- building calls -------------------------------------------------------------------------------
+
+    def _codec_for(self, annotation: Any) -> Codec:
+        try:
+            codec = self._codecs.get(annotation)
+        except TypeError:  # unhashable annotation
+            return Codec(annotation)
+        if codec is None:
+            codec = self._codecs[annotation] = Codec(annotation)
+        return codec
+
+    def _make_call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        key_values: Mapping[str, Any] | str | None,
+        *,
+        task_id: str | None,
+        scope: str | None,
+        codec: Codec,
+        cache_errors: tuple[type[BaseException], ...],
+        on_conflict: str | None,
+        wait_timeout: float | None,
+        audit: str | None = None,
+    ) -> _Call:
+        if task_id is None:
+            info = current_task()
+            if info is None:
+                raise MissingTaskError(
+                    f"no task id for {tool!r}: call it inside `with agentguard.task(<task id>):` (or give the "
+                    "adapter a task_id); the tool was not run",
+                    operation=tool,
+                )
+            task_id, scope = info.task_id, scope or info.scope
+        elif not isinstance(task_id, str) or not task_id.strip():
+            raise MissingTaskError(f"the task id for {tool!r} must be a non-empty string, got {task_id!r}",
+                                   operation=tool)
+        scope = scope or "default"
+        hashes = argument_hashes(arguments)
+        operation = operation_name(tool, key_values)
+        return _Call(
+            scope=scope, task_id=task_id, operation=operation, key=derive_key(scope, task_id, operation),
+            arg_hashes=hashes, fingerprint=fingerprint(hashes), codec=codec, cache_errors=cache_errors,
+            on_conflict=on_conflict or self._on_conflict,
+            wait_timeout=self._wait_timeout if wait_timeout is None else wait_timeout, audit=audit,
+        )
+
+    # -- public entry points --------------------------------------------------------------------------
+
+    async def run(
+        self,
+        operation: str,
+        body: Callable[[str], Awaitable[T]],
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        key: Mapping[str, Any] | str | None = None,
+        task_id: str | None = None,
+        scope: str | None = None,
+        returns: Any = Any,
+        cache_errors: tuple[type[BaseException], ...] = (),
+        on_conflict: Literal["wait", "raise"] | None = None,
+        wait_timeout: float | None = None,
+        audit: Mapping[str, Any] | None = None,
+    ) -> Outcome[T]:
+        """Guard one call without a decorator (for adapters and proxies).
+
+        ``body`` receives the downstream key. ``arguments`` are fingerprinted; ``key`` holds the values
+        that tell operations apart within a task. ``audit`` is stored beside the record, never in the key.
+        """
+        call = self._make_call(
+            operation, arguments or {}, key, task_id=task_id, scope=scope, codec=self._codec_for(returns),
+            cache_errors=_check_errors(cache_errors), on_conflict=on_conflict, wait_timeout=wait_timeout,
+            audit=None if audit is None else _codec.dumps(dict(audit)),
+        )
+        value, replayed = await self._drive(call, body)
+        return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
+
+    @overload
+    def once(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+    @overload
+    def once(
+        self,
+        fn: None = None,
+        /,
+        *,
+        operation: str | None = None,
+        key: Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None = None,
+        ignore: Sequence[str] = (),
+        cache_errors: tuple[type[BaseException], ...] = (),
+        inject: str | None = "idempotency_key",
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    def once(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        operation: str | None = None,
+        key: Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None = None,
+        ignore: Sequence[str] = (),
+        cache_errors: tuple[type[BaseException], ...] = (),
+        inject: str | None = "idempotency_key",
+    ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+        """Run the decorated tool at most once per (scope, task, operation); replay its outcome after.
+
+        ``key``: argument names whose values tell operations apart within a task (none: one operation
+        per task), or a callable of the bound arguments returning a string. ``ignore``: arguments left
+        out of the fingerprint. ``cache_errors``: exception classes stored and replayed like results.
+        ``inject``: a parameter that receives the downstream key, hidden from the wrapper's signature.
+        """
+
+        def decorate(f: Callable[P, R]) -> Callable[P, R]:
+            return _Spec(self, f, operation, key, ignore, _check_errors(cache_errors), inject).wrapper()
+
+        return decorate if fn is None else decorate(fn)
+
+
+def _check_errors(cache_errors: Any) -> tuple[type[BaseException], ...]:
+    if isinstance(cache_errors, type):
+        cache_errors = (cache_errors,)
+    if not isinstance(cache_errors, tuple | list) or not all(
+        isinstance(c, type) and issubclass(c, Exception) for c in cache_errors
+    ):
+        raise TypeError(f"cache_errors must be a tuple of Exception classes, got {cache_errors!r}")
+    return tuple(cache_errors)
+
+
+_FRAMEWORK_TOOLS = {
+    "FunctionTool": "agents.function_tool (OpenAI Agents SDK)",
+    "StructuredTool": "langchain_core.tools.tool",
+    "BaseTool": "langchain_core.tools.tool",
+    "Tool": "the framework's tool decorator",
+    "BetaFunctionTool": "anthropic's beta_tool",
+}
+
+
+def _reject_framework_tool(fn: Any) -> None:
+    if inspect.isfunction(fn) or inspect.ismethod(fn) or isinstance(fn, functools.partial):
+        return
+    for cls in type(fn).__mro__:
+        if cls.__name__ in _FRAMEWORK_TOOLS and not cls.__module__.startswith("builtins"):
+            raise TypeError(
+                f"@guard.once was placed on top of a {type(fn).__name__} made by {_FRAMEWORK_TOOLS[cls.__name__]}; "
+                "put it underneath instead, directly on the function:\n"
+                "    @tool            # the framework decorator on top\n"
+                "    @guard.once(...) # agentguard right above the function\n"
+                "    def charge(...): ..."
+            )
+    if not callable(fn):
+        raise TypeError(f"@guard.once needs a function, got {type(fn).__name__}")
+
+
+class _Spec:
+    """Everything the decorator decides once, at decoration time."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        fn: Callable[..., Any],
+        operation: str | None,
+        key: Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None,
+        ignore: Sequence[str],
+        cache_errors: tuple[type[BaseException], ...],
+        inject: str | None,
+    ) -> None:
+        _reject_framework_tool(fn)
+        self.guard, self.fn = guard, fn
+        self.tool = operation or getattr(fn, "__name__", None) or type(fn).__name__
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
+        )
+        self.full_sig = sig = inspect.signature(fn)
+        params = sig.parameters
+        if inject is not None and inject not in params and inject != "idempotency_key":
+            raise TypeError(f"{self.tool}: inject={inject!r} names no parameter of the function")
+        self.inject = inject if inject in params else None
+        self.public_sig = sig.replace(parameters=[p for n, p in params.items() if n != self.inject])
+        names = set(self.public_sig.parameters)
+        if isinstance(ignore, str):
+            ignore = (ignore,)
+        for n in ignore:
+            if n not in names:
+                raise TypeError(f"{self.tool}: ignore names {n!r}, which is not a parameter")
+        self.excluded = set(ignore)
+        first = next(iter(params), None)
+        if first in ("self", "cls"):
+            self.excluded.add(first)  # the bound instance is not an argument of the operation
+        self.key_fn: Callable[[Mapping[str, Any]], str] | None = None
+        self.key_fields: tuple[str, ...] = ()
+        if callable(key):
+            self.key_fn = key
+        elif key is not None:
+            self.key_fields = (key,) if isinstance(key, str) else tuple(key)
+            for n in self.key_fields:
+                if n not in names:
+                    raise TypeError(f"{self.tool}: key names {n!r}, which is not a parameter")
+        try:
+            hints = typing.get_type_hints(fn)
+        except NameError:
+            hints = {}  # a forward reference not resolvable yet: replay untyped (tagged JSON)
+        except Exception as exc:
+            raise TypeError(f"{self.tool}: cannot read the type hints: {exc}") from None
+        self.codec = guard._codec_for(hints.get("return", Any))
+        self.cache_errors = cache_errors
+        # The downstream key can be passed by keyword iff no positional argument can reach its slot.
+        inj = params.get(self.inject) if self.inject else None
+        after = list(params)[list(params).index(self.inject) + 1:] if self.inject else []
+        self.fast_inject = inj is not None and inj.kind != inj.POSITIONAL_ONLY and all(
+            params[n].kind in (inj.KEYWORD_ONLY, inj.VAR_KEYWORD) for n in after
+        )
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Call, Mapping[str, Any]]:
+        bound = self.public_sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        excluded = self.excluded
+        fp_args = {k: v for k, v in arguments.items() if k not in excluded} if excluded else arguments
+        if self.key_fn is not None:
+            key_values: Mapping[str, Any] | str | None = self.key_fn(dict(arguments))
+            if not isinstance(key_values, str):
+                raise TypeError(f"{self.tool}: the key callable must return a str, got {type(key_values).__name__}")
+        else:
+            key_values = {n: arguments[n] for n in self.key_fields} if self.key_fields else None
+        call = self.guard._make_call(
+            self.tool, fp_args, key_values, task_id=None, scope=None, codec=self.codec,
+            cache_errors=self.cache_errors, on_conflict=None, wait_timeout=None,
+        )
+        return call, arguments
+
+    def invoke(self, args: tuple[Any, ...], kwargs: dict[str, Any], arguments: Mapping[str, Any], key: str) -> Any:
+        inject = self.inject
+        if inject is None:
+            return self.fn(*args, **kwargs)
+        if self.fast_inject:
+            return self.fn(*args, **kwargs, **{inject: key})
+        full = {n: (key if n == inject else arguments[n]) for n in self.full_sig.parameters}
+        ba = inspect.BoundArguments(self.full_sig, full)  # type: ignore[arg-type]
+        return self.fn(*ba.args, **ba.kwargs)
+
+    def wrapper(self) -> Any:
+        fn, guard, spec = self.fn, self.guard, self
+
+        if self.is_async:
+
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                call, arguments = spec.call(args, kwargs)
+                value, _ = await guard._drive(call, lambda key: spec.invoke(args, kwargs, arguments, key))
+                return value
+
+            wrapper: Any = async_wrapper
+        else:
+
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                call, arguments = spec.call(args, kwargs)
+                value, _ = guard._drive_sync(call, lambda key: spec.invoke(args, kwargs, arguments, key))
+                return value
+
+            wrapper = sync_wrapper
+        functools.update_wrapper(wrapper, fn)
+        wrapper.__signature__ = self.public_sig
+        # functools.wraps shares fn's annotations dict: copy it, never mutate it.
+        annotations = dict(getattr(fn, "__annotations__", {}))
+        annotations.pop(self.inject or "", None)
+        wrapper.__annotations__ = annotations
+        wrapper.__agentguard__ = self
+        return wrapper

@@ -1,0 +1,112 @@
+"""Key, downstream key and fingerprint derivation: pure functions, no I/O.
+
+The key is derived from (scope, task, operation) and never from the attempt, so every re-invocation of the
+same operation in the same task meets the same record. Keys and fingerprints are hashes: no personal data
+reaches the key column or the provider.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import hashlib
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def _default(obj: Any) -> Any:
+    # Only called for values json cannot encode natively; each branch yields a stable, typed form.
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, decimal.Decimal):
+        if not obj.is_finite():
+            raise TypeError(f"non-finite Decimal {obj!r} has no canonical form")
+        return {"$decimal": str(obj.normalize())}
+    if isinstance(obj, dt.datetime):
+        return {"$datetime": obj.isoformat()}
+    if isinstance(obj, dt.date):
+        return {"$date": obj.isoformat()}
+    if isinstance(obj, dt.time):
+        return {"$time": obj.isoformat()}
+    if isinstance(obj, dt.timedelta):
+        return {"$timedelta": obj.total_seconds()}
+    if isinstance(obj, uuid.UUID):
+        return str(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, bytes | bytearray):
+        return {"$bytes": base64.b64encode(bytes(obj)).decode()}
+    if isinstance(obj, set | frozenset):
+        return sorted((canonical_json(v) for v in obj))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    raise TypeError(f"cannot canonicalise a value of type {type(obj).__qualname__}")
+
+
+def _normalise(value: Any) -> Any:
+    # json renders 1.0 and 1 differently; a fingerprint must not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical JSON form used for fingerprints: sorted keys, no whitespace, typed extras."""
+    value = _normalise(value)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
+    )
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def argument_hashes(arguments: Mapping[str, Any]) -> dict[str, str]:
+    """One short hash per argument, so a reuse error can name what differs without storing values.
+
+    Raises TypeError naming the argument that has no canonical form.
+    """
+    out: dict[str, str] = {}
+    for name, value in arguments.items():
+        try:
+            out[name] = _sha(canonical_json(value))[:24]
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"argument {name!r} cannot be fingerprinted: {exc}") from None
+    return out
+
+
+def fingerprint(hashes: Mapping[str, str]) -> str:
+    return _sha(json.dumps(dict(hashes), sort_keys=True, separators=(",", ":")))
+
+
+def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str:
+    """The readable operation: ``charge`` or ``charge[order_id="o-1"]``. Stored for audit only."""
+    if key_values is None:
+        return tool
+    if isinstance(key_values, str):
+        return f"{tool}[{key_values}]"
+    if not key_values:
+        return tool
+    try:
+        inner = ",".join(f"{k}={canonical_json(v)}" for k, v in sorted(key_values.items()))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"key field of {tool!r} cannot be canonicalised: {exc}") from None
+    return f"{tool}[{inner}]"
+
+
+def derive_key(scope: str, task_id: str, operation: str) -> str:
+    """The record key and downstream key: a fixed-length opaque hash of (scope, task, operation)."""
+    return "ag_" + _sha(json.dumps([scope, task_id, operation], separators=(",", ":")))[:48]
+
+
+def sub_key(key: str, name: str) -> str:
+    """A sub-key for one of several foreign calls inside one operation; stable across attempts."""
+    return "ag_" + _sha(json.dumps([key, name], separators=(",", ":")))[:48]

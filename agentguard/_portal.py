@@ -1,0 +1,75 @@
+"""One background event loop per Guard, for sync tools and in-memory stores.
+
+A sync tool runs in its caller's thread; its store calls are sent here instead of starting a new
+``asyncio.run`` per call (which would build and tear down an engine every time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from ._errors import GuardError
+
+T = TypeVar("T")
+
+
+class Portal:
+    def __init__(self, name: str = "agentguard-portal") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None:
+            return loop
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=serve, name=self._name, daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def in_portal(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the portal loop and block this thread until it finishes."""
+        if self.in_portal():
+            coro.close()
+            raise GuardError("a sync guarded call was made from inside the guard's own event loop")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
+
+    async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the portal loop from another loop."""
+        if self.in_portal():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop()))
+
+    def stop(self) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not threading.current_thread():
+            thread.join(timeout=10)
+            loop.close()

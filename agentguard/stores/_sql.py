@@ -1,0 +1,405 @@
+"""One SQLAlchemy Core async store for ``sqlite+aiosqlite`` and ``postgresql+asyncpg``.
+
+Every hot statement is written once, compiled once per dialect (SQLAlchemy's compiled cache) and executed
+in autocommit mode on a connection checked out for that step only: one statement, one round trip, one
+commit. No connection is held while a tool body runs. Every write after the claim is conditional on the
+fence the caller holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Double,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    event,
+    text,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from .._errors import StoreError
+from ._dialects import Dialect, dialect_for
+
+log = logging.getLogger("agentguard.store")
+T = TypeVar("T")
+
+TABLE = "agentguard_calls"
+
+RUNNING, SUCCEEDED, FAILED, RELEASED = "running", "succeeded", "failed", "released"
+
+metadata = MetaData()
+calls = Table(
+    TABLE,
+    metadata,
+    Column("scope", String(255), nullable=False),
+    Column("key", String(64), nullable=False),
+    Column("task_id", Text, nullable=False),  # audit only; the key is what identifies the record
+    Column("operation", Text, nullable=False),  # audit only
+    Column("fingerprint", String(64), nullable=False),
+    Column("arg_hashes", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("owner", String(64)),
+    Column("lease_until", Double),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("expires_at", Double, nullable=False),
+    Column("result", Text),
+    Column("audit", Text),
+    PrimaryKeyConstraint("scope", "key", name=f"{TABLE}_pkey"),
+    Index(f"{TABLE}_expires_idx", "expires_at"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    scope: str
+    key: str
+    state: str
+    fence: int
+    fingerprint: str
+    arg_hashes: str
+    result: str | None
+    attempts: int
+    owner: str | None
+    task_id: str
+    operation: str
+    live: bool  # running and its lease has not expired
+    expired: bool  # past retention (meaningful only when not live)
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    scope: str
+    key: str
+    task_id: str
+    operation: str
+    state: str
+    attempts: int
+    age: float
+    lease_left: float | None
+
+
+class _Statements:
+    """The store's statements, built once per dialect."""
+
+    def __init__(self, d: Dialect) -> None:
+        now = d.now
+        live = f"(state = '{RUNNING}' AND lease_until > {now})"
+        where_fenced = "scope = :scope AND key = :key AND fence = :fence"
+        self.claim = text(
+            f"INSERT INTO {TABLE} (scope, key, task_id, operation, fingerprint, arg_hashes, state, fence,"
+            " attempts, owner, lease_until, created_at, updated_at, expires_at, audit)"
+            f" VALUES (:scope, :key, :task_id, :operation, :fingerprint, :arg_hashes, '{RUNNING}', :fence,"
+            f" 1, :owner, {now} + :lease, {now}, {now}, {now} + :retention, :audit)"
+            " ON CONFLICT (scope, key) DO NOTHING RETURNING fence"
+        )
+        self.read = text(
+            "SELECT state, fence, fingerprint, arg_hashes, result, attempts, owner, task_id, operation,"
+            f" CASE WHEN {live} THEN 1 ELSE 0 END AS live,"
+            f" CASE WHEN expires_at < {now} THEN 1 ELSE 0 END AS expired"
+            f" FROM {TABLE} WHERE scope = :scope AND key = :key"
+        )
+        # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
+        # released, lease expired, or past retention (then it restarts as a new operation: reset = 1).
+        self.take_over = text(
+            f"UPDATE {TABLE} SET fence = fence + 1, state = '{RUNNING}', owner = :owner,"
+            f" lease_until = {now} + :lease, updated_at = {now}, expires_at = {now} + :retention,"
+            " attempts = CASE WHEN :reset = 1 THEN 1 ELSE attempts + 1 END,"
+            f" created_at = CASE WHEN :reset = 1 THEN {now} ELSE created_at END,"
+            " fingerprint = :fingerprint, arg_hashes = :arg_hashes, task_id = :task_id,"
+            " operation = :operation, result = NULL, audit = COALESCE(:audit, audit)"
+            f" WHERE {where_fenced} AND NOT {live}"
+            f" AND (state IN ('{RUNNING}', '{RELEASED}') OR expires_at < {now})"
+            " RETURNING fence"
+        )
+        self.renew = text(
+            f"UPDATE {TABLE} SET lease_until = {now} + :lease, updated_at = {now}"
+            f" WHERE {where_fenced} AND state = '{RUNNING}' RETURNING fence"
+        )
+        self.complete = text(
+            f"UPDATE {TABLE} SET state = :state, result = :result, lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE {where_fenced} AND state = '{RUNNING}' RETURNING fence"
+        )
+        self.release = text(
+            f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE {where_fenced} AND state = '{RUNNING}' RETURNING fence"
+        )
+        # Bounded batches; the outer predicate is re-checked on rows changed meanwhile (a takeover
+        # between the sub-select and the delete refreshes expires_at, so it is not deleted).
+        dead = f"expires_at < {now} AND NOT {live}"
+        self.sweep = text(
+            f"DELETE FROM {TABLE} WHERE (scope, key) IN"
+            f" (SELECT scope, key FROM {TABLE} WHERE {dead} LIMIT :batch) AND {dead}"
+        )
+        self.listing = text(
+            f"SELECT scope, key, task_id, operation, state, attempts, {now} - created_at AS age,"
+            f" CASE WHEN state = '{RUNNING}' THEN lease_until - {now} END AS lease_left"
+            f" FROM {TABLE} WHERE (:scope IS NULL OR scope = :scope) AND (:task_id IS NULL OR task_id = :task_id)"
+            " ORDER BY updated_at DESC LIMIT :limit"
+        )
+
+
+def _backend(url: str) -> tuple[str, str]:
+    try:
+        u = make_url(url)
+    except Exception as exc:  # ArgumentError and ValueError both mean a malformed URL
+        raise ValueError(f"malformed store URL: {exc}") from None
+    backend, _, driver = u.drivername.partition("+")
+    if backend in ("postgres", "postgresql"):
+        if driver not in ("", "asyncpg"):
+            raise ValueError(f"Postgres is supported through asyncpg only (postgresql+asyncpg://...), got {url!r}")
+        return "postgresql", u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+    if backend == "sqlite":
+        if driver not in ("", "aiosqlite"):
+            raise ValueError(f"SQLite is supported through aiosqlite only (sqlite+aiosqlite://...), got {url!r}")
+        return "sqlite", u.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
+    raise ValueError(f"unsupported store URL {url!r}: use sqlite+aiosqlite:///path.db or postgresql+asyncpg://...")
+
+
+def _is_memory(url: str) -> bool:
+    db = make_url(url).database
+    return db in (None, "", ":memory:") or "mode=memory" in url
+
+
+class SQLStore:
+    """The store. Engines are created lazily, one per event loop (asyncpg and aiosqlite connections are
+    bound to the loop that opened them); the schema is created on first use."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        sqlite_synchronous: str = "FULL",
+        pg_synchronous_commit: str | None = None,
+    ) -> None:
+        self.backend, self.url = _backend(url)
+        self.dialect = dialect_for(self.backend)
+        self.memory = self.backend == "sqlite" and _is_memory(self.url)
+        if pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+        if sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError("sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA")
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._sqlite_synchronous = sqlite_synchronous.upper()
+        self._pg_synchronous_commit = pg_synchronous_commit
+        self.sql = _Statements(self.dialect)
+        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._schema_ready = False
+        self._schema_lock: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- engines ------------------------------------------------------------------------------------
+
+    def _make_engine(self) -> AsyncEngine:
+        kw: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"}
+        if self.backend == "postgresql":
+            settings = {"application_name": "agentguard"}
+            if self._pg_synchronous_commit:
+                settings["synchronous_commit"] = self._pg_synchronous_commit
+            kw.update(
+                pool_size=self._pool_size,
+                max_overflow=self._pool_size * 2,
+                connect_args={"timeout": self._connect_timeout, "server_settings": settings},
+            )
+        else:
+            kw["connect_args"] = {"timeout": 30.0}
+        try:
+            engine = create_async_engine(self.url, **kw)
+        except Exception as exc:  # missing driver, bad URL parts
+            raise StoreError(f"cannot create the store engine for {self.backend}: {exc}") from exc
+        if self.backend == "sqlite":
+            synchronous = self._sqlite_synchronous
+            memory = self.memory
+
+            @event.listens_for(engine.sync_engine, "connect")
+            def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA busy_timeout = 30000")
+                if not memory:
+                    cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
+                cur.execute(f"PRAGMA synchronous = {synchronous}")
+                cur.close()
+
+        return engine
+
+    def engine(self) -> AsyncEngine:
+        loop = asyncio.get_running_loop()
+        engine = self._engines.get(loop)
+        if engine is None:
+            engine = self._engines[loop] = self._make_engine()
+        return engine
+
+    async def dispose(self) -> None:
+        """Dispose the engine of the running loop."""
+        loop = asyncio.get_running_loop()
+        engine = self._engines.pop(loop, None)
+        if engine is not None:
+            await engine.dispose()
+
+    # -- execution ----------------------------------------------------------------------------------
+
+    async def _with_conn(self, what: str, fn: Callable[[AsyncConnection], Awaitable[T]], *, body_ran: bool) -> T:
+        if not self._schema_ready:
+            await self.ensure_schema()
+        engine = self.engine()
+        for attempt in (1, 2):
+            try:
+                async with engine.connect() as conn:
+                    return await fn(conn)
+            except DBAPIError as exc:
+                # A connection killed since it was pooled (server restart, pg_terminate_backend): every
+                # statement here is safe to repeat once on a fresh connection (claims carry an owner
+                # token, writes are fenced).
+                if exc.connection_invalidated and attempt == 1:
+                    log.warning("store connection lost during %s; retrying once on a new connection", what)
+                    continue
+                raise self._error(what, exc, body_ran) from exc
+            except (SQLAlchemyError, OSError) as exc:
+                raise self._error(what, exc, body_ran) from exc
+        raise AssertionError("unreachable")
+
+    def _error(self, what: str, exc: BaseException, body_ran: bool) -> StoreError:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc) else type(exc).__name__
+        if body_ran:
+            msg = (
+                f"the store failed while recording the outcome ({what}: {detail}); the tool body already ran, "
+                "so the claim is left held: after the lease expires the next caller takes over with the same "
+                "downstream key"
+            )
+        else:
+            msg = f"the store failed ({what}: {detail}); the tool was not run"
+        return StoreError(msg, body_ran=body_ran)
+
+    async def _one(self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool = False) -> Any:
+        async def run(conn: AsyncConnection) -> Any:
+            return (await conn.execute(stmt, params)).first()
+
+        return await self._with_conn(what, run, body_ran=body_ran)
+
+    async def ensure_schema(self) -> None:
+        """Create the table and indexes if missing; safe when many processes start at once."""
+        if self._schema_ready:
+            return
+        loop = asyncio.get_running_loop()
+        lock = self._schema_lock.setdefault(loop, asyncio.Lock())
+        async with lock:
+            if self._schema_ready:
+                return
+            engine = self.engine()
+            try:
+                async with engine.connect() as conn:
+                    await self._create(conn)
+            except (SQLAlchemyError, OSError) as exc:
+                raise self._error("creating the schema", exc, False) from exc
+            self._schema_ready = True
+
+    async def _create(self, conn: AsyncConnection) -> None:
+        # The engine is in autocommit mode; DDL runs in one explicit transaction so the advisory lock
+        # (Postgres) covers it.
+        await conn.exec_driver_sql("BEGIN IMMEDIATE" if self.backend == "sqlite" else "BEGIN")
+        try:
+            if self.dialect.schema_lock:
+                await conn.exec_driver_sql(self.dialect.schema_lock)
+            await conn.run_sync(metadata.create_all, checkfirst=True)
+            await conn.exec_driver_sql("COMMIT")
+        except BaseException:
+            await conn.exec_driver_sql("ROLLBACK")
+            raise
+
+    # -- the state machine's statements -------------------------------------------------------------
+
+    async def claim(self, params: dict[str, Any]) -> int | None:
+        """INSERT ... ON CONFLICT DO NOTHING: the row count decides. Returns our fence, or None."""
+        row = await self._one("claiming the key", self.sql.claim, params)
+        return None if row is None else int(row[0])
+
+    async def read(self, scope: str, key: str) -> Record | None:
+        row = await self._one("reading the record", self.sql.read, {"scope": scope, "key": key})
+        if row is None:
+            return None
+        return Record(
+            scope=scope,
+            key=key,
+            state=row[0],
+            fence=int(row[1]),
+            fingerprint=row[2],
+            arg_hashes=row[3],
+            result=row[4],
+            attempts=int(row[5]),
+            owner=row[6],
+            task_id=row[7],
+            operation=row[8],
+            live=bool(row[9]),
+            expired=bool(row[10]),
+        )
+
+    async def take_over(self, params: dict[str, Any]) -> int | None:
+        row = await self._one("taking over the claim", self.sql.take_over, params)
+        return None if row is None else int(row[0])
+
+    async def renew(self, scope: str, key: str, fence: int, lease: float) -> bool:
+        params = {"scope": scope, "key": key, "fence": fence, "lease": lease}
+        return await self._one("renewing the lease", self.sql.renew, params, body_ran=True) is not None
+
+    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
+        params = {
+            "scope": scope, "key": key, "fence": fence, "state": state, "result": result, "retention": retention,
+        }
+        return await self._one("storing the result", self.sql.complete, params, body_ran=True) is not None
+
+    async def release(self, scope: str, key: str, fence: int, retention: float) -> bool:
+        params = {"scope": scope, "key": key, "fence": fence, "retention": retention}
+        return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
+
+    async def sweep(self, batch: int = 1000) -> int:
+        """Delete records past their retention, in batches; never a running claim whose lease is live."""
+        total = 0
+
+        async def run(conn: AsyncConnection) -> int:
+            result = await conn.execute(self.sql.sweep, {"batch": batch})
+            return int(result.rowcount or 0)
+
+        while True:
+            n = await self._with_conn("sweeping expired records", run, body_ran=False)
+            total += n
+            if n < batch:
+                return total
+
+    async def listing(
+        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100
+    ) -> Sequence[Listing]:
+        async def run(conn: AsyncConnection) -> list[Listing]:
+            rows = await conn.execute(self.sql.listing, {"scope": scope, "task_id": task_id, "limit": limit})
+            return [
+                Listing(
+                    scope=r[0], key=r[1], task_id=r[2], operation=r[3], state=r[4], attempts=int(r[5]),
+                    age=float(r[6]), lease_left=None if r[7] is None else float(r[7]),
+                )
+                for r in rows
+            ]
+
+        return await self._with_conn("listing records", run, body_ran=False)
