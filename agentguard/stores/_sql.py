@@ -152,7 +152,8 @@ class _Statements:
         self.listing = text(
             f"SELECT scope, key, task_id, operation, state, attempts, {now} - created_at AS age,"
             f" CASE WHEN state = '{RUNNING}' THEN lease_until - {now} END AS lease_left"
-            f" FROM {TABLE} WHERE (:scope IS NULL OR scope = :scope) AND (:task_id IS NULL OR task_id = :task_id)"
+            f" FROM {TABLE} WHERE (CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
+            " AND (CAST(:task_id AS VARCHAR) IS NULL OR task_id = :task_id)"
             " ORDER BY updated_at DESC LIMIT :limit"
         )
 
@@ -262,7 +263,9 @@ class SQLStore:
 
     # -- execution ----------------------------------------------------------------------------------
 
-    async def _with_conn(self, what: str, fn: Callable[[AsyncConnection], Awaitable[T]], *, body_ran: bool) -> T:
+    async def _with_conn(
+        self, what: str, fn: Callable[[AsyncConnection], Awaitable[T]], *, body_ran: bool | None
+    ) -> T:
         if not self._schema_ready:
             await self.ensure_schema()
         engine = self.engine()
@@ -282,7 +285,7 @@ class SQLStore:
                 raise self._error(what, exc, body_ran) from exc
         raise AssertionError("unreachable")
 
-    def _error(self, what: str, exc: BaseException, body_ran: bool) -> StoreError:
+    def _error(self, what: str, exc: BaseException, body_ran: bool | None) -> StoreError:
         detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc) else type(exc).__name__
         if body_ran:
             msg = (
@@ -290,9 +293,11 @@ class SQLStore:
                 "so the claim is left held: after the lease expires the next caller takes over with the same "
                 "downstream key"
             )
+        elif body_ran is None:
+            msg = f"the store failed ({what}: {detail})"
         else:
             msg = f"the store failed ({what}: {detail}); the tool was not run"
-        return StoreError(msg, body_ran=body_ran)
+        return StoreError(msg, body_ran=bool(body_ran))
 
     async def _one(self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool = False) -> Any:
         async def run(conn: AsyncConnection) -> Any:
@@ -314,7 +319,7 @@ class SQLStore:
                 async with engine.connect() as conn:
                     await self._create(conn)
             except (SQLAlchemyError, OSError) as exc:
-                raise self._error("creating the schema", exc, False) from exc
+                raise self._error("creating the schema", exc, False) from exc  # before any body
             self._schema_ready = True
 
     async def _create(self, conn: AsyncConnection) -> None:
@@ -384,7 +389,7 @@ class SQLStore:
             return int(result.rowcount or 0)
 
         while True:
-            n = await self._with_conn("sweeping expired records", run, body_ran=False)
+            n = await self._with_conn("sweeping expired records", run, body_ran=None)
             total += n
             if n < batch:
                 return total
@@ -402,4 +407,4 @@ class SQLStore:
                 for r in rows
             ]
 
-        return await self._with_conn("listing records", run, body_ran=False)
+        return await self._with_conn("listing records", run, body_ran=None)

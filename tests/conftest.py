@@ -1,0 +1,101 @@
+"""One suite, both databases. ``AGENTGUARD_TEST_BACKEND=sqlite|postgres`` picks the store; with postgres,
+``AGENTGUARD_TEST_PG_URL`` points at a server (``scripts/test.sh`` starts a throwaway one). Each test gets its
+own SQLite file or its own Postgres database, so tests never see each other's records."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from agentguard import Guard
+
+BACKEND = os.environ.get("AGENTGUARD_TEST_BACKEND", "sqlite")
+PG_URL = os.environ.get("AGENTGUARD_TEST_PG_URL", "")
+if BACKEND not in ("sqlite", "postgres"):
+    raise RuntimeError(f"AGENTGUARD_TEST_BACKEND must be sqlite or postgres, got {BACKEND!r}")
+if BACKEND == "postgres" and not PG_URL:
+    raise RuntimeError("AGENTGUARD_TEST_BACKEND=postgres needs AGENTGUARD_TEST_PG_URL (scripts/test.sh sets it)")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="Postgres-only test (AGENTGUARD_TEST_BACKEND=postgres)")
+    for item in items:
+        if "postgres" in item.keywords and BACKEND != "postgres":
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _pg_dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def _pg_admin(sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(_pg_dsn(PG_URL))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def pg_execute(url: str, sql: str) -> Any:
+    """Run one statement on the test database with plain asyncpg (for tests that poke the server)."""
+    import asyncpg
+
+    async def go() -> Any:
+        conn = await asyncpg.connect(_pg_dsn(url))
+        try:
+            return await conn.fetch(sql)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty store for this test."""
+    if BACKEND == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'agentguard.db'}"
+        return
+    name = "t_" + uuid.uuid4().hex[:20]
+    asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+    try:
+        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture
+async def make_guard(store_url: str) -> AsyncIterator[Callable[..., Guard]]:
+    """Build guards on this test's store; all are closed when the test ends."""
+    made: list[Guard] = []
+
+    def make(**kw: Any) -> Guard:
+        g = Guard(kw.pop("url", store_url), **kw)
+        made.append(g)
+        return g
+
+    yield make
+    for g in made:
+        await g.aclose()
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
