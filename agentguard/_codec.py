@@ -114,10 +114,15 @@ class Codec:
                     f"a {type(value).__qualname__} model cannot be rebuilt without a return annotation"
                 )
             return dumps(value)
+        adapter = self._adapter
         try:
-            py = self._adapter.dump_python(value, mode="python", warnings="error")
-        except Exception as exc:  # pydantic raises several types here; all mean "not storable"
-            raise TypeError(f"result does not match the return annotation {self.annotation!r}: {exc}") from None
+            py = adapter.dump_python(value, mode="python", warnings="error")
+        except Exception:  # not an instance of the annotation: coerce it, as the replay will
+            try:
+                py = adapter.dump_python(adapter.validate_python(value), mode="python", warnings="error")
+            except Exception as exc:  # pydantic raises several types here; all mean "not storable"
+                first = str(exc).strip().splitlines()[0]
+                raise TypeError(f"result does not fit the return annotation {self.annotation!r}: {first}") from None
         return dumps(py, typed=True)
 
     def decode(self, text: str) -> Any:

@@ -147,6 +147,29 @@ async def _uncancellable(aw: Awaitable[T]) -> T:
     return result
 
 
+async def _settle(aw: Awaitable[T], undo: Callable[[T], Awaitable[Any]] | None = None) -> T:
+    """Let one store statement finish even if we are cancelled meanwhile (a statement cut in half leaves
+    an unknown outcome and, with asyncpg, a broken connection). If we were cancelled and ``undo`` is
+    given, it runs on the statement's result (releasing a claim just won) before the cancellation
+    is delivered."""
+    inner = asyncio.ensure_future(aw)
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        if inner.done() and inner.cancelled():
+            raise
+        try:
+            result = await _uncancellable(inner)
+        except Exception:
+            raise asyncio.CancelledError from None
+        if undo is not None:
+            try:
+                await _uncancellable(undo(result))
+            except Exception:
+                log.warning("could not undo a statement after a cancellation", exc_info=True)
+        raise
+
+
 def _seconds(value: float | timedelta, what: str) -> float:
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not seconds > 0:
@@ -341,13 +364,13 @@ class Guard:
         delay, vanished = 0.01, 0
         while True:
             # Claim by insert, never check-then-insert: one statement decides.
-            fence = await store.claim(params)
+            fence = await _settle(store.claim(params), lambda f: self._undo_claim(call, f))
             if fence is not None:
                 self._emit("claimed", call, 1)
                 return self._claimed(call, fence, 1)
             if self._after_claim_miss is not None:
                 await self._after_claim_miss()
-            rec = await store.read(call.scope, call.key)
+            rec = await _settle(store.read(call.scope, call.key))
             if rec is None:
                 # The winner's row vanished (swept) between our insert and our read: claim again.
                 vanished += 1
@@ -370,7 +393,10 @@ class Guard:
                     self._emit("replayed", call, rec.attempts)
                     return _Replay(call, rec)
             if stale or not rec.live:
-                took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
+                took = await _settle(
+                    store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0}),
+                    lambda f: self._undo_claim(call, f),
+                )
                 if took is not None:
                     attempt = 1 if stale else rec.attempts + 1
                     self._emit("takeover" if not stale else "claimed", call, attempt,
@@ -387,6 +413,10 @@ class Guard:
                 raise self._in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
             await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - now, 0.001)))
             delay = min(delay * 1.6, 0.5)
+
+    async def _undo_claim(self, call: _Call, fence: int | None) -> None:
+        if fence is not None:
+            await self._store.release(call.scope, call.key, fence, self._retention)
 
     async def _succeed(self, claim: _Claim, value: Any) -> Any:
         call = claim.call

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 def _default(obj: Any) -> Any:
     # Only called for values json cannot encode natively; each branch yields a stable, typed form.
     if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
+        return _normalise(obj.model_dump(mode="json"))
     if isinstance(obj, decimal.Decimal):
         if not obj.is_finite():
             raise TypeError(f"non-finite Decimal {obj!r} has no canonical form")
@@ -46,14 +46,20 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, set | frozenset):
         return sorted((canonical_json(v) for v in obj))
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return {f.name: _normalise(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     raise TypeError(f"cannot canonicalise a value of type {type(obj).__qualname__}")
 
 
 def _normalise(value: Any) -> Any:
-    # json renders 1.0 and 1 differently; a fingerprint must not.
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+    # json renders 1.0 and 1 differently; a fingerprint must not. Containers are walked (cheaply: the
+    # common flat str/int arguments fall straight through).
+    t = type(value)
+    if t is float:
+        return int(value) if value.is_integer() else value
+    if t is dict:
+        return {k: _normalise(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [_normalise(v) for v in value]
     return value
 
 

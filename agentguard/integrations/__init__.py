@@ -1,0 +1,19 @@
+"""Thin adapters between agent frameworks / workflow engines and :class:`agentguard.Guard`.
+
+One module per framework, each importing its framework lazily (importing ``agentguard`` or this package
+never imports a framework):
+
+    agentguard.integrations.pydantic_ai     once(...) under @agent.tool / @agent.tool_plain; GuardTools capability
+    agentguard.integrations.openai_agents   once(...) under @function_tool; guard_tool(FunctionTool)
+    agentguard.integrations.langchain       once(...) under @tool; ToolGuard middleware (create_agent, ToolNode)
+    agentguard.integrations.temporal        once(...) under @activity.defn (task id: the workflow id)
+    agentguard.integrations.dbos            once(...) under @DBOS.step() (task id: DBOS.workflow_id)
+
+Every adapter resolves the task id by the same rule: an explicit ``task_id=`` callable of the framework's
+run context, then ``with agentguard.task(...)``, then the framework's stable id, else it refuses. Refusals
+reach the model as a tool-error message in the framework's own convention (see :func:`refusal_message`).
+"""
+
+from ._common import ToolSpec, refusal_message
+
+__all__ = ["ToolSpec", "refusal_message"]

@@ -1,0 +1,137 @@
+"""The guarantee across separate OS processes: barriers, SIGKILL and SIGSTOP, on the suite's backend."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentguard import Guard, LeaseLostError, task
+
+pytestmark = pytest.mark.slow
+
+WORKER = str(Path(__file__).with_name("proc_worker.py"))
+
+
+class Worker:
+    def __init__(self, url: str, task_id: str, effects: Path, mode: str, **opts: Any) -> None:
+        argv = [sys.executable, WORKER, url, task_id, str(effects), mode]
+        for k, v in opts.items():
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+
+    def expect(self, line: str) -> None:
+        assert self.proc.stdout is not None
+        got = self.proc.stdout.readline().strip()
+        assert got == line, f"worker said {got!r}, expected {line!r}"
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.communicate(timeout=30)  # reaps it and closes the pipes
+
+    def result(self) -> dict[str, Any]:
+        out, _ = self.proc.communicate(timeout=90)
+        assert self.proc.returncode == 0, out
+        parsed: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return parsed
+
+
+def effects_of(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def release_together(workers: list[Worker]) -> None:
+    for w in workers:
+        w.expect("ready")  # every process is warm (imported, connected, schema ready)
+    for w in workers:
+        w.go()
+
+
+@pytest.mark.parametrize("on_conflict", ["wait", "raise"])
+def test_eight_processes_one_key_one_side_effect(store_url: str, tmp_path: Path, on_conflict: str) -> None:
+    effects = tmp_path / "effects"
+    t = "t-" + uuid.uuid4().hex[:10]
+    workers = [Worker(store_url, t, effects, "once", on_conflict=on_conflict, sleep=0.5) for _ in range(8)]
+    release_together(workers)
+    results = [w.result() for w in workers]
+    assert len(effects_of(effects)) == 1
+    oks = [r["ok"] for r in results if "ok" in r]
+    assert oks and all(o == oks[0] for o in oks)
+    if on_conflict == "wait":
+        assert len(oks) == 8
+    else:
+        assert {r["error"] for r in results if "error" in r} <= {"InProgressError"}
+
+
+def test_sigkill_mid_call_is_taken_over_with_the_same_key(store_url: str, tmp_path: Path) -> None:
+    effects = tmp_path / "effects"
+    t = "t-" + uuid.uuid4().hex[:10]
+    victim = Worker(store_url, t, effects, "hang", lease=1.0, sleep=60)
+    release_together([victim])
+    victim.expect("started")
+    victim.kill()
+    survivor = Worker(store_url, t, effects, "once", lease=1.0)
+    release_together([survivor])
+    result = survivor.result()["ok"]
+    keys = effects_of(effects)
+    # The body ran twice (once per live claim) with one downstream key: the provider deduplicates.
+    assert len(keys) == 2 and keys[0] == keys[1] == result["key"]
+    assert result["pid"] == survivor.proc.pid
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("reclaimed_in_between", [False, True])
+async def test_stale_worker_woken_after_takeover_gets_lease_lost(
+    store_url: str, tmp_path: Path, reclaimed_in_between: bool
+) -> None:
+    effects = tmp_path / "effects"
+    t = "t-" + uuid.uuid4().hex[:10]
+    stale = Worker(store_url, t, effects, "hang", lease=1.0, sleep=1.5)
+    release_together([stale])
+    stale.expect("started")
+    stale.proc.send_signal(signal.SIGSTOP)
+    try:
+        async with Guard(store_url, lease=1.0) as guard:
+            runs: list[str] = []
+
+            @guard.once(key=["order_id"])
+            async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+                runs.append(idempotency_key)
+                if reclaimed_in_between and len(runs) == 1:
+                    raise ConnectionError("first takeover fails and releases its claim")
+                return {"order_id": order_id, "amount_cents": amount_cents, "pid": 0, "key": idempotency_key}
+
+            with task(t):
+                time.sleep(1.2)  # the stopped worker's lease runs out
+                if reclaimed_in_between:
+                    with pytest.raises(ConnectionError):
+                        await charge("o-1", 4900)
+                winner = await charge("o-1", 4900)
+    finally:
+        stale.proc.send_signal(signal.SIGCONT)
+    loser = stale.result()
+    assert loser["error"] == LeaseLostError.__name__ and "took over" in loser["message"]
+    # The takeover's result stands: a fresh caller replays it.
+    async with Guard(store_url) as guard:
+
+        @guard.once(key=["order_id"])
+        async def charge2(order_id: str, amount_cents: int) -> dict[str, Any]:
+            raise AssertionError("must replay, not run")
+
+        charge2.__agentguard__.tool = "charge"  # type: ignore[attr-defined]
+        with task(t):
+            assert await charge2("o-1", 4900) == winner
+    assert len(set(effects_of(effects) + runs)) == 1  # every attempt used the same downstream key
