@@ -211,8 +211,6 @@ class Guard:
         )
         self._portal = Portal()
         self._codecs: dict[Any, Codec] = {}
-        # Test seam: awaited between a failed claim insert and the read of the winner's row.
-        self._after_claim_miss: Callable[[], Awaitable[None]] | None = None
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -364,13 +362,13 @@ class Guard:
         delay, vanished = 0.01, 0
         while True:
             # Claim by insert, never check-then-insert: one statement decides.
-            fence = await _settle(store.claim(params), lambda f: self._undo_claim(call, f))
-            if fence is not None:
+            got = await _settle(
+                store.claim(params), lambda g: self._undo_claim(call, g if isinstance(g, int) else None)
+            )
+            if isinstance(got, int):
                 self._emit("claimed", call, 1)
-                return self._claimed(call, fence, 1)
-            if self._after_claim_miss is not None:
-                await self._after_claim_miss()
-            rec = await _settle(store.read(call.scope, call.key))
+                return self._claimed(call, got, 1)
+            rec = got
             if rec is None:
                 # The winner's row vanished (swept) between our insert and our read: claim again.
                 vanished += 1

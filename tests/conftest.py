@@ -39,14 +39,14 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _pg_dsn(url: str) -> str:
+def pg_dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 async def _pg_admin(sql: str) -> None:
     import asyncpg
 
-    conn = await asyncpg.connect(_pg_dsn(PG_URL))
+    conn = await asyncpg.connect(pg_dsn(PG_URL))
     try:
         await conn.execute(sql)
     finally:
@@ -58,7 +58,7 @@ def pg_execute(url: str, sql: str) -> Any:
     import asyncpg
 
     async def go() -> Any:
-        conn = await asyncpg.connect(_pg_dsn(url))
+        conn = await asyncpg.connect(pg_dsn(url))
         try:
             return await conn.fetch(sql)
         finally:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     Column,
     Double,
     Index,
@@ -64,6 +65,9 @@ calls = Table(
     Column("result", Text),
     Column("audit", Text),
     PrimaryKeyConstraint("scope", "key", name=f"{TABLE}_pkey"),
+    CheckConstraint(
+        f"state IN ('{RUNNING}', '{SUCCEEDED}', '{FAILED}', '{RELEASED}')", name=f"{TABLE}_state_check"
+    ),
     Index(f"{TABLE}_expires_idx", "expires_at"),
 )
 
@@ -97,6 +101,14 @@ class Listing:
     lease_left: float | None
 
 
+def _record(scope: str, key: str, row: Sequence[Any]) -> Record:
+    return Record(
+        scope=scope, key=key, state=row[0], fence=int(row[1]), fingerprint=row[2], arg_hashes=row[3],
+        result=row[4], attempts=int(row[5]), owner=row[6], task_id=row[7], operation=row[8],
+        live=bool(row[9]), expired=bool(row[10]),
+    )
+
+
 class _Statements:
     """The store's statements, built once per dialect."""
 
@@ -111,12 +123,23 @@ class _Statements:
             f" 1, :owner, {now} + :lease, {now}, {now}, {now} + :retention, :audit)"
             " ON CONFLICT (scope, key) DO NOTHING RETURNING fence"
         )
-        self.read = text(
-            "SELECT state, fence, fingerprint, arg_hashes, result, attempts, owner, task_id, operation,"
+        columns = (
+            "state, fence, fingerprint, arg_hashes, result, attempts, owner, task_id, operation,"
             f" CASE WHEN {live} THEN 1 ELSE 0 END AS live,"
             f" CASE WHEN expires_at < {now} THEN 1 ELSE 0 END AS expired"
-            f" FROM {TABLE} WHERE scope = :scope AND key = :key"
         )
+        self.read = text(f"SELECT {columns} FROM {TABLE} WHERE scope = :scope AND key = :key")
+        # Postgres: claim-or-fetch in one round trip. The SELECT branch sees the statement's snapshot, so
+        # it finds nothing when the conflicting row was committed by a racing insert after we started;
+        # the caller then reads again (a new snapshot).
+        self.claim_or_fetch: Any = None
+        if d.name == "postgresql":
+            self.claim_or_fetch = text(
+                "WITH ins AS (" + str(self.claim.text) + ")"
+                " SELECT 1 AS claimed, fence, NULL, NULL, NULL, NULL, 1, NULL, NULL, NULL, 0, 0 FROM ins"
+                f" UNION ALL SELECT 0, {columns.replace('state, fence', 'fence, state', 1)}"
+                f" FROM {TABLE} WHERE scope = :scope AND key = :key AND NOT EXISTS (SELECT 1 FROM ins)"
+            )
         # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
         # released, lease expired, or past retention (then it restarts as a new operation: reset = 1).
         self.take_over = text(
@@ -209,6 +232,8 @@ class SQLStore:
             weakref.WeakKeyDictionary()
         )
         self._schema_ready = False
+        # Test seam: awaited between a claim that found an existing row and acting on that row.
+        self.after_claim_miss: Callable[[], Awaitable[None]] | None = None
         self._schema_lock: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
@@ -337,30 +362,33 @@ class SQLStore:
 
     # -- the state machine's statements -------------------------------------------------------------
 
-    async def claim(self, params: dict[str, Any]) -> int | None:
-        """INSERT ... ON CONFLICT DO NOTHING: the row count decides. Returns our fence, or None."""
+    async def claim(self, params: dict[str, Any]) -> int | Record | None:
+        """Claim the key by INSERT ... ON CONFLICT DO NOTHING (the row count decides).
+
+        Returns our fence if we claimed it, else the existing record, or None if that record is not
+        visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
+        """
+        scope, key = params["scope"], params["key"]
+        if self.sql.claim_or_fetch is not None:
+            row = await self._one("claiming the key", self.sql.claim_or_fetch, params)
+            if row is not None and row[0] == 1:
+                return int(row[1])
+            if self.after_claim_miss is not None:
+                await self.after_claim_miss()
+            if row is not None:
+                # (claimed, fence, state, ...) -> the read's column order
+                return _record(scope, key, (row[2], row[1], *row[3:]))
+            return await self.read(scope, key)
         row = await self._one("claiming the key", self.sql.claim, params)
-        return None if row is None else int(row[0])
+        if row is not None:
+            return int(row[0])
+        if self.after_claim_miss is not None:
+            await self.after_claim_miss()
+        return await self.read(scope, key)
 
     async def read(self, scope: str, key: str) -> Record | None:
         row = await self._one("reading the record", self.sql.read, {"scope": scope, "key": key})
-        if row is None:
-            return None
-        return Record(
-            scope=scope,
-            key=key,
-            state=row[0],
-            fence=int(row[1]),
-            fingerprint=row[2],
-            arg_hashes=row[3],
-            result=row[4],
-            attempts=int(row[5]),
-            owner=row[6],
-            task_id=row[7],
-            operation=row[8],
-            live=bool(row[9]),
-            expired=bool(row[10]),
-        )
+        return None if row is None else _record(scope, key, tuple(row))
 
     async def take_over(self, params: dict[str, Any]) -> int | None:
         row = await self._one("taking over the claim", self.sql.take_over, params)

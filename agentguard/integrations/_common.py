@@ -1,0 +1,314 @@
+"""What every adapter shares: the task-id rule, context-parameter detection, the refusal text, and the
+decorator shell that puts them around :meth:`Guard.once`. Nothing here imports a framework."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .._context import DEFAULT_SCOPE, TaskInfo, current_task, task
+from .._errors import (
+    GuardError,
+    InProgressError,
+    KeyReuseError,
+    LeaseLostError,
+    MissingTaskError,
+    OutcomeUnknownError,
+    StoreError,
+)
+from .._guard import Guard
+
+T = TypeVar("T")
+
+KeyArg = Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None
+TaskIdFrom = Callable[[Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """How a framework-level adapter (capability, tool wrapper, middleware) guards one tool.
+
+    ``key``: argument names whose values tell operations apart within a task (``"order_id"``); none means
+    one operation per tool per task. ``returns``: the result type, so a pydantic model or a dataclass
+    replays as itself (results are otherwise stored as tagged JSON). ``cache_errors``: exception classes
+    stored and replayed like results. ``ignore``: arguments left out of the fingerprint.
+    """
+
+    key: Sequence[str] | str | None = None
+    returns: Any = Any
+    cache_errors: tuple[type[BaseException], ...] = ()
+    ignore: Sequence[str] = ()
+
+    def key_fields(self) -> tuple[str, ...]:
+        if self.key is None:
+            return ()
+        return (self.key,) if isinstance(self.key, str) else tuple(self.key)
+
+    def key_values(self, arguments: Mapping[str, Any]) -> dict[str, Any] | None:
+        fields = self.key_fields()
+        return {n: arguments.get(n) for n in fields} if fields else None
+
+    def fingerprinted(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in arguments.items() if k not in self.ignore}
+
+
+ToolsArg = Mapping[str, "ToolSpec | Sequence[str] | str | None"] | Iterable[str]
+
+
+def tool_specs(tools: ToolsArg) -> dict[str, ToolSpec]:
+    """Normalise ``["charge"]`` / ``{"charge": "order_id"}`` / ``{"charge": ToolSpec(...)}``."""
+    if isinstance(tools, str):
+        raise TypeError(f"tools must be a collection of tool names, not the string {tools!r}")
+    out: dict[str, ToolSpec] = {}
+    if isinstance(tools, Mapping):
+        for name, spec in tools.items():
+            if spec is None:
+                spec = ToolSpec()
+            elif isinstance(spec, str | list | tuple):
+                spec = ToolSpec(key=spec)
+            elif not isinstance(spec, ToolSpec):
+                raise TypeError(f"tool {name!r}: expected a ToolSpec, key field names or None, got {spec!r}")
+            out[str(name)] = spec
+    else:
+        out = {str(name): ToolSpec() for name in tools}
+    if not out:
+        raise ValueError("no tools to guard: name at least one")
+    return out
+
+
+def refusal_message(exc: GuardError) -> str:
+    """The text a model sees when the guard did not run a tool: what happened and what (not) to do next."""
+    op = f"`{exc.operation}`" if exc.operation else "this tool call"
+    if isinstance(exc, KeyReuseError):
+        differ = ", ".join(exc.differing) or "some arguments"
+        return (
+            f"Refused by agentguard: {op} was already called in this task with different arguments "
+            f"(differing: {differ}). This call was NOT run and the earlier call stands. Do not retry with "
+            "changed arguments; if a second, different operation is really intended, ask the user."
+        )
+    if isinstance(exc, InProgressError):
+        return (
+            f"Not run by agentguard: the same {op} is still being processed for this task, so its outcome is "
+            "not known yet. Do not assume it failed and do not issue a different call; call it again later "
+            "with the same arguments to receive its result."
+        )
+    if isinstance(exc, MissingTaskError):
+        return (
+            f"Refused by agentguard: {op} has no task id configured, so it cannot be made safe to repeat and "
+            "was NOT run. This is a configuration problem of the application; retrying will not help."
+        )
+    if isinstance(exc, LeaseLostError):
+        return (
+            f"agentguard: {op} was taken over by another worker after this one stalled; this result was "
+            "discarded and the other worker's outcome stands. Call it again with the same arguments to "
+            "receive that outcome."
+        )
+    if isinstance(exc, StoreError):
+        ran = "may have taken effect" if exc.body_ran else "was NOT run"
+        return (
+            f"agentguard could not reach its store, so {op} {ran}. Do not issue a different call; the same "
+            "call can be repeated safely later and will not be performed twice."
+        )
+    if isinstance(exc, OutcomeUnknownError):
+        return (
+            f"agentguard: the outcome of {op} is unknown and it is held for review; it was NOT run again. "
+            "Tell the user rather than retrying."
+        )
+    return f"agentguard: {op} was not completed: {exc.message}"
+
+
+# -- task id: one rule, everywhere ------------------------------------------------------------------------
+
+
+def _as_task_id(value: Any, source: str, tool: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise MissingTaskError(
+            f"no usable task id for {tool!r}: {source} gave {value!r}; the tool was not run", operation=tool
+        )
+    return value
+
+
+def resolve_task(
+    tool: str,
+    *,
+    explicit: TaskIdFrom | None,
+    context: Any,
+    fallback: Callable[[Any], Any] | None,
+    scope: str | None,
+    hint: str,
+) -> TaskInfo:
+    """explicit ``task_id=`` callable → ``with task(...)`` → the framework's stable id → refuse.
+
+    ``fallback`` returns None when the framework has no stable id here. Never pass it a tool call id, a
+    trace id or a per-run random id: those change on re-invocation.
+    """
+    info = current_task()
+    if explicit is not None:
+        tid = _as_task_id(explicit(context), "the task_id callable", tool)
+        return TaskInfo(tid, scope or (info.scope if info else DEFAULT_SCOPE))
+    if info is not None:
+        return info if scope is None else TaskInfo(info.task_id, scope)
+    found = fallback(context) if fallback is not None else None
+    if found is None:
+        raise MissingTaskError(
+            f"no task id for {tool!r}: not inside `with agentguard.task(<task id>):`, no task_id= given to the "
+            f"adapter, and {hint}; the tool was not run",
+            operation=tool,
+        )
+    return TaskInfo(_as_task_id(found, "the framework", tool), scope or DEFAULT_SCOPE)
+
+
+def attribute_task_id(obj: Any, name: str = "task_id") -> Any:
+    """``obj.task_id`` or ``obj["task_id"]`` (deps / context objects), else None."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+# -- context parameters ------------------------------------------------------------------------------------
+
+
+def hint_types(annotation: Any) -> list[Any]:
+    """The classes an annotation may stand for, with ``Annotated`` metadata: ``Annotated[X | None, m]`` gives
+    ``[X, NoneType, m]``; ``RunContext[Deps]`` gives ``[RunContext[Deps], RunContext]``."""
+    out: list[Any] = [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *meta = typing.get_args(annotation)
+        return [*hint_types(base), *meta]
+    if origin in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in hint_types(arg)]
+    if origin is not None:
+        out.append(origin)
+    return out
+
+
+def context_params(fn: Callable[..., Any], is_context: Callable[[Any], bool]) -> list[str]:
+    """Parameters whose annotation names a framework-injected object: never part of the fingerprint."""
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # unresolvable forward reference: fall back to the raw annotations
+        hints = {}
+    names = []
+    for name, param in inspect.signature(fn).parameters.items():
+        annotation = hints.get(name, param.annotation)
+        if annotation is inspect.Parameter.empty:
+            continue
+        if any(_safe(is_context, t) for t in hint_types(annotation)):
+            names.append(name)
+    return names
+
+
+def _safe(pred: Callable[[Any], bool], value: Any) -> bool:
+    try:
+        return bool(pred(value))
+    except TypeError:  # issubclass on a non-class
+        return False
+
+
+def subclass_of(value: Any, classes: tuple[type, ...]) -> bool:
+    return (isinstance(value, type) and issubclass(value, classes)) or isinstance(value, classes)
+
+
+# -- the decorator shell -----------------------------------------------------------------------------------
+
+
+def adapt(
+    guard: Guard,
+    fn: Callable[..., Any],
+    *,
+    operation: str | None,
+    key: KeyArg,
+    ignore: Sequence[str],
+    cache_errors: tuple[type[BaseException], ...],
+    inject: str | None,
+    task_id: TaskIdFrom | None,
+    scope: str | None,
+    context_names: Sequence[str],
+    get_context: Callable[[Mapping[str, Any]], Any],
+    fallback: Callable[[Any], Any] | None,
+    hint: str,
+    refuse: Callable[[GuardError], Any],
+) -> Any:
+    """``guard.once`` with the framework's context left out of the fingerprint, the task id resolved by the
+    one rule, and refusals turned into the framework's tool-error convention."""
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    core: Any = guard.once(
+        operation=operation, key=key, ignore=[*ignore, *context_names], cache_errors=cache_errors, inject=inject
+    )(fn)
+    sig = inspect.signature(core)
+    tool: str = core.__agentguard__.tool
+
+    def scoped(args: tuple[Any, ...], kwargs: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+        arguments: Mapping[str, Any] = {}
+        if context_names:
+            try:
+                arguments = sig.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                arguments = {}  # the core wrapper reports the bad call itself
+        info = resolve_task(
+            tool, explicit=task_id, context=get_context(arguments), fallback=fallback, scope=scope, hint=hint
+        )
+        if info == current_task():
+            return contextlib.nullcontext()
+        return task(info.task_id, scope=info.scope)
+
+    if inspect.iscoroutinefunction(core):
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                with scoped(args, kwargs):
+                    return await core(*args, **kwargs)
+            except GuardError as exc:
+                return refuse(exc)
+
+        wrapper: Any = async_wrapper
+    else:
+
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                with scoped(args, kwargs):
+                    return core(*args, **kwargs)
+            except GuardError as exc:
+                return refuse(exc)
+
+        wrapper = sync_wrapper
+    functools.update_wrapper(wrapper, core)
+    wrapper.__signature__ = sig
+    wrapper.__annotations__ = dict(core.__annotations__)
+    return wrapper
+
+
+def run_sync(
+    guard: Guard,
+    operation: str,
+    body: Callable[[str], T],
+    *,
+    arguments: Mapping[str, Any],
+    key: Mapping[str, Any] | None,
+    task_id: str,
+    scope: str,
+    returns: Any,
+    cache_errors: tuple[type[BaseException], ...],
+) -> tuple[T, bool]:
+    """The sync twin of :meth:`Guard.run` (value, replayed), for adapters called on a worker thread.
+
+    Uses the guard's own sync driver (store calls on its portal loop, the body in this thread).
+    """
+    # TODO: switch to a public Guard.run_sync once the core has one.
+    call = guard._make_call(
+        operation, arguments, key, task_id=task_id, scope=scope, codec=guard._codec_for(returns),
+        cache_errors=cache_errors, on_conflict=None, wait_timeout=None,
+    )
+    return guard._drive_sync(call, body)

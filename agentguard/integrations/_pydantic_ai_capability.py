@@ -1,0 +1,72 @@
+"""The pydantic-ai capability (imports pydantic-ai; reached through ``agentguard.integrations.pydantic_ai``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic_ai import RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import WrapToolExecuteHandler
+from pydantic_ai.messages import ToolCallPart
+from pydantic_ai.tools import ToolDefinition
+
+from .._errors import GuardError
+from .._guard import Guard
+from ._common import ToolsArg, ToolSpec, resolve_task, tool_specs
+from .pydantic_ai import HINT, deps_task_id, refuse
+
+
+class GuardTools(AbstractCapability[Any]):
+    """A pydantic-ai capability that guards the named tools of an agent (``wrap_tool_execute``).
+
+    ``tools``: ``["charge"]``, ``{"charge": "order_id"}`` or ``{"charge": ToolSpec(key=..., returns=...)}``.
+    The arguments are the ones pydantic-ai validated; the ``RunContext`` never enters the fingerprint.
+    Inside the tool, ``agentguard.current_key()`` is the downstream key. Do not also put ``once`` on a
+    tool guarded here: one guard per tool.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        tools: ToolsArg,
+        *,
+        task_id: Callable[[RunContext[Any]], str] | None = None,
+        scope: str | None = None,
+    ) -> None:
+        self.guard = guard
+        self.tools: dict[str, ToolSpec] = tool_specs(tools)
+        self.task_id = task_id
+        self.scope = scope
+
+    def __repr__(self) -> str:
+        return f"GuardTools(tools={sorted(self.tools)!r})"
+
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: dict[str, Any],
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
+        spec = self.tools.get(tool_def.name)
+        if spec is None:
+            return await handler(args)
+
+        async def body(_key: str) -> Any:
+            return await handler(args)
+
+        try:
+            info = resolve_task(
+                tool_def.name, explicit=self.task_id, context=ctx, fallback=deps_task_id, scope=self.scope,
+                hint=HINT,
+            )
+            outcome = await self.guard.run(
+                tool_def.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
+                task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
+            )
+        except GuardError as exc:
+            refuse(exc)
+        return outcome.value

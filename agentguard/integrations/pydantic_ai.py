@@ -1,0 +1,107 @@
+"""pydantic-ai: a decorator placed *under* ``@agent.tool`` / ``@agent.tool_plain``, and a capability that
+guards named tools of an agent without touching their functions.
+
+    @agent.tool                                  # pydantic-ai on top
+    @once(guard, key="order_id")                 # agentguard right above the function
+    async def charge(ctx: RunContext[Deps], order_id: str, amount_cents: int) -> Receipt: ...
+
+    agent = Agent(model, deps_type=Deps, capabilities=[GuardTools(guard, {"charge": "order_id"})])
+
+Order matters and pydantic-ai cannot tell you: ``@agent.tool`` registers the function it is given and
+returns it unchanged, so a guard placed *above* it wraps only the module-level name and the agent runs the
+unguarded function. Put the guard underneath, or use :class:`GuardTools`.
+
+Task id: ``task_id=`` (a callable of the ``RunContext``) → ``with agentguard.task(...)`` → ``ctx.deps.task_id``
+→ refused. Refusals are raised as pydantic-ai's ``ToolFailed``: the model sees the message as a failed tool
+result, without retry instructions and without consuming the tool's retry budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
+
+from .._errors import GuardError
+from .._guard import Guard
+from ._common import (
+    KeyArg,
+    ToolSpec,
+    adapt,
+    attribute_task_id,
+    context_params,
+    refusal_message,
+    subclass_of,
+)
+
+if TYPE_CHECKING:
+    from pydantic_ai import RunContext
+
+    from ._pydantic_ai_capability import GuardTools
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+HINT = "ctx.deps carries no task_id"
+
+
+def refuse(exc: GuardError) -> NoReturn:
+    from pydantic_ai.exceptions import ToolFailed
+
+    raise ToolFailed(refusal_message(exc)) from exc
+
+
+def deps_task_id(ctx: Any) -> Any:
+    return attribute_task_id(getattr(ctx, "deps", None))
+
+
+def _run_context(arguments: Mapping[str, Any], names: Sequence[str]) -> Any:
+    if names and names[0] in arguments:
+        return arguments[names[0]]
+    # A tool_plain has no ctx parameter; pydantic-ai still keeps the run's context in a contextvar.
+    try:
+        from pydantic_ai._run_context import get_current_run_context
+    except ImportError:  # pragma: no cover - a pydantic-ai without it
+        return None
+    return get_current_run_context()
+
+
+def once(
+    guard: Guard,
+    *,
+    key: KeyArg = None,
+    operation: str | None = None,
+    ignore: Sequence[str] = (),
+    cache_errors: tuple[type[BaseException], ...] = (),
+    inject: str | None = "idempotency_key",
+    task_id: Callable[[RunContext[Any]], str] | None = None,
+    scope: str | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """``guard.once`` for a pydantic-ai tool function; place it under ``@agent.tool``/``@agent.tool_plain``.
+
+    The ``RunContext`` parameter is left out of the fingerprint; only the model's validated arguments count.
+    """
+    from pydantic_ai import RunContext
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        names = context_params(fn, lambda t: subclass_of(t, (RunContext,)))
+        wrapped: Callable[P, R] = adapt(
+            guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
+            task_id=task_id, scope=scope, context_names=names,
+            get_context=lambda arguments: _run_context(arguments, names),
+            fallback=deps_task_id, hint=HINT, refuse=refuse,
+        )
+        return wrapped
+
+    return decorate
+
+
+def __getattr__(name: str) -> Any:
+    # GuardTools subclasses pydantic-ai's AbstractCapability: import the framework only when it is asked for.
+    if name == "GuardTools":
+        from ._pydantic_ai_capability import GuardTools
+
+        return GuardTools
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["GuardTools", "ToolSpec", "once"]

@@ -1,0 +1,167 @@
+"""What every backend's benchmark shares: the tool, the store's own statements and parameters, keys, and
+the probe that tells whether this agentguard serves replays from an in-process cache."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+from agentguard import Guard, task
+
+from ._harness import Unavailable
+
+SCOPE = "default"
+LEASE = 30.0
+RETENTION = 7 * 86400.0
+AMOUNT = 4900
+
+
+@dataclass
+class Body:
+    """The money-moving tool: a trivial body (so the guard's cost shows), counting how often it ran."""
+
+    runs: int = 0
+
+    async def __call__(self, order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+        self.runs += 1
+        return {
+            "charge_id": "ch_" + idempotency_key[3:27],
+            "order_id": order_id,
+            "amount_cents": amount_cents,
+            "currency": "eur",
+            "status": "succeeded",
+        }
+
+
+def guarded(guard: Guard, body: Body) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """``@guard.once(key=["order_id"])`` over a fresh function that calls ``body``: the public API only."""
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+        return await body(order_id, amount_cents, idempotency_key)
+
+    return charge
+
+
+def fake_key(*parts: object) -> str:
+    """A key shaped like the guard's (``ag_`` + 48 hex digits), for the raw-driver variants."""
+    return "ag_" + hashlib.sha256(repr(parts).encode()).hexdigest()[:48]
+
+
+def run_id() -> str:
+    return secrets.token_hex(4)
+
+
+# -- the store's statements, executed by the raw drivers -----------------------------------------------
+
+
+@dataclass
+class Statements:
+    claim: str
+    complete: str
+    read: str
+    source: str  # where they came from
+
+
+def store_statements(url: str) -> Statements:
+    """The exact statements a guarded call issues, taken from the store itself (``SQLStore.sql``), so the
+    raw-driver floor keeps doing the same work when the store changes."""
+    from agentguard.stores import SQLStore
+
+    store = SQLStore(url)
+    sql = store.sql
+    try:
+        return Statements(str(sql.claim.text), str(sql.complete.text), str(sql.read.text), "SQLStore.sql")
+    except AttributeError as exc:
+        raise SystemExit(
+            f"benchmarks: the store's statements moved ({exc}); update benchmarks/_common.store_statements"
+        ) from None
+
+
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+def positional(sql: str) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]:
+    """``:name`` placeholders to asyncpg's ``$n``; returns the SQL and a fast dict -> args getter."""
+    names: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    out = _NAMED.sub(sub, sql)
+    getter = itemgetter(*names)
+    if len(names) == 1:
+        return out, lambda p: (getter(p),)
+    return out, getter  # type: ignore[return-value]
+
+
+@dataclass
+class RawParams:
+    """The parameters of the claim and complete statements, as the guard builds them (constant parts
+    computed once; the floor only pays for what varies per call)."""
+
+    owner: str = field(default_factory=lambda: secrets.token_hex(8))
+    arg_hashes: str = json.dumps({"amount_cents": "0" * 24, "order_id": "1" * 24}, sort_keys=True)
+    fingerprint: str = "f" * 64
+
+    def claim(self, key: str, order_id: str, fence: int) -> dict[str, Any]:
+        return {
+            "scope": SCOPE, "key": key, "task_id": "bench-raw", "operation": f'charge[order_id="{order_id}"]',
+            "fingerprint": self.fingerprint, "arg_hashes": self.arg_hashes, "owner": self.owner,
+            "lease": LEASE, "retention": RETENTION, "audit": None, "fence": fence,
+        }
+
+    @staticmethod
+    def complete(key: str, fence: int, result: str) -> dict[str, Any]:
+        return {"scope": SCOPE, "key": key, "fence": fence, "state": "succeeded", "result": result,
+                "retention": RETENTION}
+
+
+# -- the in-process cache of completed records (another engineer is adding it) ------------------------
+
+
+def cache_kwargs() -> dict[str, Any]:
+    """Guard keyword arguments that switch the in-process replay cache on, if it is opt-in.
+
+    Looks for a ``Guard(...)`` parameter whose name mentions a cache; a falsy default means opt-in.
+    """
+    kw: dict[str, Any] = {}
+    for name, p in inspect.signature(Guard.__init__).parameters.items():
+        if "cache" not in name.lower() or p.kind is not p.KEYWORD_ONLY:
+            continue
+        default = p.default
+        if default is True or (isinstance(default, int) and not isinstance(default, bool) and default > 0):
+            continue  # on by default
+        kw[name] = True if isinstance(default, bool) else 10_000
+    return kw
+
+
+async def require_cache(
+    guard: Guard, tool: Callable[..., Awaitable[Any]], body: Body, forget: Callable[[str], Awaitable[None]]
+) -> None:
+    """Raise Unavailable unless ``guard`` replays a completed call with its record gone from the store.
+
+    Public behaviour only: complete a call, replay it once, delete its row behind the guard's back
+    (``forget(task_id)``), call again. A guard with an in-process cache replays; one without runs the tool.
+    """
+    tid = f"cache-probe-{run_id()}"
+    with task(tid):
+        await tool("probe", AMOUNT)
+        await tool("probe", AMOUNT)
+    runs = body.runs
+    await forget(tid)
+    with task(tid):
+        await tool("probe", AMOUNT)
+    if body.runs != runs:
+        body.runs = runs
+        raise Unavailable("this agentguard has no in-process replay cache yet (a replay reads the store)")

@@ -1,0 +1,220 @@
+"""pydantic-ai: a FunctionModel drives the real agent loop; the guard sits under @agent.tool or in a capability."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from agentguard import Guard, current_key, task
+from agentguard.integrations.pydantic_ai import GuardTools, ToolSpec, once
+
+pytestmark = pytest.mark.anyio
+
+
+class Receipt(BaseModel):
+    charge_id: str
+    amount_cents: int
+
+
+@dataclass
+class Deps:
+    task_id: str | None
+
+
+class Script:
+    """A FunctionModel script: each turn is a list of tool calls, then a final text answer.
+
+    Records the tool definitions the framework sent to the model and every tool result it got back.
+    """
+
+    def __init__(self, turns: Sequence[Sequence[tuple[str, dict[str, Any]]]]) -> None:
+        self.turns = list(turns)
+        self.tools: list[Any] = []
+        self.results: dict[str, Any] = {}
+
+    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.tools = list(info.function_tools)
+        for m in messages:
+            if isinstance(m, ModelRequest):
+                for p in m.parts:
+                    if isinstance(p, ToolReturnPart):
+                        self.results[p.tool_call_id] = p
+        n = sum(isinstance(m, ModelResponse) for m in messages)
+        if n < len(self.turns):
+            return ModelResponse(parts=[
+                ToolCallPart(name, args, tool_call_id=f"call_{n}_{i}") for i, (name, args) in enumerate(self.turns[n])
+            ])
+        return ModelResponse(parts=[TextPart("done")])
+
+    def content(self, call_id: str) -> Any:
+        return self.results[call_id].content
+
+
+def charge_args(amount: int = 500, order: str = "o-1") -> tuple[str, dict[str, Any]]:
+    return ("charge", {"order_id": order, "amount_cents": amount})
+
+
+class Ledger:
+    """The side effect: every real charge, with the downstream key it was made under."""
+
+    def __init__(self) -> None:
+        self.charges: list[tuple[str, int, str]] = []
+        self.lock = threading.Lock()
+
+    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
+        with self.lock:
+            self.charges.append((order_id, amount_cents, key))
+            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
+
+
+def decorated_agent(guard: Guard, ledger: Ledger, script: Script) -> Agent[Deps, str]:
+    agent = Agent(FunctionModel(script), deps_type=Deps)
+
+    @agent.tool
+    @once(guard, key="order_id")
+    async def charge(ctx: RunContext[Deps], order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much
+        """
+        return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    return agent
+
+
+@pytest.fixture
+def guard(make_guard: Callable[..., Guard]) -> Guard:
+    return make_guard()
+
+
+async def test_two_calls_in_one_task_charge_once_and_replay(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([[charge_args()], [charge_args()]])
+    result = await decorated_agent(guard, ledger, script).run("charge o-1", deps=Deps("task-42"))
+    assert result.output == "done"
+    assert len(ledger.charges) == 1
+    assert script.content("call_1_0") == script.content("call_0_0") == {
+        "charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500,
+    }
+
+
+async def test_identical_calls_in_one_turn_run_concurrently_and_charge_once(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([[charge_args(), charge_args()]])
+    await decorated_agent(guard, ledger, script).run("charge o-1", deps=Deps("task-42"))
+    assert len(ledger.charges) == 1
+    assert script.content("call_0_0") == script.content("call_0_1")
+
+
+async def test_different_amount_reaches_the_model_as_a_refusal(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([[charge_args(500)], [charge_args(700)]])
+    result = await decorated_agent(guard, ledger, script).run("charge o-1", deps=Deps("task-42"))
+    assert result.output == "done"  # the run goes on: the refusal is a tool result, not a crash
+    assert len(ledger.charges) == 1
+    refused = script.results["call_1_0"]
+    assert refused.outcome == "failed"
+    assert "already called in this task with different arguments" in str(refused.content)
+    assert "amount_cents" in str(refused.content)
+
+
+async def test_missing_task_id_is_refused_without_running(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([[charge_args()]])
+    await decorated_agent(guard, ledger, script).run("charge o-1", deps=Deps(None))
+    assert ledger.charges == []
+    assert "no task id" in str(script.content("call_0_0"))
+
+
+async def test_task_context_wins_over_deps(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([[charge_args()]])
+    agent = decorated_agent(guard, ledger, script)
+    with task("outer"):
+        await agent.run("go", deps=Deps("inner"))
+    records = await guard.records()
+    assert [r.task_id for r in records] == ["outer"]
+
+
+async def test_injected_key_and_context_are_not_in_the_model_schema(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([[charge_args()]])
+    await decorated_agent(guard, ledger, script).run("go", deps=Deps("task-42"))
+    (tool,) = script.tools
+    schema = tool.parameters_json_schema
+    assert set(schema["properties"]) == {"order_id", "amount_cents"}
+    assert "idempotency_key" not in str(schema) and "ctx" not in schema["properties"]
+    assert schema["properties"]["order_id"].get("description") == "the order to charge"
+    # the downstream key reached the tool, and is the one the guard derived
+    (record,) = await guard.records()
+    assert ledger.charges[0][2] == record.key
+
+
+async def test_sync_tool_plain_under_the_decorator_uses_the_run_deps(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([[charge_args(), charge_args()], [charge_args()]])
+    agent = Agent(FunctionModel(script), deps_type=Deps)
+    threads: set[str] = set()
+
+    @agent.tool_plain
+    @once(guard, key="order_id")
+    def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        threads.add(threading.current_thread().name)
+        return ledger.charge(order_id, amount_cents, current_key())
+
+    await agent.run("go", deps=Deps("task-7"))
+    assert len(ledger.charges) == 1
+    assert script.content("call_0_0") == script.content("call_0_1") == script.content("call_1_0")
+    assert [r.task_id for r in await guard.records()] == ["task-7"]
+
+
+async def test_capability_guards_named_tools_only(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([
+        [charge_args(), ("lookup", {"order_id": "o-1"})],
+        [charge_args(), ("lookup", {"order_id": "o-1"})],
+        [charge_args(900)],
+    ])
+    lookups: list[str] = []
+    agent = Agent(FunctionModel(script), deps_type=Deps, capabilities=[GuardTools(guard, {"charge": "order_id"})])
+
+    @agent.tool_plain
+    async def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        return ledger.charge(order_id, amount_cents, current_key())
+
+    @agent.tool_plain
+    def lookup(order_id: str) -> str:
+        lookups.append(order_id)
+        return "open"
+
+    await agent.run("go", deps=Deps("task-9"))
+    assert len(ledger.charges) == 1 and len(lookups) == 2
+    assert script.content("call_0_0") == script.content("call_1_0")
+    assert "different arguments" in str(script.content("call_2_0"))
+    assert {t.name for t in script.tools} == {"charge", "lookup"}
+    (record,) = await guard.records()
+    assert record.task_id == "task-9" and ledger.charges[0][2] == record.key
+
+
+async def test_capability_replays_a_typed_result_as_its_type(guard: Guard) -> None:
+    ledger, script = Ledger(), Script([[charge_args()], [charge_args()]])
+    spec = ToolSpec(key="order_id", returns=Receipt)
+    agent = Agent(FunctionModel(script), capabilities=[GuardTools(guard, {"charge": spec}, task_id=lambda ctx: "t-r")])
+
+    @agent.tool_plain
+    def charge(order_id: str, amount_cents: int) -> Receipt:
+        ledger.charge(order_id, amount_cents, current_key())
+        return Receipt(charge_id="ch_1", amount_cents=amount_cents)
+
+    await agent.run("go")
+    assert len(ledger.charges) == 1
+    assert script.content("call_1_0") == script.content("call_0_0") == Receipt(charge_id="ch_1", amount_cents=500)

@@ -1,0 +1,146 @@
+"""Postgres-only: a real server whose connections are killed, that refuses connections mid-call, under
+64 concurrent callers; and the round trips each step costs."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+
+from agentguard import Guard, GuardEvent, StoreError, task
+from conftest import PG_URL, pg_dsn
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+def tid() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+async def admin(sql: str, url: str = PG_URL) -> list[Any]:
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_dsn(url))
+    try:
+        return list(await conn.fetch(sql))
+    finally:
+        await conn.close()
+
+
+async def test_pg_terminate_backend_mid_call_runs_once(store_url: str) -> None:
+    events: list[GuardEvent] = []
+    db = make_url(store_url).database
+    runs = 0
+    async with Guard(store_url, on_event=events.append) as guard:
+
+        @guard.once
+        async def charge(amount: int) -> dict[str, int]:
+            nonlocal runs
+            runs += 1
+            killed = await admin(
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
+                " AND application_name = 'agentguard'"
+            )
+            assert killed, "the guard's pooled connection should have been there to kill"
+            return {"amount": amount}
+
+        with task(tid()):
+            assert await charge(10) == {"amount": 10}  # stored over a fresh connection
+            assert await charge(10) == {"amount": 10}  # replayed
+    assert runs == 1
+    assert [e.kind for e in events if e.kind in ("completed", "replayed")] == ["completed", "replayed"]
+
+
+async def test_database_refusing_connections_mid_call_fails_closed(store_url: str) -> None:
+    db = make_url(store_url).database
+    keys: list[str] = []
+    async with Guard(store_url, lease=1.0, connect_timeout=3) as guard:
+
+        @guard.once
+        async def charge(amount: int, idempotency_key: str = "") -> int:
+            keys.append(idempotency_key)
+            if len(keys) == 1:
+                await admin(f"ALTER DATABASE {db} ALLOW_CONNECTIONS false")
+                await admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+            return amount
+
+        with task(tid()):
+            try:
+                with pytest.raises(StoreError) as info:
+                    await charge(3)
+            finally:
+                await admin(f"ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+            assert info.value.body_ran and "held" in str(info.value)
+            assert await charge(3) == 3  # after the lease: takeover with the same downstream key
+            assert await charge(3) == 3
+    assert len(keys) == 2 and keys[0] == keys[1]
+
+
+async def test_sixty_four_concurrent_distinct_keys(store_url: str) -> None:
+    runs: set[str] = set()
+    async with Guard(store_url, pool_size=8) as guard:
+
+        @guard.once(key=["order_id"])
+        async def charge(order_id: str, amount: int) -> str:
+            runs.add(order_id)
+            await asyncio.sleep(0.01)
+            return order_id
+
+        with task(tid()):
+            orders = [f"o-{i}" for i in range(64)]
+            results = await asyncio.gather(*(charge(o, 100) for o in orders))
+            again = await asyncio.gather(*(charge(o, 100) for o in orders))
+    assert results == orders == again and len(runs) == 64
+
+
+async def test_each_step_is_one_round_trip(store_url: str) -> None:
+    async with Guard(store_url, lease=1.0) as guard:
+        statements: list[str] = []
+
+        @guard.once
+        async def charge(amount: int) -> int:
+            return amount
+
+        @guard.once
+        async def flaky(amount: int) -> int:
+            raise ConnectionError("provider down")
+
+        with task(tid()):
+            await guard.ensure_schema()
+            engine = guard._store.engine()
+
+            def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+                statements.append(statement.split()[0])
+
+            event.listen(engine.sync_engine, "before_cursor_execute", count)
+            await charge(1)
+            first, statements[:] = list(statements), []
+            await charge(1)
+            replay, statements[:] = list(statements), []
+            with pytest.raises(ConnectionError):
+                await flaky(1)
+            failed, statements[:] = list(statements), []
+            with pytest.raises(ConnectionError):
+                await flaky(1)
+            retried = list(statements)
+    assert first == ["WITH", "UPDATE"]  # claim, complete
+    assert replay == ["WITH"]  # claim-or-fetch finds the completed record
+    assert failed == ["WITH", "UPDATE"]  # claim, release
+    assert retried == ["WITH", "UPDATE", "UPDATE"]  # claim-or-fetch, take over, release
+
+
+async def test_schema_has_the_sweeper_index_and_a_state_check(store_url: str) -> None:
+    async with Guard(store_url) as guard:
+        await guard.ensure_schema()
+    rows = await admin("SELECT indexname FROM pg_indexes WHERE tablename = 'agentguard_calls'", store_url)
+    assert {r["indexname"] for r in rows} >= {"agentguard_calls_pkey", "agentguard_calls_expires_idx"}
+    with pytest.raises(Exception, match="check"):
+        await admin(
+            "INSERT INTO agentguard_calls (scope, key, task_id, operation, fingerprint, arg_hashes, state, fence,"
+            " attempts, created_at, updated_at, expires_at) VALUES ('s','k','t','o','f','{}','bogus',1,1,0,0,0)",
+            store_url,
+        )

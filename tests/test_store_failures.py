@@ -1,0 +1,145 @@
+"""Fail closed: an unreachable store, a broken schema, a result that cannot be stored, a store that dies
+while the body runs, the sweeper racing a loser — real databases, real failures."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from agentguard import Guard, GuardError, StoreError, task
+
+from conftest import BACKEND, pg_dsn
+
+pytestmark = pytest.mark.anyio
+
+
+def tid() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+async def raw_exec(url: str, sql: str) -> None:
+    """Run SQL on the store's database behind the guard's back (plain drivers, not agentguard)."""
+    if url.startswith("sqlite"):
+        path = make_url(url).database
+        assert path
+        conn = sqlite3.connect(path, timeout=30)
+        try:
+            conn.executescript(sql)
+        finally:
+            conn.close()
+        return
+    import asyncpg
+
+    conn2 = await asyncpg.connect(pg_dsn(url))
+    try:
+        await conn2.execute(sql)
+    finally:
+        await conn2.close()
+
+
+async def test_unreachable_store_refuses_before_the_body(tmp_path: Path) -> None:
+    if BACKEND == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'a.db'}"
+    else:
+        url = "postgresql+asyncpg://agentguard@127.0.0.1:1/postgres"  # nothing listens on port 1
+    runs = 0
+    async with Guard(url, connect_timeout=3) as guard:
+
+        @guard.once
+        async def charge(amount: int) -> int:
+            nonlocal runs
+            runs += 1
+            return amount
+
+        with task(tid()), pytest.raises(StoreError) as info:
+            await charge(1)
+    assert runs == 0 and not info.value.body_ran and "not run" in str(info.value)
+    assert info.value.status == 503
+
+
+async def test_broken_schema_refuses_before_the_body(store_url: str) -> None:
+    await raw_exec(store_url, "CREATE TABLE agentguard_calls (scope TEXT, key TEXT, PRIMARY KEY (scope, key))")
+    runs = 0
+    async with Guard(store_url) as guard:
+
+        @guard.once
+        async def charge(amount: int) -> int:
+            nonlocal runs
+            runs += 1
+            return amount
+
+        with task(tid()), pytest.raises(StoreError, match="not run"):
+            await charge(1)
+    assert runs == 0
+
+
+async def test_store_dying_while_the_body_runs_keeps_the_claim_held(store_url: str) -> None:
+    keys: list[str] = []
+    async with Guard(store_url, lease=1.0) as guard:
+
+        @guard.once
+        async def charge(amount: int, idempotency_key: str = "") -> int:
+            keys.append(idempotency_key)
+            if len(keys) == 1:  # the store goes away after the provider charged
+                await raw_exec(store_url, "ALTER TABLE agentguard_calls RENAME TO agentguard_calls_away")
+            return amount
+
+        t = tid()
+        with task(t):
+            with pytest.raises(StoreError) as info:
+                await charge(5)
+            assert info.value.body_ran and "already ran" in str(info.value) and "held" in str(info.value)
+            await raw_exec(store_url, "ALTER TABLE agentguard_calls_away RENAME TO agentguard_calls")
+            # Held, not released: a retry waits out the lease, then takes over with the same key.
+            assert await charge(5) == 5
+            assert await charge(5) == 5
+    assert len(keys) == 2 and keys[0] == keys[1]
+
+
+async def test_result_that_cannot_be_stored_keeps_the_claim_held(make_guard: Callable[..., Guard]) -> None:
+    guard = make_guard(lease=1.0)
+    keys: list[str] = []
+
+    @guard.once
+    async def charge(amount: int, idempotency_key: str = "") -> Any:
+        keys.append(idempotency_key)
+        return object() if len(keys) == 1 else {"amount": amount}
+
+    with task(tid()):
+        with pytest.raises(GuardError, match="could not be stored") as info:
+            await charge(5)
+        assert "already ran" in str(info.value)
+        assert await charge(5) == {"amount": 5}  # after the lease: takeover, same key
+    assert len(keys) == 2 and keys[0] == keys[1]
+
+
+async def test_sweeper_deleting_the_winners_row_before_the_losers_read(make_guard: Callable[..., Guard]) -> None:
+    guard = make_guard(retention=0.3)
+    sweeper = make_guard()
+    runs = 0
+
+    @guard.once
+    async def charge(amount: int) -> int:
+        nonlocal runs
+        runs += 1
+        return runs
+
+    swept: list[int] = []
+
+    async def sweep_now() -> None:
+        swept.append(await sweeper.sweep())
+
+    with task(tid()):
+        assert await charge(1) == 1
+        await asyncio.sleep(0.5)  # the record is past retention; the loser's insert still conflicts
+        guard._store.after_claim_miss = sweep_now
+        assert await charge(1) == 2  # the row vanished before the read: claim again, no crash
+        guard._store.after_claim_miss = None
+    assert swept == [1]
