@@ -33,7 +33,7 @@ def _check_id(value: object, what: str) -> str:
     return value
 
 
-class task:  # noqa: N801 - used like a function: `with task("ticket-1"):`
+class task:
     """Declare the unit of work that guarded calls belong to.
 
     Usable as ``with task(...)`` and ``async with task(...)``; nests (the innermost wins).

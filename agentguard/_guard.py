@@ -606,7 +606,8 @@ class Guard:
         """
 
         def decorate(f: Callable[P, R]) -> Callable[P, R]:
-            return _Spec(self, f, operation, key, ignore, _check_errors(cache_errors), inject).wrapper()
+            wrapped: Callable[P, R] = _Spec(self, f, operation, key, ignore, _check_errors(cache_errors), inject).wrapper()
+            return wrapped
 
         return decorate if fn is None else decorate(fn)
 
@@ -730,7 +731,7 @@ class _Spec:
         if self.fast_inject:
             return self.fn(*args, **kwargs, **{inject: key})
         full = {n: (key if n == inject else arguments[n]) for n in self.full_sig.parameters}
-        ba = inspect.BoundArguments(self.full_sig, full)  # type: ignore[arg-type]
+        ba = inspect.BoundArguments(self.full_sig, full)  # type: ignore[arg-type,unused-ignore]
         return self.fn(*ba.args, **ba.kwargs)
 
     def wrapper(self) -> Any:

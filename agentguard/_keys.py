@@ -44,7 +44,7 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, bytes | bytearray):
         return {"$bytes": base64.b64encode(bytes(obj)).decode()}
     if isinstance(obj, set | frozenset):
-        return sorted((canonical_json(v) for v in obj))
+        return sorted(canonical_json(v) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _normalise(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     raise TypeError(f"cannot canonicalise a value of type {type(obj).__qualname__}")

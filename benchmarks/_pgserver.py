@@ -19,8 +19,7 @@ def _pg_bin() -> Path | None:
     initdb = shutil.which("initdb")
     if initdb:
         return Path(os.path.realpath(initdb)).parent
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: [int(x) for x in p.split("/")[-2].split(".")
-                                                                          if x.isdigit()])
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int("0" + "".join(filter(str.isdigit, p))))
     return Path(found[-1]) if found else None
 
 

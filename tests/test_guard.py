@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import inspect
@@ -295,10 +296,8 @@ async def test_client_timeout_still_records_the_outcome(make_guard: Callable[...
     with task(tid()):
         # A timeout that fires while the outcome is being recorded must not split run from record.
         for _ in range(20):
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(charge(1), timeout=0.0005)
-            except TimeoutError:
-                pass
         assert await charge(1) == 1
     assert runs == 1
 

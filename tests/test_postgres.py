@@ -12,6 +12,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from agentguard import Guard, GuardEvent, StoreError, task
+
 from conftest import PG_URL, pg_dsn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]

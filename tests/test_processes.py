@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -115,7 +115,7 @@ async def test_stale_worker_woken_after_takeover_gets_lease_lost(
                 return {"order_id": order_id, "amount_cents": amount_cents, "pid": 0, "key": idempotency_key}
 
             with task(t):
-                time.sleep(1.2)  # the stopped worker's lease runs out
+                await asyncio.sleep(1.2)  # the stopped worker's lease runs out
                 if reclaimed_in_between:
                     with pytest.raises(ConnectionError):
                         await charge("o-1", 4900)

@@ -1,0 +1,606 @@
+"""The guarding MCP proxy: ``agentguard mcp-proxy --config agentguard.toml``.
+
+It sits between a host (Claude Code, Codex, any MCP client) and an upstream MCP server. ``tools/list`` is
+relayed; each tool the config names gains a required ``task_id`` argument. A guarded call is claimed in the
+store under ``(scope, task, tool + key fields)`` and forwarded upstream at most once, with the downstream key
+in ``_meta["dev.agentguard/idempotency_key"]`` (and in ``forward_key_to``); its result is stored and replayed
+to every later call, labelled as a replay. Every other tool passes through untouched.
+
+Logs go to stderr only: stdout is the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import mcp_types as types
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
+
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.server import MCPServer, Server, ServerRequestContext
+
+from .. import _keys
+from .._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, MissingTaskError, StoreError
+from .._guard import Guard
+from ._config import ENV_TASK_ID, Config, ConfigError, ToolConfig, load_config
+from ._meta import (
+    META_KEY,
+    META_REPLAYED,
+    META_TASK_ID,
+    TASK_ID_DESCRIPTION,
+    audit_ids,
+    clean_meta,
+    nothing_executed,
+    replay_note,
+)
+
+log = logging.getLogger("agentguard.mcp")
+
+UpstreamTarget = Server[Any] | MCPServer | StdioServerParameters | str
+
+
+class _OutcomeUnknown(Exception):
+    """The upstream call was sent but no answer came back (the upstream died or timed out)."""
+
+
+class _Unavailable(Exception):
+    """The upstream could not be reached: the call was certainly not sent."""
+
+
+class _RetryableError(Exception):
+    """The upstream answered with an error that is not final: the claim is released for a retry."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__("upstream error result")
+        self.payload = payload
+
+
+class _FinalError(Exception):
+    """An upstream error result the config declares final: stored and replayed like a result."""
+
+    def __init__(self, payload_json: str) -> None:
+        super().__init__(payload_json)
+
+
+class _HeldUnknown(Exception):
+    """The outcome is unknown and the tool's policy is ``hold``: recorded, never run again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+# -- the upstream connection ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Connection:
+    client: Client
+    tools: list[types.Tool]
+    stop: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Upstream:
+    """One upstream ``Client`` at a time, held open by a task of the proxy's task group.
+
+    A client is entered and exited in the same task, so each connection lives in its own holder task.
+    When the upstream dies, the connection is dropped and the next call reconnects.
+    """
+
+    def __init__(self, tg: anyio.abc.TaskGroup, target: Any, *, mode: str, timeout: float) -> None:
+        self._tg = tg
+        self._target = target
+        self._mode = mode
+        self.timeout = timeout
+        self._lock = anyio.Lock()
+        self._conn: _Connection | None = None
+
+    async def _hold(self, ready: anyio.Event, box: dict[str, Any]) -> None:
+        conn: _Connection | None = None
+        try:
+            async with Client(self._target, mode=self._mode, raise_exceptions=False) as client:
+                tools: list[types.Tool] = []
+                cursor: str | None = None
+                while True:
+                    page = await client.list_tools(cursor=cursor)
+                    tools.extend(page.tools)
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+                conn = box["conn"] = _Connection(client, tools)
+                ready.set()
+                await conn.stop.wait()
+        except Exception as exc:
+            box.setdefault("error", exc)
+            if conn is not None:
+                log.warning("the upstream connection ended: %s", _describe(exc))
+        finally:
+            if conn is not None:
+                conn.stop.set()
+                if self._conn is conn:
+                    self._conn = None
+            ready.set()
+
+    async def connect(self) -> _Connection:
+        conn = self._conn
+        if conn is not None and not conn.stop.is_set():
+            return conn
+        async with self._lock:
+            conn = self._conn
+            if conn is not None and not conn.stop.is_set():
+                return conn
+            ready, box = anyio.Event(), {}
+            self._tg.start_soon(self._hold, ready, box)
+            await ready.wait()
+            if "conn" not in box:
+                raise _Unavailable(_describe(box.get("error")))
+            self._conn = box["conn"]
+            log.info("connected to the upstream (%d tools)", len(box["conn"].tools))
+            return self._conn
+
+    def drop(self, conn: _Connection) -> None:
+        conn.stop.set()
+        if self._conn is conn:
+            self._conn = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self.drop(self._conn)
+
+    async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> types.CallToolResult:
+        """Call upstream. Raises _Unavailable (not sent), _OutcomeUnknown (sent, no answer) or MCPError."""
+        conn = await self.connect()
+        try:
+            return await conn.client.call_tool(
+                name, arguments, read_timeout_seconds=self.timeout, meta=meta  # type: ignore[arg-type]
+            )
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                self.drop(conn)
+                raise _OutcomeUnknown("the upstream server closed the connection mid-call") from exc
+            if exc.code == REQUEST_TIMEOUT:
+                raise _OutcomeUnknown(f"the upstream server did not answer within {self.timeout:g}s") from exc
+            if exc.code == INTERNAL_ERROR:
+                raise _OutcomeUnknown(f"the upstream server failed mid-call ({exc.error.message})") from exc
+            raise
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            self.drop(conn)
+            raise _OutcomeUnknown("the upstream server closed the connection mid-call") from exc
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return _describe(exc.exceptions[0])
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if not isinstance(exc, MCPError | OSError) else text
+
+
+# -- results ---------------------------------------------------------------------------------------------
+
+
+def _text(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+
+def _payload(res: types.CallToolResult) -> dict[str, Any]:
+    """What is stored for a result: content, structuredContent, isError and a clean _meta."""
+    out: dict[str, Any] = {"content": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in res.content]}
+    if res.structured_content is not None:
+        out["structuredContent"] = res.structured_content
+    out["isError"] = bool(res.is_error)
+    meta = clean_meta(res.meta)
+    if meta:
+        out["_meta"] = meta
+    return out
+
+
+def _result(payload: Mapping[str, Any], *, key: str | None, replayed: bool, note: str | None = None,
+            mark: str | None = None) -> types.CallToolResult:
+    res = types.CallToolResult.model_validate(dict(payload))
+    meta = dict(res.meta or {})
+    meta[META_REPLAYED] = replayed
+    if key is not None:
+        meta[META_KEY] = key
+    update: dict[str, Any] = {"meta": meta}
+    if note is not None:
+        update["content"] = [types.TextContent(type="text", text=note), *res.content]
+    if replayed and mark and isinstance(res.structured_content, dict):
+        update["structured_content"] = {**res.structured_content, mark: True}
+    return res.model_copy(update=update)
+
+
+# -- the proxy -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Runtime:
+    guard: Guard
+    upstream: Upstream
+
+
+class GuardingProxy:
+    """Build with a :class:`Config`; serve ``proxy.server`` (a low-level MCP ``Server``).
+
+    ``upstream`` overrides the config's upstream with any ``Client`` target (an in-process server in tests).
+    """
+
+    def __init__(
+        self, config: Config, *, upstream: UpstreamTarget | None = None, environ: Mapping[str, str] | None = None
+    ) -> None:
+        environ = os.environ if environ is None else environ
+        self.config = config
+        self._store_url = config.store_url(environ)
+        self._env_task = (environ.get(ENV_TASK_ID) or "").strip() or None
+        self._target: Any = upstream if upstream is not None else self._config_target(environ)
+        self.inflight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self.draining = False
+        self.server: Server[_Runtime] = Server(
+            config.proxy.name, version=_version(), lifespan=self._lifespan,
+            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+        )
+
+    def _config_target(self, environ: Mapping[str, str]) -> UpstreamTarget:
+        up = self.config.upstream
+        if up.url is not None:
+            if up.headers:
+                from mcp.client.streamable_http import streamable_http_client
+
+                return streamable_http_client(up.url, headers=dict(up.headers))  # type: ignore[call-arg,return-value]
+            return up.url
+        cmd, args = self.config.upstream_command()
+        return StdioServerParameters(
+            command=cmd, args=args, env=self.config.upstream_env(environ), cwd=self.config.upstream_cwd()
+        )
+
+    @asynccontextmanager
+    async def _lifespan(self, _server: Server[_Runtime]) -> AsyncIterator[_Runtime]:
+        cfg = self.config
+        guard = Guard(self._store_url, lease=cfg.store.lease, retention=cfg.store.retention,
+                      wait_timeout=cfg.proxy.wait_timeout)
+        async with anyio.create_task_group() as tg:
+            upstream = Upstream(tg, self._target, mode=cfg.upstream.mode, timeout=cfg.upstream.timeout)
+            runtime = _Runtime(guard, upstream)
+            tg.start_soon(self._warm, runtime)
+            try:
+                yield runtime
+            finally:
+                # Calls in flight finish (or the process exits without releasing their claims) before
+                # the upstream is closed under them.
+                with anyio.CancelScope(shield=True):
+                    await self.wait_idle(cfg.proxy.grace)
+                    upstream.close()
+                    tg.cancel_scope.cancel()
+                    await guard.aclose()
+
+    async def _warm(self, rt: _Runtime) -> None:
+        # Start fast: the handshake is answered at once; the store and the upstream are prepared meanwhile.
+        try:
+            await rt.guard.ensure_schema()
+        except GuardError as exc:
+            log.error("the store is not usable yet (%s); guarded calls will be refused until it is", exc)
+        try:
+            await rt.upstream.connect()
+        except _Unavailable as exc:
+            log.error("cannot reach the upstream server: %s", exc)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        with anyio.move_on_after(timeout):
+            await self._idle.wait()
+        return self.inflight == 0
+
+    # -- tools/list ---------------------------------------------------------------------------------------
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[_Runtime], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        try:
+            conn = await ctx.lifespan_context.upstream.connect()
+        except _Unavailable as exc:
+            raise MCPError(INTERNAL_ERROR, f"agentguard proxy: the upstream server is not available ({exc})") from None
+        names = {t.name for t in conn.tools}
+        for missing in sorted(set(self.config.tools) - names):
+            log.warning("the config guards %r, which the upstream does not offer", missing)
+        return types.ListToolsResult(tools=[self._relay_tool(t) for t in conn.tools])
+
+    def _relay_tool(self, tool: types.Tool) -> types.Tool:
+        cfg = self.config.tools.get(tool.name)
+        if cfg is None:
+            return tool
+        schema = json.loads(json.dumps(tool.input_schema))
+        props: dict[str, Any] = schema.setdefault("properties", {})
+        required: list[str] = [r for r in schema.get("required", []) if r != cfg.forward_key_to]
+        if cfg.forward_key_to:
+            props.pop(cfg.forward_key_to, None)  # the proxy fills it in: the model never chooses the key
+        props["task_id"] = {"type": "string", "minLength": 1, "description": TASK_ID_DESCRIPTION}
+        if "task_id" not in required:
+            required.append("task_id")
+        schema["required"] = required
+        update: dict[str, Any] = {
+            "input_schema": schema,
+            "description": ((tool.description or "").rstrip() + "\n\n" if tool.description else "")
+            + "Guarded by agentguard: safe to retry with the same task_id; a repeat returns the first result.",
+        }
+        if cfg.mark_structured and tool.output_schema is not None:
+            out = json.loads(json.dumps(tool.output_schema))
+            out.setdefault("properties", {})[cfg.mark_structured] = {
+                "type": "boolean", "description": "true when this result is a replay of an earlier call",
+            }
+            update["output_schema"] = out
+        return tool.model_copy(update=update)
+
+    # -- tools/call ---------------------------------------------------------------------------------------
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[_Runtime], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        rt = ctx.lifespan_context
+        meta = dict(ctx.meta or {})
+        cfg = self.config.tools.get(params.name)
+        if cfg is None:
+            return await self._pass_through(rt, params.name, dict(params.arguments or {}), meta)
+        if self.draining:
+            return _text(nothing_executed(f"the agentguard proxy is shutting down, so {params.name} was not run. "
+                                          "Retry the same call shortly."))
+        self._enter()
+        try:
+            # Shielded: a client timeout cancels this handler, but claim, upstream call and record must stay
+            # one unit, so the outcome is recorded and the retry gets it.
+            with anyio.CancelScope(shield=True):
+                return await self._guarded(ctx, rt, params.name, cfg, dict(params.arguments or {}), meta)
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        self.inflight += 1
+        self._idle = anyio.Event()
+
+    def _leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def _pass_through(
+        self, rt: _Runtime, name: str, arguments: dict[str, Any], meta: dict[str, Any]
+    ) -> types.CallToolResult:
+        try:
+            res = await rt.upstream.call(name, arguments, clean_meta(meta))
+        except _Unavailable as exc:
+            return _text(f"the upstream server is not available ({exc}); {name} was not run.")
+        except _OutcomeUnknown as exc:
+            return _text(f"{exc}; the outcome of {name} is unknown. The proxy reconnects on the next call.")
+        except MCPError as exc:
+            return _text(f"the upstream server refused {name}: {exc.error.message}")
+        return res.model_copy(update={"meta": clean_meta(res.meta) or None})
+
+    def _task_id(self, arguments: dict[str, Any], meta: Mapping[str, Any]) -> str | None:
+        for candidate in (arguments.pop("task_id", None), meta.get(META_TASK_ID), self._env_task):
+            if isinstance(candidate, str) and candidate.strip():
+                return candidate
+            if isinstance(candidate, int) and not isinstance(candidate, bool):
+                return str(candidate)
+        return None
+
+    async def _guarded(
+        self,
+        ctx: ServerRequestContext[_Runtime],
+        rt: _Runtime,
+        name: str,
+        cfg: ToolConfig,
+        arguments: dict[str, Any],
+        meta: dict[str, Any],
+    ) -> types.CallToolResult:
+        upstream_declares_task = self._upstream_has_param(rt, name, "task_id")
+        task_given = arguments.get("task_id")
+        task_id = self._task_id(arguments, meta)
+        if task_id is None:
+            return _text(nothing_executed(
+                f"agentguard refused to run {name}: no task id. Pass the `task_id` argument: the id of the task "
+                "you were given (the ticket, order, invoice or job id), and reuse exactly the same task_id on "
+                f"any retry of this call. (Programs may send _meta[{META_TASK_ID!r}] or set ${ENV_TASK_ID}.)"
+            ))
+        forward = cfg.forward_key_to
+        if forward is not None:
+            arguments.pop(forward, None)  # the proxy chooses the key, never the model
+        upstream_args = dict(arguments)
+        if upstream_declares_task and task_given is not None:
+            upstream_args["task_id"] = task_given
+        fp_args = {k: v for k, v in arguments.items() if k not in cfg.ignore}
+        key_values = {k: arguments.get(k) for k in cfg.key}
+        scope = self.config.store.scope
+        operation = _keys.operation_name(name, key_values or None)
+        key = _keys.derive_key(scope, task_id, operation)
+        policy = cfg.unknown_policy
+        ran = False
+
+        async def body(downstream_key: str) -> dict[str, Any]:
+            nonlocal ran
+            ran = True
+            send = {**upstream_args, forward: downstream_key} if forward else upstream_args
+            try:
+                res = await rt.upstream.call(name, send, {**clean_meta(meta), META_KEY: downstream_key})
+            except _OutcomeUnknown as exc:
+                if policy == "hold":
+                    raise _HeldUnknown(
+                        f"the outcome of {operation} in task {task_id!r} is unknown: {exc}. agentguard will not "
+                        "run it again. Check with the provider whether it happened before doing anything else; "
+                        "if it did not, use a new task id."
+                    ) from None
+                raise
+            except MCPError as exc:
+                raise _RetryableError(_payload(_text(
+                    f"the upstream server refused {name}: {exc.error.message}"))) from None
+            payload = _payload(res)
+            if res.is_error:
+                if cfg.errors_final:
+                    raise _FinalError(json.dumps(payload))
+                raise _RetryableError(payload)
+            return payload
+
+        on_conflict: Literal["wait", "raise"] = (
+            "raise" if (cfg.on_conflict or self.config.proxy.on_conflict) == "error" else "wait"
+        )
+        try:
+            outcome = await rt.guard.run(
+                name, body, arguments=fp_args, key=key_values or None, task_id=task_id, scope=scope,
+                cache_errors=(_FinalError, _HeldUnknown), on_conflict=on_conflict,
+                wait_timeout=cfg.wait_timeout or self.config.proxy.wait_timeout,
+                audit=audit_ids(meta, ctx.request_id, _client_name(ctx), ctx.protocol_version),
+            )
+        except _RetryableError as exc:
+            # Not final: the claim was released, so a retry goes upstream again with the same key.
+            return _result(exc.payload, key=key, replayed=False)
+        except _FinalError as exc:
+            note = None if ran else replay_note(operation, task_id)
+            return _result(json.loads(exc.args[0]), key=key, replayed=not ran, note=note, mark=cfg.mark_structured)
+        except _HeldUnknown as exc:
+            return _text(str(exc) if ran else nothing_executed(f"{exc} (recorded earlier)"))
+        except _OutcomeUnknown as exc:
+            return _text(
+                f"{exc}; the outcome of {operation} is unknown. The claim was released: retry the same call with "
+                "the same task_id and it goes upstream with the same idempotency key, so the provider "
+                "deduplicates it."
+            )
+        except _Unavailable as exc:
+            return _text(nothing_executed(f"the upstream server is not available ({exc}), so {name} was not run. "
+                                          "Retry the same call shortly."))
+        except GuardError as exc:
+            return _text(_refusal(exc, ran))
+        if outcome.replayed:
+            log.info("replayed %s for task %s", outcome.operation, task_id)
+            return _result(outcome.value, key=outcome.key, replayed=True,
+                           note=replay_note(operation, task_id), mark=cfg.mark_structured)
+        return _result(outcome.value, key=outcome.key, replayed=False)
+
+    def _upstream_has_param(self, rt: _Runtime, name: str, param: str) -> bool:
+        conn = rt.upstream._conn
+        if conn is None:
+            return False
+        for tool in conn.tools:
+            if tool.name == name:
+                return param in (tool.input_schema.get("properties") or {})
+        return False
+
+
+def _refusal(exc: GuardError, ran: bool) -> str:
+    if isinstance(exc, KeyReuseError):
+        differ = ", ".join(exc.differing) or "unknown arguments"
+        return nothing_executed(
+            f"agentguard refused to run {exc.operation}: in task {exc.task_id!r} it was already called with "
+            f"different arguments (differing: {differ}). A different operation needs a different task id or "
+            "key field; to repeat the first call, send exactly its arguments."
+        )
+    if isinstance(exc, InProgressError):
+        return nothing_executed(
+            f"{exc.operation} in task {exc.task_id!r} is being run by another call right now, so this call did "
+            "not run it. Retry the same call shortly to get its result."
+        )
+    if isinstance(exc, MissingTaskError):
+        return nothing_executed(f"agentguard refused to run the tool: {exc}")
+    if isinstance(exc, LeaseLostError):
+        return (f"{exc.operation}: the upstream call was made, but another worker took the claim over meanwhile, "
+                "so this result was not recorded. Retry the same call to get the recorded result.")
+    if isinstance(exc, StoreError) and (exc.body_ran or ran):
+        return ("the upstream call was made but agentguard could not record its result; the claim stays held "
+                "and a retry with the same task_id goes upstream with the same idempotency key after its lease.")
+    if ran:
+        return f"agentguard failed after the upstream call was made ({exc}); retry the same call with the same task_id."
+    return nothing_executed(f"agentguard could not run the call safely ({exc}).")
+
+
+def _client_name(ctx: ServerRequestContext[Any]) -> str | None:
+    try:
+        params = ctx.session.client_params
+        return None if params is None else f"{params.client_info.name}/{params.client_info.version}"
+    except Exception:  # the 2026 era and in-process connections may have no handshake params
+        return None
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+# -- the command -------------------------------------------------------------------------------------------
+
+
+def _configure_logging() -> None:
+    level = os.environ.get("AGENTGUARD_LOG", "INFO").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("agentguard-proxy %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("agentguard")
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level, logging.INFO))
+
+
+async def _serve(proxy: GuardingProxy) -> None:
+    from mcp.server.stdio import stdio_server
+
+    async with anyio.create_task_group() as tg:
+
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    if proxy.draining:
+                        log.warning("second signal: exiting now; claims in flight are left to expire")
+                        _hard_exit(1)
+                    proxy.draining = True
+                    log.info("%s: finishing %d call(s) in flight, then exiting",
+                             signal.Signals(signum).name, proxy.inflight)
+                    tg.start_soon(drain)
+
+        async def drain() -> None:
+            if not await proxy.wait_idle(proxy.config.proxy.grace):
+                # Never release blind: the upstream may have acted. The claims expire with their lease and the
+                # next caller takes over with the same downstream key.
+                log.warning("%d call(s) still in flight after %gs; exiting without releasing their claims",
+                            proxy.inflight, proxy.config.proxy.grace)
+                _hard_exit(1)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(on_signals)
+        async with stdio_server() as (read, write):
+            await proxy.server.run(read, write, proxy.server.create_initialization_options())
+        tg.cancel_scope.cancel()
+
+
+def _hard_exit(code: int) -> None:
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(config_path: str) -> int:
+    """Entry of ``agentguard mcp-proxy --config FILE``: validate, then serve over stdio. Returns the exit code."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(f"agentguard mcp-proxy: invalid config {exc.path}:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        print("nothing was served; fix the config and start again.", file=sys.stderr)
+        return 2
+    _configure_logging()
+    try:
+        proxy = GuardingProxy(config)
+    except (ValueError, TypeError) as exc:
+        print(f"agentguard mcp-proxy: {exc}", file=sys.stderr)
+        return 2
+    try:
+        anyio.run(_serve, proxy)
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,209 @@
+"""OpenAI Agents SDK: agents.testing.ScriptedModel drives the real Runner loop."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from agents import Agent, FunctionTool, RunContextWrapper, Runner, function_tool, set_tracing_disabled
+from agents.items import ToolCallOutputItem
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+from agentguard import Guard, current_key, task
+from agentguard.integrations.openai_agents import guard_tool, once
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _no_tracing() -> Iterator[None]:
+    set_tracing_disabled(True)  # nothing is exported anywhere; no API key needed
+    yield
+    set_tracing_disabled(False)
+
+
+@dataclass
+class Ctx:
+    task_id: str | None
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.charges: list[tuple[str, int, str]] = []
+        self.lock = threading.Lock()
+
+    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
+        with self.lock:
+            self.charges.append((order_id, amount_cents, key))
+            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
+
+
+def script(*turns: Sequence[int]) -> ScriptedModel:
+    """One model step per turn; each turn lists the amounts of the charge calls it makes for order o-1."""
+    steps: list[Any] = [
+        [function_call("charge", {"order_id": "o-1", "amount_cents": a}, call_id=f"call_{t}_{i}") for i, a in enumerate(turn)]
+        for t, turn in enumerate(turns)
+    ]
+    steps.append([assistant_message("done")])
+    return ScriptedModel(steps)
+
+
+def outputs(result: Any) -> dict[str, Any]:
+    return {i.raw_item["call_id"]: i.output for i in result.new_items if isinstance(i, ToolCallOutputItem)}
+
+
+def decorated(guard: Guard, ledger: Ledger) -> FunctionTool:
+    @function_tool
+    @once(guard, key="order_id")
+    async def charge(ctx: RunContextWrapper[Ctx], order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much
+        """
+        return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    return charge
+
+
+@pytest.fixture
+def guard(make_guard: Callable[..., Guard]) -> Guard:
+    return make_guard()
+
+
+async def run(tool: FunctionTool, model: ScriptedModel, ctx: Ctx | None = None) -> Any:
+    result = await Runner.run(Agent(name="billing", model=model, tools=[tool]), "charge o-1", context=ctx)
+    model.assert_complete()
+    return result
+
+
+async def test_two_calls_in_one_task_charge_once_and_replay(guard: Guard) -> None:
+    ledger = Ledger()
+    result = await run(decorated(guard, ledger), script([500], [500]), Ctx("task-42"))
+    assert len(ledger.charges) == 1
+    out = outputs(result)
+    assert out["call_0_0"] == out["call_1_0"] == {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
+    assert result.final_output == "done"
+
+
+async def test_identical_calls_in_one_turn_charge_once(guard: Guard) -> None:
+    ledger = Ledger()
+    result = await run(decorated(guard, ledger), script([500, 500]), Ctx("task-42"))
+    assert len(ledger.charges) == 1
+    out = outputs(result)
+    assert out["call_0_0"] == out["call_0_1"]
+
+
+async def test_different_amount_reaches_the_model_as_a_refusal(guard: Guard) -> None:
+    ledger = Ledger()
+    model = script([500], [700])
+    result = await run(decorated(guard, ledger), model, Ctx("task-42"))
+    assert len(ledger.charges) == 1
+    refusal = outputs(result)["call_1_0"]
+    assert "already called in this task with different arguments" in refusal and "amount_cents" in refusal
+    assert "Please try again" not in refusal
+    # and it is what the model was sent
+    sent = [i for i in model.calls[2].input if isinstance(i, dict) and i.get("type") == "function_call_output" and i.get("call_id") == "call_1_0"]
+    assert sent and "different arguments" in str(sent[0]["output"])
+
+
+async def test_missing_task_id_is_refused_without_running(guard: Guard) -> None:
+    ledger = Ledger()
+    result = await run(decorated(guard, ledger), script([500]), Ctx(None))
+    assert ledger.charges == []
+    assert "no task id" in outputs(result)["call_0_0"]
+
+
+async def test_injected_key_and_context_are_not_in_the_model_schema(guard: Guard) -> None:
+    ledger = Ledger()
+    model = script([500])
+    await run(decorated(guard, ledger), model, Ctx("task-42"))
+    assert model.first_call is not None
+    (tool,) = model.first_call.tools
+    assert isinstance(tool, FunctionTool)
+    schema = tool.params_json_schema
+    assert set(schema["properties"]) == {"order_id", "amount_cents"} == set(schema["required"])
+    assert "idempotency_key" not in json.dumps(schema) and "ctx" not in json.dumps(schema)
+    (record,) = await guard.records()
+    assert ledger.charges[0][2] == record.key
+
+
+async def test_sync_tool_without_context_uses_the_task_context(guard: Guard) -> None:
+    ledger = Ledger()
+
+    @function_tool
+    @once(guard, key="order_id")
+    def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        return ledger.charge(order_id, amount_cents, current_key())
+
+    with task("ticket-1"):
+        result = await run(charge, script([500, 500], [500]))
+    assert len(ledger.charges) == 1
+    assert len(set(map(json.dumps, outputs(result).values()))) == 1
+    assert [r.task_id for r in await guard.records()] == ["ticket-1"]
+
+
+def plain_tool(ledger: Ledger, fail: list[Exception] | None = None) -> FunctionTool:
+    @function_tool
+    async def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Charge an order."""
+        if fail:
+            raise fail.pop()
+        return ledger.charge(order_id, amount_cents, current_key())
+
+    return charge
+
+
+async def test_guard_tool_wraps_an_existing_function_tool(guard: Guard) -> None:
+    ledger = Ledger()
+    original = plain_tool(ledger)
+    guarded = guard_tool(original, guard, key="order_id")
+    assert guarded is not original and guarded.params_json_schema == original.params_json_schema
+    model = script([500, 500], [500], [700])
+    result = await run(guarded, model, Ctx("task-5"))
+    assert len(ledger.charges) == 1
+    out = outputs(result)
+    assert out["call_0_0"] == out["call_0_1"] == out["call_1_0"]
+    assert "different arguments" in out["call_2_0"]
+    (record,) = await guard.records()
+    assert record.task_id == "task-5" and ledger.charges[0][2] == record.key
+
+
+async def test_guard_tool_normalises_the_raw_json_arguments(guard: Guard) -> None:
+    ledger = Ledger()
+    steps: list[Any] = [
+        [function_call("charge", '{"order_id": "o-1", "amount_cents": 500}', call_id="c1")],
+        [function_call("charge", '{"amount_cents":500.0,"order_id":"o-1"}', call_id="c2")],
+        [assistant_message("done")],
+    ]
+    result = await run(guard_tool(plain_tool(ledger), guard, key="order_id"), ScriptedModel(steps), Ctx("t"))
+    assert len(ledger.charges) == 1
+    assert outputs(result)["c1"] == outputs(result)["c2"]
+
+
+async def test_guard_tool_releases_on_a_tool_error_and_does_not_store_it(guard: Guard) -> None:
+    ledger = Ledger()
+    tool = guard_tool(plain_tool(ledger, fail=[RuntimeError("card network down")]), guard, key="order_id")
+    result = await run(tool, script([500], [500]), Ctx("task-3"))
+    out = outputs(result)
+    assert out["call_0_0"] == "An error occurred while running the tool. Please try again."
+    assert out["call_1_0"]["charge_id"] == "ch_1"  # the retry ran: the error was not stored as a result
+    assert len(ledger.charges) == 1
+
+
+async def test_guard_tool_rejects_non_tools_and_double_guarding(guard: Guard) -> None:
+    with pytest.raises(TypeError, match="FunctionTool"):
+        guard_tool(lambda: None, guard)  # type: ignore[arg-type]
+    tool = guard_tool(plain_tool(Ledger()), guard)
+    with pytest.raises(TypeError, match="already guarded"):
+        guard_tool(tool, guard)
+
+
+async def test_guard_on_top_of_function_tool_is_a_type_error(guard: Guard) -> None:
+    with pytest.raises(TypeError, match="put it underneath"):
+        guard.once(plain_tool(Ledger()))  # type: ignore[call-overload]

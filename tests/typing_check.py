@@ -1,0 +1,31 @@
+"""Typing-only: mypy --strict checks that the public API keeps signatures (not collected by pytest)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from agentguard import Guard, Outcome, current_key, task
+
+guard = Guard("sqlite+aiosqlite://")
+
+
+@guard.once(key=["order_id"])
+async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> Decimal:
+    return Decimal(amount_cents) / 100
+
+
+@guard.once
+def send(to: str) -> bool:
+    return bool(current_key())
+
+
+async def body(key: str) -> dict[str, str]:
+    return {"key": key}
+
+
+async def use() -> None:
+    with task("t"):
+        amount: Decimal = await charge("o-1", 4900)
+        sent: bool = send("a@example.com")
+        out: Outcome[dict[str, str]] = await guard.run("op", body, task_id="t")
+        print(amount, sent, out.value["key"], out.replayed)
