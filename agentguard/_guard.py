@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import secrets
+import time
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from types import TracebackType
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from . import _codec
+from ._cache import ReplayCache
 from ._codec import Codec
 from ._context import _key, current_task
 from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, MissingTaskError
@@ -197,6 +199,7 @@ class Guard:
         pool_size: int = 10,
         connect_timeout: float = 10.0,
         sqlite_synchronous: str = "FULL",
+        cache_size: int = 1024,
     ) -> None:
         url = url or os.environ.get("AGENTGUARD_URL") or DEFAULT_URL
         self._lease = _seconds(lease, "lease")
@@ -211,6 +214,7 @@ class Guard:
         )
         self._portal = Portal()
         self._codecs: dict[Any, Codec] = {}
+        self._cache = ReplayCache(cache_size)
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -347,6 +351,27 @@ class Guard:
             key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
         )
 
+    def _cached(self, call: _Call) -> _Replay | None:
+        """A replay served from the in-process cache: no round trip (raises on a fingerprint mismatch)."""
+        rec = self._cache.get(call.scope, call.key)
+        if rec is None:
+            return None
+        if rec.fingerprint != call.fingerprint:
+            raise self._reuse_error(call, rec)
+        self._emit("replayed", call, rec.attempts, "from the in-process cache")
+        return _Replay(call, rec)
+
+    def _remember(self, claim: _Claim, state: str, stored: str, started: float) -> None:
+        call = claim.call
+        if self._cache.maxsize:
+            rec = Record(
+                scope=call.scope, key=call.key, state=state, fence=claim.fence, fingerprint=call.fingerprint,
+                arg_hashes=json.dumps(call.arg_hashes, sort_keys=True), result=stored, attempts=claim.attempt,
+                owner=None, task_id=call.task_id, operation=call.operation, live=False, expired=False,
+                ttl=self._retention,
+            )
+            self._cache.put(rec, started + self._retention)
+
     async def _begin(self, call: _Call) -> _Claim | _Replay:
         store = self._store
         owner = secrets.token_hex(8)
@@ -389,6 +414,7 @@ class Guard:
                     raise self._reuse_error(call, rec)
                 if rec.state in (SUCCEEDED, FAILED):
                     self._emit("replayed", call, rec.attempts)
+                    self._cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
                     return _Replay(call, rec)
             if stale or not rec.live:
                 took = await _settle(
@@ -429,8 +455,10 @@ class Guard:
                 "downstream key",
                 key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
             ) from None
+        started = time.monotonic()  # before the database computes expires_at: the cache entry dies first
         if not await self._store.complete(call.scope, call.key, claim.fence, SUCCEEDED, encoded, self._retention):
             raise self._lease_lost(call, claim)
+        self._remember(claim, SUCCEEDED, encoded, started)
         self._emit("completed", call, claim.attempt)
         return call.codec.decode(encoded)
 
@@ -447,8 +475,10 @@ class Guard:
         await self._stop_heartbeat(claim)
         if isinstance(exc, Exception) and call.cache_errors and isinstance(exc, call.cache_errors):
             stored = _codec.encode_error(exc)
+            started = time.monotonic()
             if not await self._store.complete(call.scope, call.key, claim.fence, FAILED, stored, self._retention):
                 raise self._lease_lost(call, claim) from exc
+            self._remember(claim, FAILED, stored, started)
             self._emit("completed", call, claim.attempt, f"cached error {type(exc).__name__}")
             return
         # Released in its own statement on a fresh connection, never inside a failed transaction.
@@ -465,7 +495,7 @@ class Guard:
     # -- drivers --------------------------------------------------------------------------------------
 
     async def _drive(self, call: _Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
-        outcome = await self._store_call(self._begin(call))
+        outcome = self._cached(call) or await self._store_call(self._begin(call))
         if isinstance(outcome, _Replay):
             return outcome.result(), True
         token = _key.set(call.key)
@@ -480,7 +510,7 @@ class Guard:
 
     def _drive_sync(self, call: _Call, body: Callable[[str], T]) -> tuple[T, bool]:
         portal = self._portal
-        outcome = portal.run(self._begin(call))
+        outcome = self._cached(call) or portal.run(self._begin(call))
         if isinstance(outcome, _Replay):
             return outcome.result(), True
         token = _key.set(call.key)

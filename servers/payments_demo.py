@@ -21,15 +21,13 @@ import secrets
 import sqlite3
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel
-
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS charges (
@@ -154,7 +152,8 @@ class Ledger:
 
 async def _hold(path: str | None) -> None:
     if path:
-        while not Path(path).exists():
+        # A file is the one signal a test can send to a server process several pipes away.
+        while not await anyio.Path(path).exists():  # noqa: ASYNC110
             await anyio.sleep(0.02)
 
 

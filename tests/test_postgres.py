@@ -99,7 +99,7 @@ async def test_sixty_four_concurrent_distinct_keys(store_url: str) -> None:
 
 
 async def test_each_step_is_one_round_trip(store_url: str) -> None:
-    async with Guard(store_url, lease=1.0) as guard:
+    async with Guard(store_url, lease=1.0, cache_size=0) as guard:
         statements: list[str] = []
 
         @guard.once
@@ -129,7 +129,7 @@ async def test_each_step_is_one_round_trip(store_url: str) -> None:
                 await flaky(1)
             retried = list(statements)
     assert first == ["WITH", "UPDATE"]  # claim, complete
-    assert replay == ["WITH"]  # claim-or-fetch finds the completed record
+    assert replay == ["WITH"]  # claim-or-fetch finds the completed record (in-process cache off)
     assert failed == ["WITH", "UPDATE"]  # claim, release
     assert retried == ["WITH", "UPDATE", "UPDATE"]  # claim-or-fetch, take over, release
 
@@ -145,3 +145,19 @@ async def test_schema_has_the_sweeper_index_and_a_state_check(store_url: str) ->
             " attempts, created_at, updated_at, expires_at) VALUES ('s','k','t','o','f','{}','bogus',1,1,0,0,0)",
             store_url,
         )
+
+
+async def test_a_cached_replay_costs_no_statement(store_url: str) -> None:
+    async with Guard(store_url) as guard:
+        statements: list[str] = []
+
+        @guard.once
+        async def charge(amount: int) -> int:
+            return amount
+
+        with task(tid()):
+            await charge(1)
+            engine = guard._store.engine()
+            event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+            assert [await charge(1) for _ in range(5)] == [1] * 5
+    assert statements == []

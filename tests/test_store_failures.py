@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
-from agentguard import Guard, GuardError, StoreError, task
+from agentguard import Guard, GuardError, KeyReuseError, StoreError, task
 
 from conftest import BACKEND, pg_dsn
 
@@ -143,3 +143,29 @@ async def test_sweeper_deleting_the_winners_row_before_the_losers_read(make_guar
         assert await charge(1) == 2  # the row vanished before the read: claim again, no crash
         guard._store.after_claim_miss = None
     assert swept == [1]
+
+
+async def test_replays_in_this_process_come_from_the_cache(store_url: str) -> None:
+    async with Guard(store_url) as cached, Guard(store_url, cache_size=0) as uncached:
+        runs = 0
+
+        async def body(amount: int) -> int:
+            nonlocal runs
+            runs += 1
+            return amount
+
+        a = cached.once(operation="charge")(body)
+        b = uncached.once(operation="charge")(body)
+        with task(tid()):
+            assert await a(5) == 5
+            await raw_exec(store_url, "ALTER TABLE agentguard_calls RENAME TO agentguard_calls_away")
+            try:
+                assert await a(5) == 5  # served in-process: the store is not even consulted
+                with pytest.raises(KeyReuseError):
+                    await a(6)  # the cache checks the fingerprint too
+                with pytest.raises(StoreError):
+                    await b(5)
+            finally:
+                await raw_exec(store_url, "ALTER TABLE agentguard_calls_away RENAME TO agentguard_calls")
+            assert await b(5) == 5
+    assert runs == 1

@@ -31,7 +31,7 @@ class _Model(BaseModel):
 class StoreConfig(_Model):
     url: str | None = None
     """SQLAlchemy async URL; default ``$AGENTGUARD_URL``, else ``sqlite+aiosqlite:///agentguard.db``."""
-    scope: str = Field("default", min_length=1, max_length=255)
+    scope: str = Field(default="default", min_length=1, max_length=255)
     lease: PositiveSeconds = 30.0
     retention: PositiveSeconds = 7 * 86400.0
 
@@ -44,7 +44,7 @@ class StoreConfig(_Model):
 
 
 class UpstreamConfig(_Model):
-    command: list[str] | None = Field(None, min_length=1)
+    command: list[str] | None = Field(default=None, min_length=1)
     url: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     pass_env: list[str] = Field(default_factory=list)
@@ -128,9 +128,9 @@ class ProxyConfig(_Model):
 
 
 class Config(_Model):
-    store: StoreConfig = Field(default_factory=StoreConfig)
+    store: StoreConfig = StoreConfig()
     upstream: UpstreamConfig
-    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    proxy: ProxyConfig = ProxyConfig()
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
 
     _base_dir: Path = PrivateAttr(default_factory=lambda: Path("."))

@@ -24,10 +24,9 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 import mcp_types as types
-from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
-
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.server import MCPServer, Server, ServerRequestContext
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 
 from .. import _keys
 from .._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, MissingTaskError, StoreError
@@ -138,7 +137,7 @@ class Upstream:
             conn = self._conn
             if conn is not None and not conn.stop.is_set():
                 return conn
-            ready, box = anyio.Event(), {}
+            ready, box = anyio.Event(), dict[str, Any]()
             self._tg.start_soon(self._hold, ready, box)
             await ready.wait()
             if "conn" not in box:
@@ -195,7 +194,8 @@ def _text(message: str) -> types.CallToolResult:
 
 def _payload(res: types.CallToolResult) -> dict[str, Any]:
     """What is stored for a result: content, structuredContent, isError and a clean _meta."""
-    out: dict[str, Any] = {"content": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in res.content]}
+    content = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in res.content]
+    out: dict[str, Any] = {"content": content}
     if res.structured_content is not None:
         out["structuredContent"] = res.structured_content
     out["isError"] = bool(res.is_error)
@@ -296,8 +296,8 @@ class GuardingProxy:
         except _Unavailable as exc:
             log.error("cannot reach the upstream server: %s", exc)
 
-    async def wait_idle(self, timeout: float) -> bool:
-        with anyio.move_on_after(timeout):
+    async def wait_idle(self, grace: float) -> bool:
+        with anyio.move_on_after(grace):
             await self._idle.wait()
         return self.inflight == 0
 
@@ -355,13 +355,20 @@ class GuardingProxy:
             return _text(nothing_executed(f"the agentguard proxy is shutting down, so {params.name} was not run. "
                                           "Retry the same call shortly."))
         self._enter()
+        result: types.CallToolResult | None = None
         try:
             # Shielded: a client timeout cancels this handler, but claim, upstream call and record must stay
             # one unit, so the outcome is recorded and the retry gets it.
             with anyio.CancelScope(shield=True):
-                return await self._guarded(ctx, rt, params.name, cfg, dict(params.arguments or {}), meta)
+                result = await self._guarded(ctx, rt, params.name, cfg, dict(params.arguments or {}), meta)
+        except Exception:
+            log.exception("unexpected failure in the guarded call of %s", params.name)
+            result = _text(f"agentguard failed unexpectedly while guarding {params.name}; the outcome is unknown. "
+                           "Retry the same call with the same task_id: it is replayed or run at most once.")
         finally:
             self._leave()
+        assert result is not None
+        return result
 
     def _enter(self) -> None:
         self.inflight += 1

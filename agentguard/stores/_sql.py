@@ -87,6 +87,7 @@ class Record:
     operation: str
     live: bool  # running and its lease has not expired
     expired: bool  # past retention (meaningful only when not live)
+    ttl: float  # seconds until the record's retention ends, by the database clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ def _record(scope: str, key: str, row: Sequence[Any]) -> Record:
     return Record(
         scope=scope, key=key, state=row[0], fence=int(row[1]), fingerprint=row[2], arg_hashes=row[3],
         result=row[4], attempts=int(row[5]), owner=row[6], task_id=row[7], operation=row[8],
-        live=bool(row[9]), expired=bool(row[10]),
+        live=bool(row[9]), expired=bool(row[10]), ttl=float(row[11]),
     )
 
 
@@ -126,7 +127,8 @@ class _Statements:
         columns = (
             "state, fence, fingerprint, arg_hashes, result, attempts, owner, task_id, operation,"
             f" CASE WHEN {live} THEN 1 ELSE 0 END AS live,"
-            f" CASE WHEN expires_at < {now} THEN 1 ELSE 0 END AS expired"
+            f" CASE WHEN expires_at < {now} THEN 1 ELSE 0 END AS expired,"
+            f" expires_at - {now} AS ttl"
         )
         self.read = text(f"SELECT {columns} FROM {TABLE} WHERE scope = :scope AND key = :key")
         # Postgres: claim-or-fetch in one round trip. The SELECT branch sees the statement's snapshot, so
@@ -136,7 +138,7 @@ class _Statements:
         if d.name == "postgresql":
             self.claim_or_fetch = text(
                 "WITH ins AS (" + str(self.claim.text) + ")"
-                " SELECT 1 AS claimed, fence, NULL, NULL, NULL, NULL, 1, NULL, NULL, NULL, 0, 0 FROM ins"
+                " SELECT 1 AS claimed, fence, NULL, NULL, NULL, NULL, 1, NULL, NULL, NULL, 0, 0, 0.0 FROM ins"
                 f" UNION ALL SELECT 0, {columns.replace('state, fence', 'fence, state', 1)}"
                 f" FROM {TABLE} WHERE scope = :scope AND key = :key AND NOT EXISTS (SELECT 1 FROM ins)"
             )

@@ -1,0 +1,54 @@
+"""An in-process LRU of completed records, so a replay in the same process needs no round trip.
+
+Only terminal records (succeeded or failed) are cached: they never change until their retention ends, and
+an entry's deadline is taken before the record's expiry was computed by the database, so it always dies
+first. Values are kept encoded and decoded per hit, so callers never share a mutable object.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+from .stores import Record
+
+
+class ReplayCache:
+    __slots__ = ("_entries", "_lock", "maxsize")
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 0:
+            raise ValueError("cache_size must be zero (off) or positive")
+        self.maxsize = maxsize
+        self._entries: OrderedDict[tuple[str, str], tuple[float, Record]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, scope: str, key: str) -> Record | None:
+        if not self.maxsize:
+            return None
+        k = (scope, key)
+        with self._lock:
+            entry = self._entries.get(k)
+            if entry is None:
+                return None
+            if entry[0] <= time.monotonic():
+                del self._entries[k]
+                return None
+            self._entries.move_to_end(k)
+            return entry[1]
+
+    def put(self, record: Record, deadline: float) -> None:
+        """``deadline``: a ``time.monotonic()`` instant no later than the record's expiry."""
+        if not self.maxsize or deadline <= time.monotonic():
+            return
+        k = (record.scope, record.key)
+        with self._lock:
+            self._entries[k] = (deadline, record)
+            self._entries.move_to_end(k)
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

@@ -1,0 +1,162 @@
+"""The LangChain ``wrap_tool_call`` middleware (imports LangChain; reached through
+``agentguard.integrations.langchain``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool
+from langchain_core.runnables import RunnableConfig
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command
+from pydantic import BaseModel, ValidationError
+
+from .._errors import GuardError
+from .._guard import Guard
+from ._common import ToolsArg, ToolSpec, resolve_task, run_sync, tool_specs
+from .langchain import HINT, _exception_class, current_config, thread_id
+
+Result = ToolMessage | Command[Any]
+
+
+class _ToolErrored(Exception):
+    """The tool failed and the ToolNode already turned the failure into an error message: do not store it."""
+
+    def __init__(self, message: ToolMessage) -> None:
+        super().__init__(message.content)
+        self.message = message
+
+
+def _stored(result: Any) -> Any:
+    # What is stored and replayed is the message's payload, never its tool_call_id: a replay answers the
+    # call being made now. A Command or another type fails to store, and the claim stays held (fail closed).
+    if isinstance(result, ToolMessage):
+        if result.status == "error":
+            raise _ToolErrored(result)
+        return {"content": result.content, "artifact": result.artifact}
+    return result
+
+
+class ToolGuard(AgentMiddleware[Any, Any, Any]):
+    """Guards the named tools of a ``create_agent`` agent or a ``ToolNode``; answers refusals in LangChain's
+    convention, ``ToolMessage(status="error")``, with the current ``tool_call_id``.
+
+    ``tools``: ``["charge"]``, ``{"charge": "order_id"}`` or ``{"charge": ToolSpec(...)}``; may be empty to only
+    turn the refusals of ``once``-guarded tools into messages. The model's raw arguments are validated
+    against the tool's schema before they are fingerprinted. Inside the tool, ``agentguard.current_key()``
+    is the downstream key. Do not also put ``once`` on a tool guarded here: one guard per tool.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        tools: ToolsArg = (),
+        *,
+        task_id: Callable[[RunnableConfig], str] | None = None,
+        scope: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.guard = guard
+        self.guarded: dict[str, ToolSpec] = tool_specs(tools) if tools else {}
+        self.task_id = task_id
+        self.scope = scope
+
+    def __repr__(self) -> str:
+        return f"ToolGuard(tools={sorted(self.guarded)!r})"
+
+    # -- pieces shared by the sync and async paths ---------------------------------------------------------
+
+    def _arguments(self, request: ToolCallRequest) -> dict[str, Any]:
+        args: dict[str, Any] = dict(request.tool_call.get("args") or {})
+        tool = request.tool
+        schema = tool.tool_call_schema if isinstance(tool, BaseTool) else None
+        if isinstance(schema, type) and issubclass(schema, BaseModel):
+            try:
+                # Validated and defaulted, so "500" and 500, or an omitted default, fingerprint alike.
+                return dict(schema.model_validate(args))
+            except ValidationError:
+                pass  # the tool will report it; the raw arguments are still guarded
+        return args
+
+    def _config(self, request: ToolCallRequest) -> Any:
+        runtime = getattr(request, "runtime", None)
+        return getattr(runtime, "config", None) or current_config()
+
+    def _message(self, request: ToolCallRequest, name: str, value: Any) -> Result:
+        if isinstance(value, Mapping) and "content" in value:
+            return ToolMessage(
+                content=value["content"], artifact=value.get("artifact"), tool_call_id=request.tool_call["id"],
+                name=name,
+            )
+        return value  # type: ignore[no-any-return]
+
+    def _refusal(self, request: ToolCallRequest, exc: BaseException) -> ToolMessage:
+        return ToolMessage(
+            content=str(exc), tool_call_id=request.tool_call["id"], name=request.tool_call["name"], status="error"
+        )
+
+    def _plan(self, request: ToolCallRequest) -> tuple[ToolSpec, dict[str, Any], str, str] | None:
+        spec = self.guarded.get(request.tool_call["name"])
+        if spec is None:
+            return None
+        args = self._arguments(request)
+        info = resolve_task(
+            request.tool_call["name"], explicit=self.task_id, context=self._config(request), fallback=thread_id,
+            scope=self.scope, hint=HINT,
+        )
+        return spec, args, info.task_id, info.scope
+
+    def _as_refusal(self, exc: GuardError) -> Exception:
+        return _exception_class()(exc)
+
+    # -- the middleware hooks ----------------------------------------------------------------------------
+
+    def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Result]) -> Result:
+        name = request.tool_call["name"]
+        refused = _exception_class()
+        try:
+            plan = self._plan(request)
+            if plan is None:
+                return handler(request)
+            spec, args, task_id, scope = plan
+            value, _ = run_sync(
+                self.guard, name, lambda _key: _stored(handler(request)), arguments=spec.fingerprinted(args),
+                key=spec.key_values(args), task_id=task_id, scope=scope, returns=Any,
+                cache_errors=spec.cache_errors,
+            )
+        except _ToolErrored as failed:
+            return failed.message
+        except GuardError as exc:
+            return self._refusal(request, self._as_refusal(exc))
+        except refused as exc:
+            return self._refusal(request, exc)
+        return self._message(request, name, value)
+
+    async def awrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[Result]]
+    ) -> Result:
+        name = request.tool_call["name"]
+        refused = _exception_class()
+        try:
+            plan = self._plan(request)
+            if plan is None:
+                return await handler(request)
+            spec, args, task_id, scope = plan
+
+            async def body(_key: str) -> Any:
+                return _stored(await handler(request))
+
+            outcome = await self.guard.run(
+                name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args), task_id=task_id,
+                scope=scope, returns=Any, cache_errors=spec.cache_errors,
+            )
+        except _ToolErrored as failed:
+            return failed.message
+        except GuardError as exc:
+            return self._refusal(request, self._as_refusal(exc))
+        except refused as exc:
+            return self._refusal(request, exc)
+        return self._message(request, name, outcome.value)

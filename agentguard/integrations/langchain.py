@@ -1,0 +1,155 @@
+"""LangChain / LangGraph: a decorator placed *under* ``@tool``, and :class:`ToolGuard`, a ``wrap_tool_call``
+middleware for ``create_agent`` that also plugs into a hand-built ``ToolNode``.
+
+    @tool                                          # LangChain on top
+    @once(guard, key="order_id")                   # agentguard right above the function
+    def charge(order_id: str, amount_cents: int) -> dict: ...
+
+    agent = create_agent(model, tools=[charge], middleware=[ToolGuard(guard, {"charge": "order_id"})])
+    tg = ToolGuard(guard, {"charge": "order_id"})
+    node = ToolNode([charge], wrap_tool_call=tg.wrap_tool_call, awrap_tool_call=tg.awrap_tool_call)
+
+Task id: ``task_id=`` (a callable of the ``RunnableConfig``) → ``with agentguard.task(...)`` → the LangGraph
+thread id (``config["configurable"]["thread_id"]``, stable across interrupts and checkpoint resumes) →
+refused. Never the tool call id or the run id: both change on re-invocation. Injected parameters
+(``ToolRuntime``, ``RunnableConfig``, ``InjectedToolCallId``, ``InjectedState``, ...) never enter the fingerprint.
+
+Refusals: :class:`ToolGuard` answers with ``ToolMessage(status="error")`` carrying the current
+``tool_call_id`` — for the tools it guards and for tools guarded with :func:`once` below it. The decorator on
+its own raises :class:`GuardToolException`, a ``ToolException``: LangChain turns it into the same error
+message when the tool has ``handle_tool_error=True``; a bare ``ToolNode`` would re-raise it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
+
+from .._errors import GuardError
+from .._guard import Guard
+from ._common import (
+    KeyArg,
+    ToolSpec,
+    adapt,
+    context_params,
+    refusal_message,
+    subclass_of,
+)
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import ToolException
+
+    from ._langchain_middleware import ToolGuard
+
+    class GuardToolException(ToolException):
+        error: GuardError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+HINT = "there is no LangGraph thread_id in the run's config"
+
+
+def thread_id(config: Any) -> Any:
+    """The LangGraph thread id of a ``RunnableConfig`` (or of the running graph's config), else None."""
+    if config is None:
+        try:
+            from langgraph.config import get_config
+
+            config = get_config()
+        except (ImportError, RuntimeError):  # outside a runnable context
+            return None
+    configurable = (config or {}).get("configurable") or {}
+    return configurable.get("thread_id")
+
+
+def current_config() -> Any:
+    try:
+        from langgraph.config import get_config
+
+        return get_config()
+    except (ImportError, RuntimeError):
+        return None
+
+
+_EXCEPTION: list[type[Exception]] = []
+
+
+def _exception_class() -> type[Exception]:
+    if not _EXCEPTION:
+        from langchain_core.tools import ToolException
+
+        class GuardToolException(ToolException):
+            """agentguard refused the call; ``str(exc)`` is the text for the model, ``.error`` the GuardError."""
+
+            def __init__(self, error: GuardError) -> None:
+                super().__init__(refusal_message(error))
+                self.error = error
+
+        GuardToolException.__module__ = __name__
+        _EXCEPTION.append(GuardToolException)
+    return _EXCEPTION[0]
+
+
+def refuse(exc: GuardError) -> NoReturn:
+    raise _exception_class()(exc) from exc
+
+
+def is_injected(annotation: Any) -> bool:
+    """LangChain's injected argument kinds: ToolRuntime, RunnableConfig, Annotated[..., InjectedToolArg]."""
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import InjectedToolArg
+
+    if annotation is RunnableConfig:
+        return True
+    if subclass_of(annotation, (InjectedToolArg,)):
+        return True
+    try:
+        from langgraph.prebuilt import ToolRuntime
+    except ImportError:  # pragma: no cover - langchain-core without langgraph
+        return False
+    return subclass_of(annotation, (ToolRuntime,))
+
+
+def once(
+    guard: Guard,
+    *,
+    key: KeyArg = None,
+    operation: str | None = None,
+    ignore: Sequence[str] = (),
+    cache_errors: tuple[type[BaseException], ...] = (),
+    inject: str | None = "idempotency_key",
+    task_id: Callable[[RunnableConfig], str] | None = None,
+    scope: str | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """``guard.once`` for a LangChain tool function; place it under ``@tool``.
+
+    The task id falls back to the LangGraph thread id, read from the running graph's config, so the tool
+    needs no extra parameter.
+    """
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        names = context_params(fn, is_injected)
+        wrapped: Callable[P, R] = adapt(
+            guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
+            task_id=task_id, scope=scope, context_names=names, get_context=lambda _arguments: current_config(),
+            fallback=thread_id, hint=HINT, refuse=refuse,
+        )
+        return wrapped
+
+    return decorate
+
+
+def __getattr__(name: str) -> Any:
+    # Import LangChain only when these are asked for.
+    if name == "ToolGuard":
+        from ._langchain_middleware import ToolGuard
+
+        return ToolGuard
+    if name == "GuardToolException":
+        return _exception_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["GuardToolException", "ToolGuard", "ToolSpec", "once", "thread_id"]

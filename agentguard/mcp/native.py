@@ -1,0 +1,241 @@
+"""Guarded tools on a native ``MCPServer``: ``Guard.once`` plus the MCP plumbing.
+
+    server = MCPServer("payments")
+    guard = Guard()
+
+    @guarded_tool(server, guard, key=["order_id"])
+    async def create_charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> Charge:
+        return await provider.charge(order_id, amount_cents, idempotency_key=idempotency_key)
+
+``guarded_tool`` applies ``guard.once`` with the options given (``key``, ``ignore``, ``cache_errors``,
+``inject``, ``operation``) and registers the tool. The tool schema gains a required ``task_id`` argument and
+never shows the injected key. The task id comes from that argument, else ``_meta["dev.agentguard/task_id"]``,
+else ``$AGENTGUARD_TASK_ID``; without one the call is refused. A replay carries
+``_meta["dev.agentguard/replayed"] = true`` and a leading text line saying it is a replay. Refusals are tool
+errors whose text says that nothing was executed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import os
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import mcp_types as types
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.utilities.func_metadata import func_metadata
+from pydantic import Field
+
+from .._context import DEFAULT_SCOPE, current_key, task
+from .._errors import GuardError, InProgressError, KeyReuseError
+from .._guard import Guard
+from ._config import ENV_TASK_ID
+from ._meta import META_KEY, META_REPLAYED, META_TASK_ID, TASK_ID_DESCRIPTION, nothing_executed, replay_note
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# One list per tool call: the body appends the downstream key when it really runs (absent: a replay).
+_RAN: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("agentguard_mcp_ran", default=None)
+
+
+def _is_context(annotation: Any) -> bool:
+    if inspect.isclass(annotation):
+        return issubclass(annotation, Context)
+    return any(_is_context(a) for a in typing.get_args(annotation))
+
+
+def _resolve_task(argument: object, meta: Mapping[str, Any] | None) -> str | None:
+    for candidate in (argument, (meta or {}).get(META_TASK_ID), os.environ.get(ENV_TASK_ID)):
+        if isinstance(candidate, str) and candidate.strip():
+            return candidate
+    return None
+
+
+def _refusal(exc: GuardError) -> str:
+    if isinstance(exc, KeyReuseError):
+        differ = ", ".join(exc.differing) or "unknown arguments"
+        return nothing_executed(
+            f"agentguard refused to run {exc.operation}: in task {exc.task_id!r} it was already called with "
+            f"different arguments (differing: {differ}). A different operation needs a different task id."
+        )
+    if isinstance(exc, InProgressError):
+        return nothing_executed(
+            f"{exc.operation} in task {exc.task_id!r} is being run by another call right now; this call did not "
+            "run it. Retry the same call shortly to get its result."
+        )
+    return str(exc)  # the guard's own messages say whether the tool ran
+
+
+def guarded_tool(
+    server: MCPServer,
+    guard: Guard,
+    *,
+    key: Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None = None,
+    ignore: Sequence[str] = (),
+    cache_errors: tuple[type[BaseException], ...] = (),
+    inject: str | None = "idempotency_key",
+    operation: str | None = None,
+    scope: str = DEFAULT_SCOPE,
+    name: str | None = None,
+    title: str | None = None,
+    description: str | None = None,
+    annotations: types.ToolAnnotations | None = None,
+    structured_output: bool | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Register ``fn`` on ``server`` as a tool guarded by ``guard.once(...)``; returns the guarded function.
+
+    A parameter annotated ``Context`` still receives the request context (and is not fingerprinted).
+    """
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        tool_name: str = name or str(getattr(fn, "__name__", "tool"))
+        sig = inspect.signature(fn)
+        if "task_id" in sig.parameters:
+            raise TypeError(f"{tool_name}: `task_id` is added by guarded_tool; rename the parameter")
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+            raise TypeError(f"{tool_name}: an MCP tool cannot take *args or **kwargs")
+        hints = typing.get_type_hints(fn, include_extras=True)
+        ctx_param = next((n for n, a in hints.items() if n != "return" and _is_context(a)), None)
+        is_async = inspect.iscoroutinefunction(fn)
+
+        def _mark() -> None:
+            ran = _RAN.get()
+            if ran is not None:
+                ran.append(current_key())
+
+        if is_async:
+
+            @functools.wraps(fn)
+            async def marked_async(*args: Any, **kwargs: Any) -> Any:
+                _mark()
+                return await fn(*args, **kwargs)  # type: ignore[misc]
+
+            marked: Callable[..., Any] = marked_async
+        else:
+
+            @functools.wraps(fn)
+            def marked_sync(*args: Any, **kwargs: Any) -> Any:
+                _mark()
+                return fn(*args, **kwargs)
+
+            marked = marked_sync
+
+        ignored = (*ignore, ctx_param) if ctx_param else tuple(ignore)
+        guarded: Callable[..., Any] = guard.once(
+            operation=operation or tool_name, key=key, ignore=ignored, cache_errors=cache_errors, inject=inject
+        )(marked)
+
+        public = inspect.signature(guarded)
+        ctx_name = ctx_param or "ctx"
+        if ctx_param is None and "ctx" in public.parameters:
+            ctx_name = "agentguard_context"
+        params = [p for n, p in public.parameters.items() if n != ctx_param]
+        params.append(inspect.Parameter(
+            "task_id", inspect.Parameter.KEYWORD_ONLY, default="",
+            annotation=Annotated[str, Field(description=TASK_ID_DESCRIPTION)],
+        ))
+        params.append(inspect.Parameter(ctx_name, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
+        tool_sig = public.replace(parameters=params)
+        tool_annotations = {n: hints[n] for n in public.parameters if n in hints and n != ctx_param}
+        tool_annotations.update(task_id=params[-2].annotation, **{ctx_name: Context})
+        if "return" in hints:
+            tool_annotations["return"] = hints["return"]
+
+        def prepare(kwargs: dict[str, Any]) -> tuple[str, Context, list[str]]:
+            ctx: Context = kwargs.pop(ctx_name)
+            task_id = _resolve_task(kwargs.pop("task_id", ""), ctx.request_context.meta if _has_request(ctx) else None)
+            if task_id is None:
+                raise ToolError(nothing_executed(
+                    f"agentguard refused to run {tool_name}: no task id. Pass the `task_id` argument: the id of "
+                    "the task you were given (the ticket, order, invoice or job id), and reuse exactly the same "
+                    "task_id on any retry of this call."
+                ))
+            if ctx_param is not None:
+                kwargs[ctx_param] = ctx
+            return task_id, ctx, []
+
+        def finish(value: Any, task_id: str, ran: list[str]) -> types.CallToolResult:
+            result = metadata.convert_result(value)
+            assert isinstance(result, types.CallToolResult)
+            meta = dict(result.meta or {})
+            meta[META_REPLAYED] = not ran
+            if ran:
+                meta[META_KEY] = ran[0]
+                return result.model_copy(update={"meta": meta})
+            op = tool_name if key is None else f"{operation or tool_name} (same key fields)"
+            note = types.TextContent(type="text", text=replay_note(op, task_id))
+            return result.model_copy(update={"meta": meta, "content": [note, *result.content]})
+
+        if is_async:
+
+            async def tool_async(*args: Any, **kwargs: Any) -> Any:
+                task_id, _ctx, ran = prepare(kwargs)
+                token = _RAN.set(ran)
+                try:
+                    with task(task_id, scope=scope):
+                        value = await guarded(*args, **kwargs)
+                except GuardError as exc:
+                    raise ToolError(_refusal(exc)) from None
+                finally:
+                    _RAN.reset(token)
+                return finish(value, task_id, ran)
+
+            tool_fn: Callable[..., Any] = tool_async
+        else:
+
+            def tool_sync(*args: Any, **kwargs: Any) -> Any:
+                task_id, _ctx, ran = prepare(kwargs)
+                token = _RAN.set(ran)
+                try:
+                    with task(task_id, scope=scope):
+                        value = guarded(*args, **kwargs)
+                except GuardError as exc:
+                    raise ToolError(_refusal(exc)) from None
+                finally:
+                    _RAN.reset(token)
+                return finish(value, task_id, ran)
+
+            tool_fn = tool_sync
+
+        tool_fn.__name__ = tool_name
+        tool_fn.__qualname__ = getattr(fn, "__qualname__", tool_name)
+        tool_fn.__module__ = getattr(fn, "__module__", __name__)
+        tool_fn.__doc__ = fn.__doc__
+        tool_fn.__signature__ = tool_sig  # type: ignore[attr-defined]
+        tool_fn.__annotations__ = tool_annotations
+        metadata = func_metadata(tool_fn, skip_names=[ctx_name], structured_output=structured_output)
+
+        server.add_tool(tool_fn, name=tool_name, title=title, description=description, annotations=annotations,
+                        structured_output=structured_output)
+        _require_task_id(server, tool_name)
+        return typing.cast(Callable[P, R], guarded)
+
+    return decorate
+
+
+def _has_request(ctx: Context) -> bool:
+    try:
+        ctx.request_context  # noqa: B018 - raises outside a request
+    except ValueError:
+        return False
+    return True
+
+
+def _require_task_id(server: MCPServer, tool_name: str) -> None:
+    # The schema says "required" so models always send it, while validation accepts its absence so that
+    # programmatic callers may send _meta or rely on the environment instead. MCPServer builds the schema
+    # from the signature only, so the registered tool's schema is amended here.
+    manager = getattr(server, "_tool_manager", None)
+    tool = manager.get_tool(tool_name) if manager is not None else None
+    if tool is None:
+        return
+    required = list(tool.parameters.get("required", []))
+    if "task_id" not in required:
+        tool.parameters["required"] = [*required, "task_id"]
