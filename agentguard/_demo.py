@@ -11,7 +11,6 @@ import asyncio
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -111,9 +110,11 @@ async def _scripted_agent(url: str | None, provider: FakeProvider, events: list[
                   f"{5 - replayed} ran, {replayed} waited for it and replayed")
 
             print("\n3. A worker crashes mid-call (real SIGKILL after the provider charged o-3):")
-            child = subprocess.run([sys.executable, "-m", "agentguard._demo", "--crash-child", url or "",
-                                    provider.path, task_id], check=False)
-            print(f"   worker exited with signal {-child.returncode}; its claim is held until the lease "
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agentguard._demo", "--crash-child", url or "", provider.path, task_id
+            )
+            code = await child.wait()
+            print(f"   worker exited with signal {-code}; its claim is held until the lease "
                   f"({LEASE:g}s) runs out")
             c = await charge("o-3", 1500)
             print(f"   the resumed agent took over with the same key -> {c.id} "

@@ -495,7 +495,9 @@ class Guard:
     # -- drivers --------------------------------------------------------------------------------------
 
     async def _drive(self, call: _Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
-        outcome = self._cached(call) or await self._store_call(self._begin(call))
+        outcome: _Claim | _Replay | None = self._cached(call)
+        if outcome is None:
+            outcome = await self._store_call(self._begin(call))
         if isinstance(outcome, _Replay):
             return outcome.result(), True
         token = _key.set(call.key)
@@ -510,7 +512,9 @@ class Guard:
 
     def _drive_sync(self, call: _Call, body: Callable[[str], T]) -> tuple[T, bool]:
         portal = self._portal
-        outcome = self._cached(call) or portal.run(self._begin(call))
+        outcome: _Claim | _Replay | None = self._cached(call)
+        if outcome is None:
+            outcome = portal.run(self._begin(call))
         if isinstance(outcome, _Replay):
             return outcome.result(), True
         token = _key.set(call.key)
@@ -636,7 +640,8 @@ class Guard:
         """
 
         def decorate(f: Callable[P, R]) -> Callable[P, R]:
-            wrapped: Callable[P, R] = _Spec(self, f, operation, key, ignore, _check_errors(cache_errors), inject).wrapper()
+            spec = _Spec(self, f, operation, key, ignore, _check_errors(cache_errors), inject)
+            wrapped: Callable[P, R] = spec.wrapper()
             return wrapped
 
         return decorate if fn is None else decorate(fn)

@@ -67,7 +67,7 @@ class Statements:
     claim: str
     complete: str
     read: str
-    source: str  # where they came from
+    claim_or_fetch: str | None  # Postgres: claim, or fetch the existing record, in one round trip
 
 
 def store_statements(url: str) -> Statements:
@@ -77,8 +77,10 @@ def store_statements(url: str) -> Statements:
 
     store = SQLStore(url)
     sql = store.sql
+    cof = getattr(sql, "claim_or_fetch", None)
     try:
-        return Statements(str(sql.claim.text), str(sql.complete.text), str(sql.read.text), "SQLStore.sql")
+        return Statements(str(sql.claim.text), str(sql.complete.text), str(sql.read.text),
+                          None if cof is None else str(cof.text))
     except AttributeError as exc:
         raise SystemExit(
             f"benchmarks: the store's statements moved ({exc}); update benchmarks/_common.store_statements"

@@ -19,8 +19,8 @@ Call = Callable[[int], Awaitable[Any]]
 Prepare = Callable[[int, int], Awaitable[None]]  # (rep, n), untimed
 
 
-class Unavailable(Exception):  # noqa: N818 - a variant that cannot run here: printed as "n/a (reason)"
-    """Raised by a variant's setup when its feature or peer is not there."""
+class Unavailable(Exception):
+    """Raised by a variant's setup when its feature or peer is not there: printed as "n/a (reason)"."""
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Variant:
     call: Call
     prepare: Prepare | None = None
     note: str = ""
+    ref: str = ""  # the variant this one's ratio is taken against
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Stat:
     reps: list[Rep] = field(default_factory=list)
     note: str = ""
     unavailable: str = ""
+    ref: str = ""
 
     def median(self, attr: str) -> float:
         return statistics.median(getattr(r, attr) for r in self.reps)
@@ -52,6 +54,8 @@ class Stat:
     def as_dict(self) -> dict[str, Any]:
         if self.unavailable:
             return {"name": self.name, "unavailable": self.unavailable}
+        if not self.reps:
+            return {"name": self.name, "unavailable": "not run"}
         return {
             "name": self.name,
             "us_per_call": round(self.median("us_per_call"), 2),
@@ -99,7 +103,7 @@ async def run_group(
     log: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Stat]:
     """Run every variant ``reps`` times over ``n`` calls, interleaved and rotated; return stats by name."""
-    stats = {v.name: Stat(v.name, note=v.note) for v in variants}
+    stats = {v.name: Stat(v.name, note=v.note, ref=v.ref) for v in variants}
     active = list(variants)
     # Warm-up (rep -1): connections opened, statements prepared, caches filled; not recorded.
     for v in list(active):

@@ -68,6 +68,11 @@ def _raw_stmts(url: str) -> tuple[tuple[str, Any], tuple[str, Any], tuple[str, A
     return c.positional(st.claim), c.positional(st.complete), c.positional(st.read)
 
 
+def _claim_or_fetch(url: str) -> tuple[str, Any] | None:
+    st = c.store_statements(url)
+    return None if st.claim_or_fetch is None else c.positional(st.claim_or_fetch)
+
+
 # -- durability counts ------------------------------------------------------------------------------------
 
 _COUNTERS = ("xact_commit", "xact_rollback", "next_xid", "wal_records", "wal_bytes", "wal_write", "wal_sync")
@@ -348,6 +353,14 @@ class RawAsyncpg:
         (self._claim, self._claim_args), (self._complete, self._complete_args), (self._read, self._read_args) = (
             _raw_stmts(url))
         self.conn = conn
+        cof = _claim_or_fetch(url)
+        if cof is not None:
+            sql, args = cof
+
+            async def claim_or_fetch(p: dict[str, Any]) -> Any:
+                return await self.conn.fetchrow(sql, *args(p))
+
+            self.claim_or_fetch = claim_or_fetch
 
     @classmethod
     async def connect(cls, url: str) -> RawAsyncpg:

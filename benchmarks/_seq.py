@@ -135,6 +135,11 @@ async def sequential(
             raise AssertionError("store read found no result")
         json.loads(rec.result)
 
+    async def store_claim_hit(i: int) -> None:
+        got = await store.claim(rp.claim(keys["shit"][i], orders[i], 1))
+        if isinstance(got, int) or got is None:
+            raise AssertionError("store claim of a completed key did not return its record")
+
     first_body = c.Body()
     first_tool = c.guarded(guard(), first_body)
 
@@ -180,22 +185,47 @@ async def sequential(
     if ck:
         notes.append(f"cache switched on with Guard({', '.join(f'{k}={v!r}' for k, v in ck.items())})")
 
-    variants = [Variant("unguarded call", unguarded)]
+    first_ref = f"raw {floor.label}: claim + complete"
+    replay_ref = f"raw {floor.label}: SELECT"
+    variants = [Variant("unguarded call", unguarded, ref=first_ref)]
     for j, raw in enumerate(raws):
         variants.append(Variant(f"raw {raw.label}: claim + complete", raw_first(raw, f"raw{j}"), fresh(f"raw{j}"),
-                                "the floor (2 statements)" if raw is floor else "reference"))
+                                "the floor (2 statements)" if raw is floor else "reference", ref=first_ref))
+    cof = getattr(floor, "claim_or_fetch", None)
+    if cof is not None:
+
+        async def raw_cof_first(i: int) -> None:
+            key = keys["cof"][i]
+            value = await raw_body(orders[i], c.AMOUNT, key)
+            fence = secrets.randbits(62)
+            await cof(rp.claim(key, orders[i], fence))
+            await floor.complete(rp.complete(key, fence, json.dumps(value)))
+
+        async def raw_cof_hit(i: int) -> None:
+            row = await cof(rp.claim(keys["cofhit"][i], orders[i], 1))
+            json.loads(row[5])  # (claimed, fence, state, fingerprint, arg_hashes, result, ...)
+
+        variants.append(Variant(f"raw {floor.label}: claim-or-fetch + complete", raw_cof_first, fresh("cof"),
+                                "the store's 1-RTT claim statement", ref=first_ref))
     variants += [
-        Variant("store only (SA Core): claim + complete", store_first, fresh("store"), "SQLStore without the Guard"),
-        Variant("agentguard: first call", guard_first, fresh("first")),
+        Variant("store only (SA Core): claim + complete", store_first, fresh("store"),
+                "the guard's statements via SQLStore, no Guard", ref=first_ref),
+        Variant("agentguard: first call", guard_first, fresh("first"), ref=first_ref),
     ]
     for j, raw in enumerate(raws):
         variants.append(Variant(f"raw {raw.label}: SELECT", raw_select(raw, f"rsel{j}"), populated(f"rsel{j}"),
-                                "the replay floor (1 statement)" if raw is floor else "reference"))
+                                "the replay floor (1 statement)" if raw is floor else "reference", ref=replay_ref))
+    variants.append(Variant(f"raw {floor.label}: claim-miss + SELECT", raw_miss_select, populated("rmiss"),
+                            "2 statements", ref=replay_ref))
+    if cof is not None:
+        variants.append(Variant(f"raw {floor.label}: claim-or-fetch, hit", raw_cof_hit, populated("cofhit"),
+                                "1 statement", ref=replay_ref))
     variants += [
-        Variant(f"raw {floor.label}: claim-miss + SELECT", raw_miss_select, populated("rmiss"), "2 statements"),
-        Variant("store only (SA Core): SELECT", store_read, populated("ssel")),
-        Variant("agentguard: replay", guard_replay, replay_prepare, "misses any in-process cache"),
-        Variant("agentguard: cached replay", guard_cached, cached_prepare),
+        Variant("store only (SA Core): SELECT", store_read, populated("ssel"), ref=replay_ref),
+        Variant("store only (SA Core): claim, existing key", store_claim_hit, populated("shit"),
+                "what a guard replay asks of the store", ref=replay_ref),
+        Variant("agentguard: replay", guard_replay, replay_prepare, "misses the in-process cache", ref=replay_ref),
+        Variant("agentguard: cached replay", guard_cached, cached_prepare, ref=replay_ref),
     ]
     try:
         stats = await run_group(variants, n=n, reps=reps, warmup=warmup, log=log)

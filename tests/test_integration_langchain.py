@@ -134,8 +134,10 @@ async def test_decorator_alone_refuses_with_a_tool_exception(guard: Guard) -> No
     app = graph([charge], fake_model([[call("call_1", 500)], [call("call_2", 700)]]))
     out = tool_messages(app.invoke({"messages": [HumanMessage("go")]}, thread()))
     assert out["call_2"].status == "error" and "different arguments" in str(out["call_2"].content)
-    with pytest.raises(GuardToolException, match="different arguments"), task("thread-42"):
+    charge.handle_tool_error = False
+    with pytest.raises(GuardToolException, match="different arguments") as info, task("thread-42"):
         charge.invoke({"order_id": "o-1", "amount_cents": 900})
+    assert info.value.error.status == 422
 
 
 async def test_missing_thread_id_is_refused_without_running(guard: Guard) -> None:
@@ -165,7 +167,9 @@ async def test_injected_key_and_injected_args_are_not_in_the_model_schema(guard:
     assert len(ledger.attempts) == 1 and out["call_1"].content == out["call_2"].content
 
 
-async def test_interrupt_reruns_the_tool_step_and_the_charge_is_replayed(guard: Guard, events: list[GuardEvent]) -> None:
+async def test_interrupt_reruns_the_tool_step_and_the_charge_is_replayed(
+    guard: Guard, events: list[GuardEvent]
+) -> None:
     ledger = Ledger()
 
     @tool
@@ -226,11 +230,14 @@ async def test_crash_after_the_provider_charged_retries_with_the_same_key(guard:
     assert ledger.charges == 1 and json.loads(out["call_1"].content)["charge_id"] == "ch_1"
 
 
+BOUND: list[dict[str, Any]] = []
+
+
 class ToolCallingFake(GenericFakeChatModel):
-    bound: list[dict[str, Any]] = []
+    """create_agent binds the tools to the model: record the schemas it would send."""
 
     def bind_tools(self, tools: Sequence[Any], **kw: Any) -> Any:
-        self.bound[:] = [convert_to_openai_tool(t) for t in tools]
+        BOUND[:] = [convert_to_openai_tool(t) for t in tools]
         return self
 
 
@@ -264,7 +271,7 @@ async def test_create_agent_middleware_replays_with_the_current_tool_call_id(
     assert out["call_1"].content == out["call_2"].content == out["call_3"].content
     assert [out[c].tool_call_id for c in ("call_1", "call_2", "call_3")] == ["call_1", "call_2", "call_3"]
     assert out["call_4"].status == "error" and "different arguments" in str(out["call_4"].content)
-    (sent,) = model.bound
+    (sent,) = BOUND
     assert set(sent["function"]["parameters"]["properties"]) == {"order_id", "amount_cents"}
     (record,) = await guard.records()
     assert record.task_id == "t-mw" and ledger.attempts[0] == record.key

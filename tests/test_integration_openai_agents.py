@@ -45,7 +45,10 @@ class Ledger:
 def script(*turns: Sequence[int]) -> ScriptedModel:
     """One model step per turn; each turn lists the amounts of the charge calls it makes for order o-1."""
     steps: list[Any] = [
-        [function_call("charge", {"order_id": "o-1", "amount_cents": a}, call_id=f"call_{t}_{i}") for i, a in enumerate(turn)]
+        [
+            function_call("charge", {"order_id": "o-1", "amount_cents": a}, call_id=f"call_{t}_{i}")
+            for i, a in enumerate(turn)
+        ]
         for t, turn in enumerate(turns)
     ]
     steps.append([assistant_message("done")])
@@ -59,7 +62,9 @@ def outputs(result: Any) -> dict[str, Any]:
 def decorated(guard: Guard, ledger: Ledger) -> FunctionTool:
     @function_tool
     @once(guard, key="order_id")
-    async def charge(ctx: RunContextWrapper[Ctx], order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+    async def charge(
+        ctx: RunContextWrapper[Ctx], order_id: str, amount_cents: int, idempotency_key: str = ""
+    ) -> dict[str, Any]:
         """Charge an order.
 
         Args:
@@ -108,7 +113,10 @@ async def test_different_amount_reaches_the_model_as_a_refusal(guard: Guard) -> 
     assert "already called in this task with different arguments" in refusal and "amount_cents" in refusal
     assert "Please try again" not in refusal
     # and it is what the model was sent
-    sent = [i for i in model.calls[2].input if isinstance(i, dict) and i.get("type") == "function_call_output" and i.get("call_id") == "call_1_0"]
+    sent = [
+        i for i in model.calls[2].input
+        if isinstance(i, dict) and i.get("type") == "function_call_output" and i.get("call_id") == "call_1_0"
+    ]
     assert sent and "different arguments" in str(sent[0]["output"])
 
 

@@ -87,7 +87,9 @@ def decorated_agent(guard: Guard, ledger: Ledger, script: Script) -> Agent[Deps,
 
     @agent.tool
     @once(guard, key="order_id")
-    async def charge(ctx: RunContext[Deps], order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+    async def charge(
+        ctx: RunContext[Deps], order_id: str, amount_cents: int, idempotency_key: str = ""
+    ) -> dict[str, Any]:
         """Charge an order.
 
         Args:

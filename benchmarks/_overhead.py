@@ -1,0 +1,219 @@
+"""The guard's own Python work, with no I/O at all.
+
+Two ways, so neither hides anything:
+
+- the whole decorated call (bind, fingerprint, key, context, state machine, heartbeat task, codec, events)
+  over an in-memory store that answers every statement at once: ``no-I/O guard`` rows;
+- the pure pieces timed alone: ``_Spec.call`` (bind + fingerprint + key), the codec's encode + decode, and
+  ``with task(...)``.
+
+The stand-in store follows the store's current contract (``claim`` returns our fence, or the existing
+record); its records are copies of a real record read from a real store, so new fields come along. When
+the guard or the store changes shape, these rows print "n/a" with the reason instead of a wrong number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentguard import Guard, task
+
+from . import _common as c
+from ._harness import Stat, Unavailable, Variant, run_group
+
+Log = Callable[[str], None]
+
+
+class NoIOStore:
+    """Answers the guard's statements from a dict, immediately."""
+
+    memory = False
+
+    def __init__(self, real: Any, template: Any, rows: dict[tuple[str, str], Any]) -> None:
+        self._real, self._template, self.rows = real, template, rows
+        self.backend, self.url = real.backend, real.url
+
+    async def claim(self, params: dict[str, Any]) -> Any:
+        k = (params["scope"], params["key"])
+        rec = self.rows.get(k)
+        if rec is not None:
+            return rec
+        self.rows[k] = dataclasses.replace(
+            self._template, scope=k[0], key=k[1], state="running", fence=params["fence"],
+            fingerprint=params["fingerprint"], arg_hashes=params["arg_hashes"], result=None, attempts=1,
+            owner=params["owner"], task_id=params["task_id"], operation=params["operation"], live=True,
+            expired=False,
+        )
+        return params["fence"]
+
+    async def read(self, scope: str, key: str) -> Any:
+        return self.rows.get((scope, key))
+
+    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
+        rec = self.rows[(scope, key)]
+        self.rows[(scope, key)] = dataclasses.replace(rec, state=state, result=result, owner=None, live=False)
+        return True
+
+    async def release(self, scope: str, key: str, fence: int, retention: float) -> bool:
+        return True
+
+    async def renew(self, scope: str, key: str, fence: int, lease: float) -> bool:
+        return True
+
+    async def take_over(self, params: dict[str, Any]) -> int | None:
+        return None
+
+    async def ensure_schema(self) -> None:
+        return None
+
+    async def dispose(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._real, name)
+        if callable(value):
+            raise AttributeError(f"the no-I/O stand-in has no {name}(): the store's interface changed")
+        return value
+
+
+async def _template(path: Path) -> Any:
+    """A real completed record, read back from a real (SQLite) store."""
+    from agentguard.stores import SQLStore
+
+    url = f"sqlite+aiosqlite:///{path}"
+    g = Guard(url, sqlite_synchronous="OFF")
+    tool = c.guarded(g, c.Body())
+    with task("template"):
+        await tool("o-template", c.AMOUNT)
+    await g.aclose()
+    store = SQLStore(url)
+    try:
+        rec = await store.read(c.SCOPE, _only_key(path))
+    finally:
+        await store.dispose()
+    if rec is None:
+        raise Unavailable("could not read back a record to model the stand-in's records on")
+    return rec, store
+
+
+def _only_key(path: Path) -> str:
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        return str(conn.execute("SELECT key FROM agentguard_calls LIMIT 1").fetchone()[0])
+
+
+async def overhead(tmp: Path, *, n: int, reps: int, warmup: int, log: Log) -> tuple[dict[str, Stat], list[str]]:
+    notes: list[str] = []
+    try:
+        template, real = await _template(tmp / "template.db")
+    except Exception as exc:
+        return {"no-I/O guard": Stat("no-I/O guard", unavailable=f"cannot build the stand-in store: {exc!r}")}, notes
+    rows: dict[tuple[str, str], Any] = {}
+    url = f"sqlite+aiosqlite:///{tmp / 'template.db'}"
+    guards: list[Guard] = []
+
+    def stub_guard() -> Guard:
+        g = Guard(url)
+        if not hasattr(g, "_store"):
+            raise Unavailable("Guard no longer keeps its store in ._store")
+        g._store = NoIOStore(real, template, rows)  # type: ignore[assignment]
+        guards.append(g)
+        return g
+
+    orders = [f"o-{i}" for i in range(max(n, warmup, 256))]
+    tids: dict[str, str] = {}
+    plain = c.Body()
+
+    async def unguarded(i: int) -> None:
+        await plain(orders[i], c.AMOUNT, "ag_" + "0" * 48)
+
+    tools: dict[str, Any] = {}
+    bodies: dict[str, c.Body] = {}
+
+    def stubbed(name: str) -> Callable[[int, int], Any]:
+        async def prepare(rep: int, k: int) -> None:
+            if rep == -1:
+                try:
+                    bodies[name] = body = c.Body()
+                    tools[name] = c.guarded(stub_guard(), body)
+                    if name != "first":
+                        tools["pop"] = c.guarded(stub_guard(), c.Body())
+                    with task("probe-" + name):
+                        await tools[name]("probe", c.AMOUNT)
+                        await tools[name]("probe", c.AMOUNT)
+                except Unavailable:
+                    raise
+                except Exception as exc:
+                    raise Unavailable(f"the guard does not run over the no-I/O stand-in store: {exc!r}") from None
+            tids[name] = tid = f"{name}-{rep}"
+            if name == "replay":
+                tools["replay-guard"] = c.guarded(stub_guard(), bodies[name])  # a cold cache every rep
+                with task(tid):
+                    for i in range(k):
+                        await tools["pop"](orders[i], c.AMOUNT)
+            if name == "cached":
+                with task(tid):
+                    for _ in range(2):
+                        for i in range(min(k, 256)):
+                            await tools[name](orders[i], c.AMOUNT)
+
+        return prepare
+
+    async def first(i: int) -> None:
+        with task(tids["first"]):
+            await tools["first"](orders[i], c.AMOUNT)
+
+    async def replay(i: int) -> None:
+        with task(tids["replay"]):
+            await tools["replay-guard"](orders[i], c.AMOUNT)
+
+    async def cached(i: int) -> None:
+        with task(tids["cached"]):
+            await tools["cached"](orders[i % 256], c.AMOUNT)
+
+    # The pure pieces, through the decorator's own spec object.
+    piece_guard = Guard(url)
+    guards.append(piece_guard)
+    piece_tool = c.guarded(piece_guard, c.Body())
+    spec = getattr(piece_tool, "__agentguard__", None)
+    value = await c.Body()("o-1", c.AMOUNT, "ag_" + "1" * 48)
+
+    async def piece_spec(i: int) -> None:
+        with task("pieces"):
+            spec.call((orders[i], c.AMOUNT), {})
+
+    async def piece_codec(i: int) -> None:
+        spec.codec.decode(spec.codec.encode(value))
+
+    async def piece_task(i: int) -> None:
+        with task("pieces"):
+            pass
+
+    async def need_spec(rep: int, k: int) -> None:
+        if rep == -1:
+            try:
+                with task("pieces"):
+                    spec.call(("o-1", c.AMOUNT), {})
+                spec.codec.decode(spec.codec.encode(value))
+            except Exception as exc:
+                raise Unavailable(f"the decorator's spec changed shape: {exc!r}") from None
+
+    variants = [
+        Variant("unguarded call", unguarded),
+        Variant("no-I/O guard: first call", first, stubbed("first"), "whole call, in-memory store"),
+        Variant("no-I/O guard: replay", replay, stubbed("replay"), "whole call, cache miss"),
+        Variant("no-I/O guard: cached replay", cached, stubbed("cached")),
+        Variant("piece: bind + fingerprint + key (_Spec.call)", piece_spec, need_spec),
+        Variant("piece: codec encode + decode", piece_codec, need_spec),
+        Variant("piece: with task(...)", piece_task),
+    ]
+    try:
+        stats = await run_group(variants, n=n, reps=reps, warmup=warmup, log=log)
+    finally:
+        for g in guards:
+            await g.aclose()
+    return stats, notes
