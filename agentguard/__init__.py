@@ -24,6 +24,7 @@ from ._errors import (
 )
 from ._guard import Guard, GuardEvent, Outcome
 from ._keys import sub_key
+from ._operation import Operation, StepOrderError
 
 __version__ = "0.1.0"
 
@@ -37,8 +38,10 @@ __all__ = [
     "KeyReuseError",
     "LeaseLostError",
     "MissingTaskError",
+    "Operation",
     "Outcome",
     "OutcomeUnknownError",
+    "StepOrderError",
     "StoreError",
     "__version__",
     "current_key",

@@ -8,6 +8,7 @@ body runs (the caller's task, or the caller's thread with store calls sent to th
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import json
@@ -27,8 +28,17 @@ from . import _codec
 from ._cache import ReplayCache
 from ._codec import Codec
 from ._context import _key, current_task
-from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, MissingTaskError
+from ._context import task as _task_ctx
+from ._errors import (
+    GuardError,
+    InProgressError,
+    KeyReuseError,
+    LeaseLostError,
+    MissingTaskError,
+    OutcomeUnknownError,
+)
 from ._keys import argument_hashes, derive_key, fingerprint, operation_name
+from ._operation import Operation, Reconcile
 from ._portal import Portal
 from .stores import FAILED, RUNNING, SUCCEEDED, Listing, Record, SQLStore
 
@@ -41,6 +51,8 @@ T = TypeVar("T")
 DEFAULT_URL = "sqlite+aiosqlite:///agentguard.db"
 DEFAULT_LEASE = 30.0
 DEFAULT_RETENTION = timedelta(days=7)
+_UNSET: Any = object()
+_active_claim: contextvars.ContextVar[_Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
 _MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
 
 EventKind = Literal[
@@ -93,16 +105,19 @@ class _Call:
     cache_errors: tuple[type[BaseException], ...]
     on_conflict: str
     wait_timeout: float | None
+    tool: str
     audit: str | None = None
+    arguments: str | None = None  # stored only for resumable tools
 
 
 class _Claim:
-    __slots__ = ("attempt", "call", "fence", "heartbeat", "stop")
+    __slots__ = ("attempt", "call", "fence", "heartbeat", "origin", "stop")
 
-    def __init__(self, call: _Call, fence: int, attempt: int) -> None:
+    def __init__(self, call: _Call, fence: int, attempt: int, origin: int) -> None:
         self.call = call
         self.fence = fence
         self.attempt = attempt
+        self.origin = origin
         self.stop = asyncio.Event()
         self.heartbeat: asyncio.Task[None] | None = None
 
@@ -215,6 +230,7 @@ class Guard:
         self._portal = Portal()
         self._codecs: dict[Any, Codec] = {}
         self._cache = ReplayCache(cache_size)
+        self._resumable: dict[str, Callable[..., Any]] = {}
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -304,8 +320,8 @@ class Guard:
 
     # -- the state machine (written once) -----------------------------------------------------------
 
-    def _claimed(self, call: _Call, fence: int, attempt: int) -> _Claim:
-        claim = _Claim(call, fence, attempt)
+    def _claimed(self, call: _Call, fence: int, attempt: int, origin: int) -> _Claim:
+        claim = _Claim(call, fence, attempt, origin)
         claim.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(claim))
         return claim
 
@@ -379,6 +395,7 @@ class Guard:
             "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
             "fingerprint": call.fingerprint, "arg_hashes": json.dumps(call.arg_hashes, sort_keys=True),
             "owner": owner, "lease": self._lease, "retention": self._retention, "audit": call.audit,
+            "tool": call.tool, "arguments": call.arguments,
             # Fences start at a random point so they never repeat for a key, not even after a sweep.
             "fence": secrets.randbits(62),
         }
@@ -392,7 +409,7 @@ class Guard:
             )
             if isinstance(got, int):
                 self._emit("claimed", call, 1)
-                return self._claimed(call, got, 1)
+                return self._claimed(call, got, 1, got)
             rec = got
             if rec is None:
                 # The winner's row vanished (swept) between our insert and our read: claim again.
@@ -407,7 +424,7 @@ class Guard:
             if rec.owner == owner and rec.state == RUNNING:
                 # Our own insert committed but its reply was lost to a reconnect.
                 self._emit("claimed", call, rec.attempts)
-                return self._claimed(call, rec.fence, rec.attempts)
+                return self._claimed(call, rec.fence, rec.attempts, rec.origin)
             stale = rec.expired and not rec.live  # past retention: a new operation
             if not stale:
                 if rec.fingerprint != call.fingerprint:
@@ -419,13 +436,13 @@ class Guard:
             if stale or not rec.live:
                 took = await _settle(
                     store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0}),
-                    lambda f: self._undo_claim(call, f),
+                    lambda f: self._undo_claim(call, None if f is None else f[0]),
                 )
                 if took is not None:
                     attempt = 1 if stale else rec.attempts + 1
                     self._emit("takeover" if not stale else "claimed", call, attempt,
                                f"previous state {rec.state}" if not stale else "previous record expired")
-                    return self._claimed(call, took, attempt)
+                    return self._claimed(call, took[0], attempt, took[1])
                 continue  # another caller took it first: look again
             if call.on_conflict == "raise":
                 raise self._in_progress(call, rec, "on_conflict='raise'")
@@ -500,7 +517,7 @@ class Guard:
             outcome = await self._store_call(self._begin(call))
         if isinstance(outcome, _Replay):
             return outcome.result(), True
-        token = _key.set(call.key)
+        token, claim_token = _key.set(call.key), _active_claim.set(outcome)
         try:
             value = await body(call.key)
         except BaseException as exc:
@@ -508,6 +525,7 @@ class Guard:
             raise
         finally:
             _key.reset(token)
+            _active_claim.reset(claim_token)
         return await _uncancellable(self._store_call(self._succeed(outcome, value))), False
 
     def _drive_sync(self, call: _Call, body: Callable[[str], T]) -> tuple[T, bool]:
@@ -571,7 +589,7 @@ class Guard:
             scope=scope, task_id=task_id, operation=operation, key=derive_key(scope, task_id, operation),
             arg_hashes=hashes, fingerprint=fingerprint(hashes), codec=codec, cache_errors=cache_errors,
             on_conflict=on_conflict or self._on_conflict,
-            wait_timeout=self._wait_timeout if wait_timeout is None else wait_timeout, audit=audit,
+            wait_timeout=self._wait_timeout if wait_timeout is None else wait_timeout, tool=tool, audit=audit,
         )
 
     # -- public entry points --------------------------------------------------------------------------
@@ -618,6 +636,9 @@ class Guard:
         ignore: Sequence[str] = (),
         cache_errors: tuple[type[BaseException], ...] = (),
         inject: str | None = "idempotency_key",
+        on_unknown: Literal["retry", "reconcile", "hold"] = "hold",
+        reconcile: Reconcile | None = None,
+        resumable: bool = False,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
     def once(
@@ -630,6 +651,9 @@ class Guard:
         ignore: Sequence[str] = (),
         cache_errors: tuple[type[BaseException], ...] = (),
         inject: str | None = "idempotency_key",
+        on_unknown: Literal["retry", "reconcile", "hold"] = "hold",
+        reconcile: Reconcile | None = None,
+        resumable: bool = False,
     ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
         """Run the decorated tool at most once per (scope, task, operation); replay its outcome after.
 
@@ -637,14 +661,80 @@ class Guard:
         per task), or a callable of the bound arguments returning a string. ``ignore``: arguments left
         out of the fingerprint. ``cache_errors``: exception classes stored and replayed like results.
         ``inject``: a parameter that receives the downstream key, hidden from the wrapper's signature.
+        Multi-step tools (a parameter annotated ``Operation``): ``on_unknown`` says what a takeover does
+        with a step whose worker died inside it — ``"retry"`` it with the same sub-key, ``"reconcile"``
+        it through ``reconcile(op, step, sub_key)`` (the provider's result, or None for "did not
+        happen"), or ``"hold"`` it with ``OutcomeUnknownError`` until ``agentguard resolve``.
+        ``resumable``: store the arguments so ``complete_stalled()`` can finish abandoned operations.
         """
+        if on_unknown not in ("retry", "reconcile", "hold"):
+            raise ValueError(f"on_unknown must be 'retry', 'reconcile' or 'hold', got {on_unknown!r}")
+        if (on_unknown == "reconcile") != (reconcile is not None):
+            raise TypeError("on_unknown='reconcile' needs reconcile=<async fn(op, step, sub_key)>, and only it")
+        errors = _check_errors(cache_errors)
 
         def decorate(f: Callable[P, R]) -> Callable[P, R]:
-            spec = _Spec(self, f, operation, key, ignore, _check_errors(cache_errors), inject)
+            spec = _Spec(self, f, operation=operation, key=key, ignore=ignore, cache_errors=errors, inject=inject,
+                         on_unknown=on_unknown, reconcile=reconcile, resumable=resumable)
             wrapped: Callable[P, R] = spec.wrapper()
+            if resumable:
+                self._resumable[spec.tool] = wrapped
             return wrapped
 
         return decorate if fn is None else decorate(fn)
+
+    # -- multi-step operations: stalled and held ones ----------------------------------------------------
+
+    async def complete_stalled(self, *, limit: int = 100) -> list[Outcome[Any]]:
+        """Push operations whose callers went away (lease expired or released, tool ``resumable=True``)
+        through their remaining steps, with their stored arguments. Returns what each produced."""
+        rows = await self._store_call(self._store.stalled(limit=limit))
+        done: list[Outcome[Any]] = []
+        for scope, key, task_id, tool, arguments in rows:
+            fn = self._resumable.get(tool)
+            if fn is None:
+                log.info("stalled operation %s (tool %s) has no resumable tool on this guard", key, tool)
+                continue
+            spec: _Spec = fn.__agentguard__  # type: ignore[attr-defined]
+            kwargs = spec.decode_arguments(arguments)
+            with _task_ctx(task_id, scope=scope):
+                call, _ = spec.call((), kwargs)
+                value, replayed = await self._drive(
+                    call, functools.partial(spec.invoke, (), kwargs, kwargs)
+                )
+            done.append(Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope))
+        return done
+
+    async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Operations with a step whose outcome is unknown (its worker died inside it), for a person."""
+        rows = await self._store_call(self._store.unknown(scope=scope, limit=limit))
+        names = ("scope", "key", "task_id", "operation", "step", "attempts", "age")
+        return [dict(zip(names, r, strict=True)) for r in rows]
+
+    async def resolve(
+        self, key: str, *, scope: str = "default", result: Any = _UNSET, retry: bool = False, abandon: bool = False
+    ) -> str:
+        """Settle a held operation: record its unknown step's ``result``, or ``retry`` the step on the next
+        attempt, or ``abandon`` the operation (every later call raises ``OutcomeUnknownError``)."""
+        if sum((result is not _UNSET, retry, abandon)) != 1:
+            raise ValueError("give exactly one of result=..., retry=True or abandon=True")
+        held = [u for u in await self.unknown(scope=scope, limit=1000) if u["key"] == key]
+        if abandon:
+            err = OutcomeUnknownError(f"operation {key} was abandoned by an operator after an unknown outcome")
+            if not await self._store_call(self._store.abandon(scope, key, _codec.encode_error(err), self._retention)):
+                raise GuardError(f"no released or stalled operation {key!r} in scope {scope!r} to abandon", key=key)
+            self._cache.clear()
+            return "abandoned"
+        if not held:
+            raise GuardError(f"no operation {key!r} in scope {scope!r} has a step with an unknown outcome", key=key)
+        step = held[0]["step"]
+        if retry:
+            ok = await self._store_call(self._store.resolve_step(scope, key, step, None, None))
+        else:
+            ok = await self._store_call(self._store.resolve_step(scope, key, step, "done", _codec.dumps(result)))
+        if not ok:
+            raise GuardError(f"the unknown step {step!r} of {key!r} changed meanwhile; look again", key=key)
+        return f"step {step!r} " + ("cleared for a retry" if retry else "recorded as done")
 
 
 def _check_errors(cache_errors: Any) -> tuple[type[BaseException], ...]:
@@ -689,11 +779,15 @@ class _Spec:
         self,
         guard: Guard,
         fn: Callable[..., Any],
+        *,
         operation: str | None,
         key: Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None,
         ignore: Sequence[str],
         cache_errors: tuple[type[BaseException], ...],
         inject: str | None,
+        on_unknown: str = "hold",
+        reconcile: Reconcile | None = None,
+        resumable: bool = False,
     ) -> None:
         _reject_framework_tool(fn)
         self.guard, self.fn = guard, fn
@@ -701,12 +795,26 @@ class _Spec:
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
         )
+        self.on_unknown, self.reconcile = on_unknown, reconcile
         self.full_sig = sig = inspect.signature(fn)
         params = sig.parameters
         if inject is not None and inject not in params and inject != "idempotency_key":
             raise TypeError(f"{self.tool}: inject={inject!r} names no parameter of the function")
         self.inject = inject if inject in params else None
-        self.public_sig = sig.replace(parameters=[p for n, p in params.items() if n != self.inject])
+        try:
+            hints = typing.get_type_hints(fn)
+        except NameError:
+            hints = {}  # a forward reference not resolvable yet: replay untyped (tagged JSON)
+        except Exception as exc:
+            raise TypeError(f"{self.tool}: cannot read the type hints: {exc}") from None
+        ops = [n for n in params if hints.get(n) is Operation]
+        self.op_param = ops[0] if ops else None
+        if len(ops) > 1:
+            raise TypeError(f"{self.tool}: only one parameter may be annotated Operation")
+        if self.op_param and not self.is_async:
+            raise TypeError(f"{self.tool}: a multi-step tool (with an Operation parameter) must be async")
+        hidden = {self.inject, self.op_param}
+        self.public_sig = sig.replace(parameters=[p for n, p in params.items() if n not in hidden])
         names = set(self.public_sig.parameters)
         if isinstance(ignore, str):
             ignore = (ignore,)
@@ -717,6 +825,8 @@ class _Spec:
         first = next(iter(params), None)
         if first in ("self", "cls"):
             self.excluded.add(first)  # the bound instance is not an argument of the operation
+            if resumable:
+                raise TypeError(f"{self.tool}: a method cannot be resumable (its instance is not stored)")
         self.key_fn: Callable[[Mapping[str, Any]], str] | None = None
         self.key_fields: tuple[str, ...] = ()
         if callable(key):
@@ -726,20 +836,30 @@ class _Spec:
             for n in self.key_fields:
                 if n not in names:
                     raise TypeError(f"{self.tool}: key names {n!r}, which is not a parameter")
-        try:
-            hints = typing.get_type_hints(fn)
-        except NameError:
-            hints = {}  # a forward reference not resolvable yet: replay untyped (tagged JSON)
-        except Exception as exc:
-            raise TypeError(f"{self.tool}: cannot read the type hints: {exc}") from None
         self.codec = guard._codec_for(hints.get("return", Any))
         self.cache_errors = cache_errors
+        # Codecs of the arguments, to store and rebuild them for complete_stalled().
+        self.arg_codecs: dict[str, Codec] | None = None
+        if resumable:
+            self.arg_codecs = {n: guard._codec_for(hints.get(n, Any)) for n in names}
         # The downstream key can be passed by keyword iff no positional argument can reach its slot.
         inj = params.get(self.inject) if self.inject else None
         after = list(params)[list(params).index(self.inject) + 1:] if self.inject else []
-        self.fast_inject = inj is not None and inj.kind != inj.POSITIONAL_ONLY and all(
+        self.fast_inject = self.op_param is None and inj is not None and inj.kind != inj.POSITIONAL_ONLY and all(
             params[n].kind in (inj.KEYWORD_ONLY, inj.VAR_KEYWORD) for n in after
         )
+
+    def encode_arguments(self, arguments: Mapping[str, Any]) -> str | None:
+        if self.arg_codecs is None:
+            return None
+        try:
+            return json.dumps({n: self.arg_codecs[n].encode(v) for n, v in arguments.items()})
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{self.tool} is resumable but its arguments cannot be stored: {exc}") from None
+
+    def decode_arguments(self, text: str) -> dict[str, Any]:
+        assert self.arg_codecs is not None
+        return {n: self.arg_codecs[n].decode(v) for n, v in json.loads(text).items()}
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Call, Mapping[str, Any]]:
         bound = self.public_sig.bind(*args, **kwargs)
@@ -757,16 +877,26 @@ class _Spec:
             self.tool, fp_args, key_values, task_id=None, scope=None, codec=self.codec,
             cache_errors=self.cache_errors, on_conflict=None, wait_timeout=None,
         )
+        if self.arg_codecs is not None:
+            call.arguments = self.encode_arguments(arguments)
         return call, arguments
 
     def invoke(self, args: tuple[Any, ...], kwargs: dict[str, Any], arguments: Mapping[str, Any], key: str) -> Any:
-        inject = self.inject
-        if inject is None:
+        inject, op_param = self.inject, self.op_param
+        if inject is None and op_param is None:
             return self.fn(*args, **kwargs)
         if self.fast_inject:
+            assert inject is not None
             return self.fn(*args, **kwargs, **{inject: key})
-        full = {n: (key if n == inject else arguments[n]) for n in self.full_sig.parameters}
-        ba = inspect.BoundArguments(self.full_sig, full)  # type: ignore[arg-type,unused-ignore]
+        full = dict(arguments)
+        if inject is not None:
+            full[inject] = key
+        if op_param is not None:
+            claim = _active_claim.get()
+            assert claim is not None
+            full[op_param] = Operation(self.guard, claim, self.on_unknown, self.reconcile)
+        ordered = {n: full[n] for n in self.full_sig.parameters}
+        ba = inspect.BoundArguments(self.full_sig, ordered)  # type: ignore[arg-type,unused-ignore]
         return self.fn(*ba.args, **ba.kwargs)
 
     def wrapper(self) -> Any:
@@ -792,7 +922,8 @@ class _Spec:
         wrapper.__signature__ = self.public_sig
         # functools.wraps shares fn's annotations dict: copy it, never mutate it.
         annotations = dict(getattr(fn, "__annotations__", {}))
-        annotations.pop(self.inject or "", None)
+        for hidden in (self.inject, self.op_param):
+            annotations.pop(hidden or "", None)
         wrapper.__annotations__ = annotations
         wrapper.__agentguard__ = self
         return wrapper

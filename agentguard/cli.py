@@ -1,11 +1,13 @@
-"""The ``agentguard`` command: demo, ls, sweep, mcp-proxy."""
+"""The ``agentguard`` command: demo, ls, resolve, sweep, mcp-proxy."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ._errors import GuardError
 
@@ -45,6 +47,34 @@ async def _ls(url: str | None, scope: str | None, task_id: str | None, limit: in
     return 0
 
 
+async def _ls_unknown(url: str | None, scope: str | None, limit: int) -> int:
+    from ._guard import Guard
+
+    async with Guard(url) as guard:
+        rows = await guard.unknown(scope=scope, limit=limit)
+    if not rows:
+        print("no operations with an unknown outcome")
+        return 0
+    for r in rows:
+        print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  step={r['step']!r}  "
+              f"attempts={r['attempts']}  age={_age(float(r['age']))}")
+    return 0
+
+
+async def _resolve(url: str | None, key: str, scope: str, result: str | None, retry: bool, abandon: bool) -> int:
+    from ._guard import Guard
+
+    kwargs: dict[str, Any] = {"retry": retry, "abandon": abandon}
+    if result is not None:
+        try:
+            kwargs["result"] = json.loads(result)
+        except ValueError as exc:
+            raise ValueError(f"--result must be JSON: {exc}") from None
+    async with Guard(url) as guard:
+        print(await guard.resolve(key, scope=scope, **kwargs))
+    return 0
+
+
 async def _sweep(url: str | None, batch: int) -> int:
     from ._guard import Guard
 
@@ -66,6 +96,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_ls.add_argument("--scope")
     p_ls.add_argument("--task", dest="task_id")
     p_ls.add_argument("--limit", type=int, default=100)
+    p_ls.add_argument("--unknown", action="store_true", help="only operations with a step of unknown outcome")
+
+    p_resolve = sub.add_parser("resolve", help="settle an operation held on an unknown outcome")
+    _url_arg(p_resolve)
+    p_resolve.add_argument("key", help="the operation's key (agentguard ls --unknown)")
+    p_resolve.add_argument("--scope", default="default")
+    how = p_resolve.add_mutually_exclusive_group(required=True)
+    how.add_argument("--result", help="the step's real outcome, as JSON (e.g. the provider's charge)")
+    how.add_argument("--retry", action="store_true", help="run the step again (same sub-key) on the next attempt")
+    how.add_argument("--abandon", action="store_true", help="give the operation up: every later call errors")
 
     p_sweep = sub.add_parser("sweep", help="delete records past their retention")
     _url_arg(p_sweep)
@@ -81,7 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_demo(args.url)
         if args.command == "ls":
+            if args.unknown:
+                return asyncio.run(_ls_unknown(args.url, args.scope, args.limit))
             return asyncio.run(_ls(args.url, args.scope, args.task_id, args.limit))
+        if args.command == "resolve":
+            return asyncio.run(_resolve(args.url, args.key, args.scope, args.result, args.retry, args.abandon))
         if args.command == "sweep":
             return asyncio.run(_sweep(args.url, args.batch))
         if args.command == "mcp-proxy":

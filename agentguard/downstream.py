@@ -26,13 +26,14 @@ sub-key derived from the operation's key, stable across attempts too.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._context import _key, current_key
 from ._keys import sub_key
 
 if TYPE_CHECKING:
     import httpx
+    from stripe import RequestOptions
 
 HEADER = "Idempotency-Key"
 """The header most payment APIs read (Stripe, Adyen, PayPal's ``PayPal-Request-Id`` aside)."""
@@ -59,12 +60,12 @@ def _check_name(name: object) -> str:
     return name
 
 
-def stripe_options(name: str | None = None, **options: Any) -> dict[str, Any]:
+def stripe_options(name: str | None = None, **options: Any) -> RequestOptions:
     """``options=`` for a ``StripeClient`` call, with ``idempotency_key`` set to :func:`key`.
 
     ``client.v1.refunds.create(params={...}, options=stripe_options("refund", stripe_account="acct_1"))``
     """
-    return {**options, "idempotency_key": key(name)}
+    return cast("RequestOptions", {**options, "idempotency_key": key(name)})
 
 
 def named(name: str) -> dict[str, Any]:

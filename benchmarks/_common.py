@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import re
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
@@ -109,24 +108,75 @@ def positional(sql: str) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...
 
 @dataclass
 class RawParams:
-    """The parameters of the claim and complete statements, as the guard builds them (constant parts
-    computed once; the floor only pays for what varies per call)."""
+    """The parameters of the claim and complete statements, copied from a real guarded call (see
+    :func:`capture_params`) so the raw floor binds exactly what the guard binds; only the key, fence,
+    task and operation vary per call."""
 
-    owner: str = field(default_factory=lambda: secrets.token_hex(8))
-    arg_hashes: str = json.dumps({"amount_cents": "0" * 24, "order_id": "1" * 24}, sort_keys=True)
-    fingerprint: str = "f" * 64
+    claim_template: dict[str, Any]
+    complete_template: dict[str, Any]
 
     def claim(self, key: str, order_id: str, fence: int) -> dict[str, Any]:
-        return {
-            "scope": SCOPE, "key": key, "task_id": "bench-raw", "operation": f'charge[order_id="{order_id}"]',
-            "fingerprint": self.fingerprint, "arg_hashes": self.arg_hashes, "owner": self.owner,
-            "lease": LEASE, "retention": RETENTION, "audit": None, "fence": fence,
-        }
+        p = dict(self.claim_template)
+        p.update(key=key, fence=fence, task_id="bench-raw", operation=f'charge[order_id="{order_id}"]')
+        return p
 
-    @staticmethod
-    def complete(key: str, fence: int, result: str) -> dict[str, Any]:
-        return {"scope": SCOPE, "key": key, "fence": fence, "state": "succeeded", "result": result,
-                "retention": RETENTION}
+    def complete(self, key: str, fence: int, result: str) -> dict[str, Any]:
+        p = dict(self.complete_template)
+        p.update(key=key, fence=fence, result=result)
+        return p
+
+
+@dataclass
+class Observed:
+    """What one guarded first call and one replay (by a guard that has not seen the key) sent to the store."""
+
+    params: RawParams
+    first: list[str]  # the statements, in order
+    replay: list[str]
+
+
+def _spy(g: Guard, log: list[tuple[str, dict[str, Any]]]) -> None:
+    store = getattr(g, "_store", None)
+    one = getattr(store, "_one", None)
+    if one is None:
+        raise SystemExit("benchmarks: SQLStore._one is gone; update benchmarks/_common.observe")
+
+    async def one_spy(what: str, stmt: Any, params: dict[str, Any], **kw: Any) -> Any:
+        log.append((" ".join(str(getattr(stmt, "text", stmt)).split()), dict(params)))
+        return await one(what, stmt, params, **kw)
+
+    store._one = one_spy  # type: ignore[union-attr]
+
+
+async def observe(url: str, **guard_kw: Any) -> Observed:
+    """Run one guarded call and its replay with the store's statement executor observed: the raw floor
+    then binds exactly the parameters the guard binds, and the report can list the statements."""
+    first: list[tuple[str, dict[str, Any]]] = []
+    replay: list[tuple[str, dict[str, Any]]] = []
+    tid = f"observe-{run_id()}"
+    for log in (first, replay):
+        g = Guard(url, **guard_kw)
+        _spy(g, log)
+        try:
+            with task(tid):
+                await guarded(g, Body())("o-observe", AMOUNT)
+        finally:
+            await g.aclose()
+    claim = next((p for _, p in first if "owner" in p and "fence" in p), None)
+    complete = next((p for _, p in first if "result" in p), None)
+    if claim is None or complete is None:
+        raise SystemExit("benchmarks: could not recognise the claim/complete parameters; update "
+                         "benchmarks/_common.observe")
+    return Observed(RawParams(claim, complete), [s for s, _ in first], [s for s, _ in replay])
+
+
+def verb(sql: str) -> str:
+    """A short name for a statement: ``INSERT``, ``UPDATE``, ``SELECT``, ``WITH ... INSERT`` (claim-or-fetch)."""
+    words = sql.split()
+    head = words[0].upper() if words else "?"
+    if head == "WITH":
+        return "claim-or-fetch (WITH INSERT ... UNION ALL SELECT)"
+    return {"INSERT": "INSERT (claim)", "UPDATE": "UPDATE (complete)", "SELECT": "SELECT (read)"}.get(head, head)
 
 
 # -- the in-process cache of completed records (another engineer is adding it) ------------------------

@@ -50,8 +50,8 @@ async def set_sync_commit(url: str, value: str | None) -> None:
 
 
 async def settings(url: str) -> dict[str, str]:
-    rows = await _exec(dsn_of(url), "SELECT name, setting FROM pg_settings WHERE name IN ('fsync',"
-                       " 'synchronous_commit', 'wal_sync_method', 'server_version', 'shared_buffers', 'max_connections')")
+    names = "'fsync', 'synchronous_commit', 'wal_sync_method', 'server_version', 'shared_buffers', 'max_connections'"
+    rows = await _exec(dsn_of(url), f"SELECT name, setting FROM pg_settings WHERE name IN ({names})")
     return {r["name"]: r["setting"] for r in rows[0]}
 
 
@@ -158,7 +158,7 @@ async def durability_counts(url: str, n: int, log: Log) -> dict[str, Any]:
                 " toast.autovacuum_enabled = false)")
     conf = await settings(url)
     (claim_sql, claim_args), (complete_sql, complete_args), (read_sql, read_args) = _raw_stmts(url)
-    rp = c.RawParams()
+    rp = (await c.observe(url)).params
     rid = c.run_id()
     pop_task = f"counts-{rid}-pop"
     body = c.Body()
@@ -292,7 +292,7 @@ async def concurrent(
     store = SQLStore(url, pool_size=callers)
     g = Guard(url, pool_size=callers)
     rid = c.run_id()
-    rp = c.RawParams()
+    rp = (await c.observe(url)).params
     orders = [f"o-{i}" for i in range(max(n, warmup))]
     keys: dict[str, list[str]] = {}
     tids: dict[str, str] = {}
@@ -329,10 +329,11 @@ async def concurrent(
         with task(tids["guard"]):
             await tool(orders[i], c.AMOUNT)
 
+    floor = "raw asyncpg pool (reset= no-op): claim + complete"
     variants = [
-        Variant("raw asyncpg pool (reset= no-op): claim + complete", raw_first, fresh("raw"), "the floor"),
-        Variant("store only (SA Core): claim + complete", store_first, fresh("store")),
-        Variant("agentguard: first call", guard_first, fresh("guard")),
+        Variant(floor, raw_first, fresh("raw"), "the floor", ref=floor),
+        Variant("store only (SA Core): claim + complete", store_first, fresh("store"), ref=floor),
+        Variant("agentguard: first call", guard_first, fresh("guard"), ref=floor),
     ]
     try:
         stats = await run_group(variants, n=n, reps=reps, warmup=warmup, callers=callers, log=log)
@@ -379,9 +380,11 @@ class RawAsyncpg:
         await self.conn.close()
 
 
-async def sequential(url: str, *, n: int, reps: int, warmup: int, log: Log) -> tuple[dict[str, Stat], list[str]]:
+async def sequential(
+    url: str, obs: c.Observed, *, n: int, reps: int, warmup: int, log: Log
+) -> tuple[dict[str, Stat], list[str]]:
     from . import _seq
 
     raw = await RawAsyncpg.connect(url)
-    return await _seq.sequential(url, [raw], guard_kw={}, forget=_forget(url), n=n, reps=reps, warmup=warmup,
-                                 log=log)
+    return await _seq.sequential(url, [raw], rp=obs.params, guard_kw={}, forget=_forget(url), n=n, reps=reps,
+                                 warmup=warmup, log=log)

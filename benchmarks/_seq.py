@@ -46,6 +46,7 @@ async def sequential(
     url: str,
     raws: list[Raw],
     *,
+    rp: c.RawParams,
     guard_kw: dict[str, Any],
     forget: Callable[[str], Awaitable[None]],
     n: int,
@@ -58,7 +59,6 @@ async def sequential(
     floor = raws[0]
     notes: list[str] = []
     rid = c.run_id()
-    rp = c.RawParams()
     closers: list[Callable[[], Awaitable[None]]] = [r.close for r in raws]
 
     def guard(**kw: Any) -> Guard:
@@ -187,7 +187,7 @@ async def sequential(
 
     first_ref = f"raw {floor.label}: claim + complete"
     replay_ref = f"raw {floor.label}: SELECT"
-    variants = [Variant("unguarded call", unguarded, ref=first_ref)]
+    variants = [Variant("unguarded call", unguarded, note="the tool body alone")]
     for j, raw in enumerate(raws):
         variants.append(Variant(f"raw {raw.label}: claim + complete", raw_first(raw, f"raw{j}"), fresh(f"raw{j}"),
                                 "the floor (2 statements)" if raw is floor else "reference", ref=first_ref))

@@ -61,8 +61,8 @@ class RawAiosqlite:
     async def connect(cls, path: Path, st: c.Statements) -> RawAiosqlite:
         conn = await aiosqlite.connect(path, isolation_level=None)
         conn.row_factory = sqlite3.Row
-        for pragma in ("PRAGMA busy_timeout = 30000", "PRAGMA journal_mode = WAL", f"PRAGMA synchronous = {SYNCHRONOUS}"):
-            await conn.execute_fetchall(pragma)
+        for pragma in ("busy_timeout = 30000", "journal_mode = WAL", f"synchronous = {SYNCHRONOUS}"):
+            await conn.execute_fetchall(f"PRAGMA {pragma}")
         return cls(conn, st)
 
     async def claim(self, p: dict[str, Any]) -> Any:
@@ -88,14 +88,19 @@ def _forget(path: Path) -> Callable[[str], Awaitable[None]]:
     return forget
 
 
-async def sequential(path: Path, *, n: int, reps: int, warmup: int, log: Log) -> tuple[dict[str, Stat], list[str]]:
-    from agentguard import Guard
+def url_of(path: Path) -> str:
+    return f"sqlite+aiosqlite:///{path}"
 
-    url = f"sqlite+aiosqlite:///{path}"
-    g = Guard(url, sqlite_synchronous=SYNCHRONOUS)
-    await g.ensure_schema()
-    await g.aclose()
+
+async def observe(path: Path) -> c.Observed:
+    return await c.observe(url_of(path), sqlite_synchronous=SYNCHRONOUS)
+
+
+async def sequential(
+    path: Path, obs: c.Observed, *, n: int, reps: int, warmup: int, log: Log
+) -> tuple[dict[str, Stat], list[str]]:
+    url = url_of(path)
     st = c.store_statements(url)
     raws: list[_seq.Raw] = [await RawAiosqlite.connect(path, st), RawSqlite3(path, st)]
-    return await _seq.sequential(url, raws, guard_kw={"sqlite_synchronous": SYNCHRONOUS}, forget=_forget(path),
-                                 n=n, reps=reps, warmup=warmup, log=log)
+    return await _seq.sequential(url, raws, rp=obs.params, guard_kw={"sqlite_synchronous": SYNCHRONOUS},
+                                 forget=_forget(path), n=n, reps=reps, warmup=warmup, log=log)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -65,6 +66,26 @@ def pg_execute(url: str, sql: str) -> Any:
             await conn.close()
 
     return asyncio.run(go())
+
+
+async def raw_exec(url: str, sql: str) -> None:
+    """Run SQL on the store's database behind the guard's back (plain drivers, not agentguard)."""
+    if url.startswith("sqlite"):
+        path = make_url(url).database
+        assert path
+        conn = sqlite3.connect(path, timeout=30)
+        try:
+            conn.executescript(sql)
+        finally:
+            conn.close()
+        return
+    import asyncpg
+
+    conn2 = await asyncpg.connect(pg_dsn(url))
+    try:
+        await conn2.execute(sql)
+    finally:
+        await conn2.close()
 
 
 @pytest.fixture

@@ -50,7 +50,8 @@ async def test_public_api_is_exactly_this() -> None:
     assert agentguard.__all__ == sorted(agentguard.__all__)
     assert set(agentguard.__all__) == {
         "Guard", "GuardError", "GuardEvent", "InProgressError", "KeyReuseError", "LeaseLostError",
-        "MissingTaskError", "OutcomeUnknownError", "Outcome", "StoreError", "__version__", "current_key",
+        "MissingTaskError", "Operation", "OutcomeUnknownError", "Outcome", "StepOrderError", "StoreError",
+        "__version__", "current_key",
         "current_task", "sub_key", "task",
     }
     for name in agentguard.__all__:

@@ -104,7 +104,7 @@ async def test_two_calls_in_one_thread_charge_once_and_replay(guard: Guard) -> N
     out = tool_messages(app.invoke({"messages": [HumanMessage("go")]}, thread()))
     assert ledger.charges == 1 and len(ledger.attempts) == 1
     assert out["call_1"].content == out["call_2"].content
-    assert json.loads(out["call_1"].content)["charge_id"] == "ch_1"
+    assert json.loads(str(out["call_1"].content))["charge_id"] == "ch_1"
     assert [r.task_id for r in await guard.records()] == ["thread-42"]  # the LangGraph thread id
 
 
@@ -205,7 +205,7 @@ async def test_crash_in_the_tools_node_resumed_from_the_checkpointer_replays(gua
         app.invoke({"messages": [HumanMessage("go")]}, thread())
     assert len(ledger.attempts) == 1
     out = tool_messages(app.invoke(None, thread()))  # resume from the last checkpoint
-    assert out["call_n"].content == "sent" and json.loads(out["call_1"].content)["charge_id"] == "ch_1"
+    assert out["call_n"].content == "sent" and json.loads(str(out["call_1"].content))["charge_id"] == "ch_1"
     assert len(ledger.attempts) == 1
 
 
@@ -227,7 +227,7 @@ async def test_crash_after_the_provider_charged_retries_with_the_same_key(guard:
         app.invoke({"messages": [HumanMessage("go")]}, thread())
     out = tool_messages(app.invoke(None, thread()))
     assert len(ledger.attempts) == 2 and len(set(ledger.attempts)) == 1  # same downstream key both times
-    assert ledger.charges == 1 and json.loads(out["call_1"].content)["charge_id"] == "ch_1"
+    assert ledger.charges == 1 and json.loads(str(out["call_1"].content))["charge_id"] == "ch_1"
 
 
 BOUND: list[dict[str, Any]] = []

@@ -56,7 +56,8 @@ def script(*turns: Sequence[int]) -> ScriptedModel:
 
 
 def outputs(result: Any) -> dict[str, Any]:
-    return {i.raw_item["call_id"]: i.output for i in result.new_items if isinstance(i, ToolCallOutputItem)}
+    items: list[Any] = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
+    return {i.raw_item["call_id"]: i.output for i in items}
 
 
 def decorated(guard: Guard, ledger: Ledger) -> FunctionTool:

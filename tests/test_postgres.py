@@ -142,7 +142,8 @@ async def test_schema_has_the_sweeper_index_and_a_state_check(store_url: str) ->
     with pytest.raises(Exception, match="check"):
         await admin(
             "INSERT INTO agentguard_calls (scope, key, task_id, operation, fingerprint, arg_hashes, state, fence,"
-            " attempts, created_at, updated_at, expires_at) VALUES ('s','k','t','o','f','{}','bogus',1,1,0,0,0)",
+            " origin, tool, attempts, created_at, updated_at, expires_at)"
+            " VALUES ('s','k','t','o','f','{}','bogus',1,1,'o',1,0,0,0)",
             store_url,
         )
 

@@ -4,44 +4,22 @@ while the body runs, the sweeper racing a loser — real databases, real failure
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from agentguard import Guard, GuardError, KeyReuseError, StoreError, task
 
-from conftest import BACKEND, pg_dsn
+from conftest import BACKEND, raw_exec
 
 pytestmark = pytest.mark.anyio
 
 
 def tid() -> str:
     return "t-" + uuid.uuid4().hex[:12]
-
-
-async def raw_exec(url: str, sql: str) -> None:
-    """Run SQL on the store's database behind the guard's back (plain drivers, not agentguard)."""
-    if url.startswith("sqlite"):
-        path = make_url(url).database
-        assert path
-        conn = sqlite3.connect(path, timeout=30)
-        try:
-            conn.executescript(sql)
-        finally:
-            conn.close()
-        return
-    import asyncpg
-
-    conn2 = await asyncpg.connect(pg_dsn(url))
-    try:
-        await conn2.execute(sql)
-    finally:
-        await conn2.close()
 
 
 async def test_unreachable_store_refuses_before_the_body(tmp_path: Path) -> None:

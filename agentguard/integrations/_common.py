@@ -193,8 +193,13 @@ def hint_types(annotation: Any) -> list[Any]:
     return out
 
 
-def context_params(fn: Callable[..., Any], is_context: Callable[[Any], bool]) -> list[str]:
-    """Parameters whose annotation names a framework-injected object: never part of the fingerprint."""
+def context_params(
+    fn: Callable[..., Any], is_context: Callable[[Any], bool], class_names: Sequence[str] = ()
+) -> list[str]:
+    """Parameters whose annotation names a framework-injected object: never part of the fingerprint.
+
+    ``class_names`` catch annotations left as strings (a name imported only under TYPE_CHECKING).
+    """
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
     except Exception:  # unresolvable forward reference: fall back to the raw annotations
@@ -204,9 +209,18 @@ def context_params(fn: Callable[..., Any], is_context: Callable[[Any], bool]) ->
         annotation = hints.get(name, param.annotation)
         if annotation is inspect.Parameter.empty:
             continue
-        if any(_safe(is_context, t) for t in hint_types(annotation)):
+        if isinstance(annotation, str):
+            if _string_names(annotation) & set(class_names):
+                names.append(name)
+        elif any(_safe(is_context, t) for t in hint_types(annotation)):
             names.append(name)
     return names
+
+
+def _string_names(annotation: str) -> set[str]:
+    # "RunContext[Deps]", "agents.RunContextWrapper[Ctx] | None", "Annotated[str, InjectedToolCallId]"
+    words = annotation.replace("[", " ").replace("]", " ").replace(",", " ").replace("|", " ").split()
+    return {w.rsplit(".", 1)[-1] for w in words}
 
 
 def _safe(pred: Callable[[Any], bool], value: Any) -> bool:

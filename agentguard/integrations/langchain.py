@@ -96,6 +96,11 @@ def refuse(exc: GuardError) -> NoReturn:
     raise _exception_class()(exc) from exc
 
 
+_INJECTED_NAMES = (
+    "ToolRuntime", "RunnableConfig", "InjectedToolArg", "InjectedToolCallId", "InjectedState", "InjectedStore",
+)
+
+
 def is_injected(annotation: Any) -> bool:
     """LangChain's injected argument kinds: ToolRuntime, RunnableConfig, Annotated[..., InjectedToolArg]."""
     from langchain_core.runnables import RunnableConfig
@@ -130,7 +135,7 @@ def once(
     """
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        names = context_params(fn, is_injected)
+        names = context_params(fn, is_injected, _INJECTED_NAMES)
         wrapped: Callable[P, R] = adapt(
             guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
             task_id=task_id, scope=scope, context_names=names, get_context=lambda _arguments: current_config(),

@@ -67,7 +67,9 @@ def once(
     from agents import RunContextWrapper
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        names = context_params(fn, lambda t: subclass_of(t, (RunContextWrapper,)))
+        names = context_params(
+            fn, lambda t: subclass_of(t, (RunContextWrapper,)), ["RunContextWrapper", "ToolContext"]
+        )
         wrapped: Callable[P, R] = adapt(
             guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
             task_id=task_id, scope=scope, context_names=names,

@@ -83,7 +83,7 @@ def once(
     from pydantic_ai import RunContext
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        names = context_params(fn, lambda t: subclass_of(t, (RunContext,)))
+        names = context_params(fn, lambda t: subclass_of(t, (RunContext,)), ["RunContext"])
         wrapped: Callable[P, R] = adapt(
             guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
             task_id=task_id, scope=scope, context_names=names,

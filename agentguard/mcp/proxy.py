@@ -16,16 +16,18 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
 import anyio.abc
 import mcp_types as types
-from mcp import Client, MCPError, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.client._transport import TransportStreams
 from mcp.server import MCPServer, Server, ServerRequestContext
+from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 
 from .. import _keys
@@ -85,7 +87,54 @@ class _HeldUnknown(Exception):
 class _Connection:
     client: Client
     tools: list[types.Tool]
-    stop: anyio.Event = field(default_factory=anyio.Event)
+    stop: anyio.Event
+
+
+TargetFactory = Callable[[anyio.Event], Any]
+"""Makes a fresh ``Client`` target for each connection; sets the event when the transport reaches EOF."""
+
+
+@asynccontextmanager
+async def _watched(
+    inner: AbstractAsyncContextManager[TransportStreams], eof: anyio.Event
+) -> AsyncIterator[TransportStreams]:
+    """Relay a transport, setting ``eof`` when the upstream's side closes (it died, or hung up).
+
+    A call made after that must not be sent into a dead connection: reconnecting first is safe, while a
+    call that meets a closed connection mid-flight has an unknown outcome.
+    """
+    async with inner as (read, write):
+        send, recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+        async def pump() -> None:
+            try:
+                async with send:
+                    async for item in read:
+                        await send.send(item)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+            finally:
+                eof.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump)
+            try:
+                yield recv, write
+            finally:
+                tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _http(url: str, headers: Mapping[str, str]) -> AsyncIterator[TransportStreams]:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    timeout = httpx2.Timeout(30.0, read=300.0)
+    async with (
+        httpx2.AsyncClient(headers=dict(headers), timeout=timeout) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
 
 
 class Upstream:
@@ -95,7 +144,7 @@ class Upstream:
     When the upstream dies, the connection is dropped and the next call reconnects.
     """
 
-    def __init__(self, tg: anyio.abc.TaskGroup, target: Any, *, mode: str, timeout: float) -> None:
+    def __init__(self, tg: anyio.abc.TaskGroup, target: TargetFactory, *, mode: str, timeout: float) -> None:
         self._tg = tg
         self._target = target
         self._mode = mode
@@ -105,8 +154,9 @@ class Upstream:
 
     async def _hold(self, ready: anyio.Event, box: dict[str, Any]) -> None:
         conn: _Connection | None = None
+        stop = anyio.Event()
         try:
-            async with Client(self._target, mode=self._mode, raise_exceptions=False) as client:
+            async with Client(self._target(stop), mode=self._mode, raise_exceptions=False) as client:
                 tools: list[types.Tool] = []
                 cursor: str | None = None
                 while True:
@@ -115,19 +165,20 @@ class Upstream:
                     cursor = page.next_cursor
                     if not cursor:
                         break
-                conn = box["conn"] = _Connection(client, tools)
+                conn = box["conn"] = _Connection(client, tools, stop)
                 ready.set()
-                await conn.stop.wait()
+                await stop.wait()
         except Exception as exc:
             box.setdefault("error", exc)
             if conn is not None:
                 log.warning("the upstream connection ended: %s", _describe(exc))
         finally:
-            if conn is not None:
-                conn.stop.set()
-                if self._conn is conn:
-                    self._conn = None
+            stop.set()
+            if conn is not None and self._conn is conn:
+                self._conn = None
             ready.set()
+        if conn is not None:
+            log.info("the upstream connection closed; the next call reconnects")
 
     async def connect(self) -> _Connection:
         conn = self._conn
@@ -140,8 +191,8 @@ class Upstream:
             ready, box = anyio.Event(), dict[str, Any]()
             self._tg.start_soon(self._hold, ready, box)
             await ready.wait()
-            if "conn" not in box:
-                raise _Unavailable(_describe(box.get("error")))
+            if "conn" not in box or box["conn"].stop.is_set():
+                raise _Unavailable(_describe(box.get("error")) if "error" in box else "it closed the connection")
             self._conn = box["conn"]
             log.info("connected to the upstream (%d tools)", len(box["conn"].tools))
             return self._conn
@@ -242,7 +293,9 @@ class GuardingProxy:
         self.config = config
         self._store_url = config.store_url(environ)
         self._env_task = (environ.get(ENV_TASK_ID) or "").strip() or None
-        self._target: Any = upstream if upstream is not None else self._config_target(environ)
+        self._target: TargetFactory = (
+            (lambda _eof: upstream) if upstream is not None else self._config_target(environ)
+        )
         self.inflight = 0
         self._idle = anyio.Event()
         self._idle.set()
@@ -252,18 +305,16 @@ class GuardingProxy:
             on_list_tools=self._list_tools, on_call_tool=self._call_tool,
         )
 
-    def _config_target(self, environ: Mapping[str, str]) -> UpstreamTarget:
+    def _config_target(self, environ: Mapping[str, str]) -> TargetFactory:
         up = self.config.upstream
         if up.url is not None:
-            if up.headers:
-                from mcp.client.streamable_http import streamable_http_client
-
-                return streamable_http_client(up.url, headers=dict(up.headers))  # type: ignore[call-arg,return-value]
-            return up.url
+            url, headers = up.url, dict(up.headers)
+            return lambda eof: _watched(_http(url, headers), eof)
         cmd, args = self.config.upstream_command()
-        return StdioServerParameters(
+        params = StdioServerParameters(
             command=cmd, args=args, env=self.config.upstream_env(environ), cwd=self.config.upstream_cwd()
         )
+        return lambda eof: _watched(stdio_client(params), eof)
 
     @asynccontextmanager
     async def _lifespan(self, _server: Server[_Runtime]) -> AsyncIterator[_Runtime]:
@@ -580,7 +631,13 @@ async def _serve(proxy: GuardingProxy) -> None:
 
         tg.start_soon(on_signals)
         async with stdio_server() as (read, write):
-            await proxy.server.run(read, write, proxy.server.create_initialization_options())
+            try:
+                await proxy.server.run(read, write, proxy.server.create_initialization_options())
+            finally:
+                if proxy.draining:
+                    # Everything of ours is closed (the lifespan has exited). The stdin reader is a thread
+                    # blocked in read() until the host closes the pipe, which it may never do after a signal.
+                    _hard_exit(0)
         tg.cancel_scope.cancel()
 
 

@@ -9,9 +9,11 @@ fence the caller holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,8 +43,10 @@ log = logging.getLogger("agentguard.store")
 T = TypeVar("T")
 
 TABLE = "agentguard_calls"
+STEPS = "agentguard_steps"
 
 RUNNING, SUCCEEDED, FAILED, RELEASED = "running", "succeeded", "failed", "released"
+STARTED, DONE = "started", "done"  # step states
 
 metadata = MetaData()
 calls = Table(
@@ -56,6 +60,11 @@ calls = Table(
     Column("arg_hashes", Text, nullable=False),
     Column("state", String(16), nullable=False),
     Column("fence", BigInteger, nullable=False),
+    # The fence the row was (re)born with: steps belong to one origin, so steps of an operation that
+    # expired or was swept can never be mistaken for steps of a new one with the same key.
+    Column("origin", BigInteger, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("arguments", Text),  # only for resumable tools (complete_stalled)
     Column("attempts", Integer, nullable=False),
     Column("owner", String(64)),
     Column("lease_until", Double),
@@ -69,6 +78,22 @@ calls = Table(
         f"state IN ('{RUNNING}', '{SUCCEEDED}', '{FAILED}', '{RELEASED}')", name=f"{TABLE}_state_check"
     ),
     Index(f"{TABLE}_expires_idx", "expires_at"),
+)
+
+steps = Table(
+    STEPS,
+    metadata,
+    Column("scope", String(255), nullable=False),
+    Column("key", String(64), nullable=False),
+    Column("origin", BigInteger, nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("result", Text),
+    Column("updated_at", Double, nullable=False),
+    PrimaryKeyConstraint("scope", "key", "origin", "name", name=f"{STEPS}_pkey"),
+    CheckConstraint(f"state IN ('{STARTED}', '{DONE}')", name=f"{STEPS}_state_check"),
 )
 
 
@@ -88,6 +113,7 @@ class Record:
     live: bool  # running and its lease has not expired
     expired: bool  # past retention (meaningful only when not live)
     ttl: float  # seconds until the record's retention ends, by the database clock
+    origin: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +132,7 @@ def _record(scope: str, key: str, row: Sequence[Any]) -> Record:
     return Record(
         scope=scope, key=key, state=row[0], fence=int(row[1]), fingerprint=row[2], arg_hashes=row[3],
         result=row[4], attempts=int(row[5]), owner=row[6], task_id=row[7], operation=row[8],
-        live=bool(row[9]), expired=bool(row[10]), ttl=float(row[11]),
+        live=bool(row[9]), expired=bool(row[10]), ttl=float(row[11]), origin=int(row[12]),
     )
 
 
@@ -119,16 +145,16 @@ class _Statements:
         where_fenced = "scope = :scope AND key = :key AND fence = :fence"
         self.claim = text(
             f"INSERT INTO {TABLE} (scope, key, task_id, operation, fingerprint, arg_hashes, state, fence,"
-            " attempts, owner, lease_until, created_at, updated_at, expires_at, audit)"
+            " origin, tool, arguments, attempts, owner, lease_until, created_at, updated_at, expires_at, audit)"
             f" VALUES (:scope, :key, :task_id, :operation, :fingerprint, :arg_hashes, '{RUNNING}', :fence,"
-            f" 1, :owner, {now} + :lease, {now}, {now}, {now} + :retention, :audit)"
+            f" :fence, :tool, :arguments, 1, :owner, {now} + :lease, {now}, {now}, {now} + :retention, :audit)"
             " ON CONFLICT (scope, key) DO NOTHING RETURNING fence"
         )
         columns = (
             "state, fence, fingerprint, arg_hashes, result, attempts, owner, task_id, operation,"
             f" CASE WHEN {live} THEN 1 ELSE 0 END AS live,"
             f" CASE WHEN expires_at < {now} THEN 1 ELSE 0 END AS expired,"
-            f" expires_at - {now} AS ttl"
+            f" expires_at - {now} AS ttl, origin"
         )
         self.read = text(f"SELECT {columns} FROM {TABLE} WHERE scope = :scope AND key = :key")
         # Postgres: claim-or-fetch in one round trip. The SELECT branch sees the statement's snapshot, so
@@ -138,7 +164,7 @@ class _Statements:
         if d.name == "postgresql":
             self.claim_or_fetch = text(
                 "WITH ins AS (" + str(self.claim.text) + ")"
-                " SELECT 1 AS claimed, fence, NULL, NULL, NULL, NULL, 1, NULL, NULL, NULL, 0, 0, 0.0 FROM ins"
+                " SELECT 1 AS claimed, fence, NULL, NULL, NULL, NULL, 1, NULL, NULL, NULL, 0, 0, 0.0, fence FROM ins"
                 f" UNION ALL SELECT 0, {columns.replace('state, fence', 'fence, state', 1)}"
                 f" FROM {TABLE} WHERE scope = :scope AND key = :key AND NOT EXISTS (SELECT 1 FROM ins)"
             )
@@ -150,10 +176,12 @@ class _Statements:
             " attempts = CASE WHEN :reset = 1 THEN 1 ELSE attempts + 1 END,"
             f" created_at = CASE WHEN :reset = 1 THEN {now} ELSE created_at END,"
             " fingerprint = :fingerprint, arg_hashes = :arg_hashes, task_id = :task_id,"
-            " operation = :operation, result = NULL, audit = COALESCE(:audit, audit)"
+            " operation = :operation, result = NULL, audit = COALESCE(:audit, audit), tool = :tool,"
+            " arguments = COALESCE(:arguments, arguments),"
+            " origin = CASE WHEN :reset = 1 THEN fence + 1 ELSE origin END"
             f" WHERE {where_fenced} AND NOT {live}"
             f" AND (state IN ('{RUNNING}', '{RELEASED}') OR expires_at < {now})"
-            " RETURNING fence"
+            " RETURNING fence, origin"
         )
         self.renew = text(
             f"UPDATE {TABLE} SET lease_until = {now} + :lease, updated_at = {now}"
@@ -173,6 +201,53 @@ class _Statements:
         self.sweep = text(
             f"DELETE FROM {TABLE} WHERE (scope, key) IN"
             f" (SELECT scope, key FROM {TABLE} WHERE {dead} LIMIT :batch) AND {dead}"
+        )
+        # -- steps of multi-step operations (every write inside a transaction that first re-checks and
+        #    locks the claim: a takeover cannot interleave, a stale worker cannot record anything)
+        self.fence_check = text(
+            f"UPDATE {TABLE} SET lease_until = {now} + :lease, updated_at = {now}"
+            f" WHERE {where_fenced} AND state = '{RUNNING}' RETURNING origin"
+        )
+        self.load_steps = text(
+            f"SELECT name, seq, state, result FROM {STEPS}"
+            " WHERE scope = :scope AND key = :key AND origin = :origin ORDER BY seq"
+        )
+        self.put_step = text(
+            f"INSERT INTO {STEPS} (scope, key, origin, name, seq, state, fence, result, updated_at)"
+            f" VALUES (:scope, :key, :origin, :name, :seq, :state, :fence, :result, {now})"
+            " ON CONFLICT (scope, key, origin, name) DO UPDATE SET state = :state, fence = :fence,"
+            f" result = :result, updated_at = {now}"
+        )
+        self.clear_step = text(
+            f"DELETE FROM {STEPS} WHERE scope = :scope AND key = :key AND origin = :origin AND name = :name"
+            f" AND state = '{STARTED}'"
+        )
+        self.sweep_steps = text(
+            f"DELETE FROM {STEPS} WHERE NOT EXISTS (SELECT 1 FROM {TABLE} c WHERE c.scope = {STEPS}.scope"
+            f" AND c.key = {STEPS}.key AND c.origin = {STEPS}.origin)"
+        )
+        # Operations whose worker died inside a step: a started step, and nobody holds a live lease.
+        self.unknown = text(
+            f"SELECT c.scope, c.key, c.task_id, c.operation, s.name, c.attempts, {now} - c.created_at"
+            f" FROM {TABLE} c JOIN {STEPS} s ON s.scope = c.scope AND s.key = c.key AND s.origin = c.origin"
+            f" WHERE s.state = '{STARTED}' AND c.state IN ('{RUNNING}', '{RELEASED}')"
+            f" AND NOT (c.state = '{RUNNING}' AND c.lease_until > {now})"
+            " AND (CAST(:scope AS VARCHAR) IS NULL OR c.scope = :scope) ORDER BY c.updated_at DESC LIMIT :limit"
+        )
+        self.resolve_step = text(
+            f"UPDATE {STEPS} SET state = :state, result = :result, updated_at = {now}"
+            f" WHERE scope = :scope AND key = :key AND name = :name AND state = '{STARTED}'"
+            f" AND origin = (SELECT origin FROM {TABLE} WHERE scope = :scope AND key = :key AND NOT {live})"
+        )
+        self.abandon = text(
+            f"UPDATE {TABLE} SET state = '{FAILED}', result = :result, lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE scope = :scope AND key = :key AND NOT {live}"
+            f" AND state IN ('{RUNNING}', '{RELEASED}') RETURNING fence"
+        )
+        self.stalled = text(
+            f"SELECT scope, key, task_id, tool, arguments FROM {TABLE} WHERE arguments IS NOT NULL"
+            f" AND state IN ('{RUNNING}', '{RELEASED}') AND NOT {live} AND expires_at > {now}"
+            " ORDER BY updated_at LIMIT :limit"
         )
         self.listing = text(
             f"SELECT scope, key, task_id, operation, state, attempts, {now} - created_at AS age,"
@@ -326,7 +401,7 @@ class SQLStore:
             msg = f"the store failed ({what}: {detail}); the tool was not run"
         return StoreError(msg, body_ran=bool(body_ran))
 
-    async def _one(self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool = False) -> Any:
+    async def _one(self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False) -> Any:
         async def run(conn: AsyncConnection) -> Any:
             return (await conn.execute(stmt, params)).first()
 
@@ -341,6 +416,11 @@ class SQLStore:
         async with lock:
             if self._schema_ready:
                 return
+            if self.backend == "sqlite" and not self.memory:
+                folder = os.path.dirname(os.path.abspath(make_url(self.url).database or ""))
+                if not os.path.isdir(folder):
+                    raise StoreError(f"the store failed (the SQLite file's folder {folder!r} does not exist); "
+                                     "the tool was not run")
             engine = self.engine()
             try:
                 async with engine.connect() as conn:
@@ -392,9 +472,10 @@ class SQLStore:
         row = await self._one("reading the record", self.sql.read, {"scope": scope, "key": key})
         return None if row is None else _record(scope, key, tuple(row))
 
-    async def take_over(self, params: dict[str, Any]) -> int | None:
+    async def take_over(self, params: dict[str, Any]) -> tuple[int, int] | None:
+        """Returns (fence, origin) if we took the claim over."""
         row = await self._one("taking over the claim", self.sql.take_over, params)
-        return None if row is None else int(row[0])
+        return None if row is None else (int(row[0]), int(row[1]))
 
     async def renew(self, scope: str, key: str, fence: int, lease: float) -> bool:
         params = {"scope": scope, "key": key, "fence": fence, "lease": lease}
@@ -410,6 +491,75 @@ class SQLStore:
         params = {"scope": scope, "key": key, "fence": fence, "retention": retention}
         return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
 
+    # -- steps -------------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def fenced(self, scope: str, key: str, fence: int, lease: float) -> AsyncIterator[AsyncConnection | None]:
+        """A transaction that starts by re-checking (and locking, and renewing) our claim.
+
+        Yields None, having opened nothing durable, if the claim is no longer ours.
+        """
+        if not self._schema_ready:
+            await self.ensure_schema()
+        raised_inside: BaseException | None = None
+        try:
+            async with self.engine().connect() as conn:
+                tx_conn = await conn.execution_options(
+                    isolation_level="READ COMMITTED" if self.backend == "postgresql" else "SERIALIZABLE"
+                )
+                async with tx_conn.begin():
+                    row = (await tx_conn.execute(
+                        self.sql.fence_check, {"scope": scope, "key": key, "fence": fence, "lease": lease}
+                    )).first()
+                    try:
+                        yield None if row is None else tx_conn
+                    except BaseException as exc:  # the caller's own error (e.g. its IntegrityError): not ours
+                        raised_inside = exc
+                        raise
+        except (SQLAlchemyError, OSError) as exc:
+            if exc is raised_inside:
+                raise
+            raise self._error("recording a step", exc, True) from exc
+
+    async def load_steps(self, scope: str, key: str, origin: int) -> list[tuple[str, int, str, str | None]]:
+        async def run(conn: AsyncConnection) -> list[tuple[str, int, str, str | None]]:
+            rows = await conn.execute(self.sql.load_steps, {"scope": scope, "key": key, "origin": origin})
+            return [(r[0], int(r[1]), r[2], r[3]) for r in rows]
+
+        return await self._with_conn("loading the recorded steps", run, body_ran=False)
+
+    async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[tuple[Any, ...]]:
+        async def run(conn: AsyncConnection) -> list[tuple[Any, ...]]:
+            return [tuple(r) for r in await conn.execute(self.sql.unknown, {"scope": scope, "limit": limit})]
+
+        return await self._with_conn("listing unknown outcomes", run, body_ran=None)
+
+    async def resolve_step(self, scope: str, key: str, name: str, state: str | None, result: str | None) -> bool:
+        """Settle a started step: record it done with ``result``, or (state None) clear it for a retry."""
+
+        async def run(conn: AsyncConnection) -> bool:
+            if state is None:
+                stmt = text(str(self.sql.clear_step.text).replace("origin = :origin", "origin = (SELECT origin"
+                            f" FROM {TABLE} WHERE scope = :scope AND key = :key)"))
+                res = await conn.execute(stmt, {"scope": scope, "key": key, "name": name})
+            else:
+                res = await conn.execute(
+                    self.sql.resolve_step, {"scope": scope, "key": key, "name": name, "state": state, "result": result}
+                )
+            return bool(res.rowcount)
+
+        return await self._with_conn("resolving the step", run, body_ran=None)
+
+    async def stalled(self, *, limit: int = 100) -> list[tuple[str, str, str, str, str]]:
+        async def run(conn: AsyncConnection) -> list[tuple[str, str, str, str, str]]:
+            return [(r[0], r[1], r[2], r[3], r[4]) for r in await conn.execute(self.sql.stalled, {"limit": limit})]
+
+        return await self._with_conn("listing stalled operations", run, body_ran=None)
+
+    async def abandon(self, scope: str, key: str, result: str, retention: float) -> bool:
+        params = {"scope": scope, "key": key, "result": result, "retention": retention}
+        return await self._one("abandoning the operation", self.sql.abandon, params, body_ran=None) is not None
+
     async def sweep(self, batch: int = 1000) -> int:
         """Delete records past their retention, in batches; never a running claim whose lease is live."""
         total = 0
@@ -422,7 +572,14 @@ class SQLStore:
             n = await self._with_conn("sweeping expired records", run, body_ran=None)
             total += n
             if n < batch:
-                return total
+                break
+
+        async def orphans(conn: AsyncConnection) -> None:
+            await conn.execute(self.sql.sweep_steps)
+
+        # Steps of deleted records are unreachable anyway (a new record has a new origin): tidy them.
+        await self._with_conn("sweeping orphaned steps", orphans, body_ran=None)
+        return total
 
     async def listing(
         self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100

@@ -1,0 +1,240 @@
+"""Multi-step operations: atomic phases with recovery points (Brandur Leach's Rocket Rides design).
+
+A tool that creates a local row, charges a card and sends a receipt takes an ``Operation`` parameter and
+runs each phase through it. ``op.transaction`` commits the tool's own writes together with the recovery
+point; ``op.step`` brackets a foreign call with a durable "started" mark and a durable result. A retry or a
+takeover resumes after the last recorded phase. A worker that died *inside* a foreign call leaves a started
+mark without a result: an unknown outcome, settled by the tool's ``on_unknown`` policy.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._codec import Codec
+from ._errors import GuardError, OutcomeUnknownError
+from ._keys import sub_key
+from .stores import DONE, STARTED
+
+if TYPE_CHECKING:
+    from ._guard import Guard, _Claim
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Reconcile = Callable[["Operation", str, str], Awaitable[Any]]
+
+
+def _return_hint(fn: Any) -> Any:
+    try:
+        return typing.get_type_hints(fn).get("return", Any)
+    except Exception:  # lambdas, partials, builtins, unresolvable forward references: untyped replay
+        return Any
+
+
+class StepOrderError(GuardError):
+    """A retry called the operation's steps in another order (or one step twice); nothing was run."""
+
+    status = 409
+
+
+class Operation:
+    """Injected into a guarded tool that declares a parameter annotated ``Operation``."""
+
+    def __init__(self, guard: Guard, claim: _Claim, on_unknown: str, reconcile: Reconcile | None) -> None:
+        self._guard = guard
+        self._claim = claim
+        self._on_unknown = on_unknown
+        self._reconcile = reconcile
+        self._recorded: dict[int, tuple[str, str, str | None]] | None = None
+        self._names: set[str] = set()
+        self._seq = 0
+
+    # -- identity -------------------------------------------------------------------------------------
+
+    @property
+    def downstream_key(self) -> str:
+        """The operation's own downstream key (what ``idempotency_key`` receives)."""
+        return self._claim.call.key
+
+    @property
+    def task_id(self) -> str:
+        return self._claim.call.task_id
+
+    @property
+    def scope(self) -> str:
+        return self._claim.call.scope
+
+    @property
+    def operation(self) -> str:
+        return self._claim.call.operation
+
+    @property
+    def attempt(self) -> int:
+        return self._claim.attempt
+
+    def key(self, name: str) -> str:
+        """A sub-key for the foreign call of step ``name``: per step, per operation, per task; identical on
+        every attempt and takeover."""
+        return sub_key(self._claim.call.key, name)
+
+    def __repr__(self) -> str:
+        return f"Operation({self.operation!r}, task={self.task_id!r}, attempt={self.attempt})"
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+
+    def _error(self, cls: type[GuardError], message: str, **kw: Any) -> GuardError:
+        c = self._claim.call
+        return cls(message, key=c.key, task_id=c.task_id, operation=c.operation, scope=c.scope, **kw)
+
+    async def _load(self) -> dict[int, tuple[str, str, str | None]]:
+        if self._recorded is None:
+            c = self._claim.call
+            rows = await self._guard._store_call(self._guard._store.load_steps(c.scope, c.key, self._claim.origin))
+            self._recorded = {seq: (name, state, result) for name, seq, state, result in rows}
+        return self._recorded
+
+    async def _next(self, name: str) -> tuple[int, tuple[str, str, str | None] | None]:
+        if not isinstance(name, str) or not name:
+            raise TypeError("a step name must be a non-empty string")
+        recorded = await self._load()
+        if name in self._names:
+            raise self._error(StepOrderError, f"step {name!r} was called twice in {self.operation!r}; "
+                                              "step names are unique within an operation. Nothing was run.")
+        seq = self._seq
+        self._names.add(name)
+        self._seq += 1
+        rec = recorded.get(seq)
+        if (rec is not None and rec[0] != name) or (
+            rec is None and any(r[0] == name for r in recorded.values())
+        ):
+            was = rec[0] if rec is not None else "nothing"
+            raise self._error(
+                StepOrderError,
+                f"step #{seq + 1} of {self.operation!r} was {was!r} on an earlier attempt but is {name!r} now: "
+                "steps must run in the same order on every attempt. Nothing was run.",
+            )
+        return seq, rec
+
+    async def _put(self, seq: int, name: str, state: str, result: str | None) -> None:
+        await self._guard._store_call(self._put_now(seq, name, state, result))
+
+    async def _put_now(self, seq: int, name: str, state: str, result: str | None) -> None:
+        c, store = self._claim.call, self._guard._store
+        async with store.fenced(c.scope, c.key, self._claim.fence, self._guard._lease) as conn:
+            if conn is None:
+                raise self._guard._lease_lost(c, self._claim)
+            await conn.execute(store.sql.put_step, {
+                "scope": c.scope, "key": c.key, "origin": self._claim.origin, "name": name, "seq": seq,
+                "state": state, "fence": self._claim.fence, "result": result,
+            })
+
+    async def _clear(self, name: str) -> None:
+        c, store = self._claim.call, self._guard._store
+
+        async def clear() -> None:
+            async with store.fenced(c.scope, c.key, self._claim.fence, self._guard._lease) as conn:
+                if conn is not None:
+                    await conn.execute(store.sql.clear_step, {
+                        "scope": c.scope, "key": c.key, "origin": self._claim.origin, "name": name,
+                    })
+
+        await self._guard._store_call(clear())
+
+    # -- phases ---------------------------------------------------------------------------------------
+
+    @overload
+    async def step(self, name: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+    @overload
+    async def step(self, name: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+    async def step(self, name: str, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this operation and record its result durably (fenced).
+
+        On a retry or takeover a recorded step returns its stored result (same type) without running.
+        """
+        from ._guard import _uncancellable
+
+        seq, rec = await self._next(name)
+        codec: Codec = self._guard._codec_for(_return_hint(fn))
+        if rec is not None and rec[1] == DONE:
+            assert rec[2] is not None
+            return codec.decode(rec[2])
+        if rec is not None and rec[1] == STARTED:
+            # The worker that held the claim before us died inside this step: its outcome is unknown.
+            found = await self._settle_unknown(name, seq, codec)
+            if found is not None:
+                return found[0]
+        await self._put(seq, name, STARTED, None)
+        try:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+        except BaseException:
+            await _uncancellable(self._clear(name))  # it raised: its outcome is known (it failed)
+            raise
+        try:
+            encoded = codec.encode(value)
+        except (TypeError, ValueError) as exc:
+            raise self._error(GuardError, f"the result of step {name!r} could not be stored ({exc}); the step ran, "
+                                          "so its outcome stays unknown for the next attempt") from None
+        await _uncancellable(self._put(seq, name, DONE, encoded))
+        return codec.decode(encoded)
+
+    async def _settle_unknown(self, name: str, seq: int, codec: Codec) -> tuple[Any] | None:
+        policy = self._on_unknown
+        self._guard._emit("takeover", self._claim.call, self._claim.attempt, f"unknown outcome of step {name!r}")
+        if policy == "hold":
+            raise self._error(
+                OutcomeUnknownError,
+                f"step {name!r} of {self.operation!r} started on an earlier attempt whose worker died before "
+                "recording its outcome; on_unknown='hold', so nothing more was run. Settle it with "
+                f"`agentguard resolve {self.downstream_key} --scope {self.scope} --result JSON | --retry | "
+                "--abandon`.",
+                step=name,
+            )
+        if policy == "reconcile":
+            assert self._reconcile is not None
+            found = await self._reconcile(self, name, self.key(name))
+            if found is not None:
+                encoded = codec.encode(found)
+                await self._put(seq, name, DONE, encoded)
+                return (codec.decode(encoded),)
+        return None  # "retry", or reconciled as "did not happen": run it again with the same sub-key
+
+    async def transaction(self, name: str, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Call ``fn(conn)`` in a transaction on the guard's own database whose commit also records this
+        step and ``fn``'s result: the tool's local writes and the recovery point commit together or not at
+        all. A recorded transaction returns its stored result without calling ``fn``."""
+        seq, rec = await self._next(name)
+        codec: Codec = self._guard._codec_for(_return_hint(fn))
+        if rec is not None and rec[1] == DONE:
+            assert rec[2] is not None
+            decoded: T = codec.decode(rec[2])
+            return decoded
+        c, store = self._claim.call, self._guard._store
+
+        async def run() -> str:
+            async with store.fenced(c.scope, c.key, self._claim.fence, self._guard._lease) as conn:
+                if conn is None:
+                    raise self._guard._lease_lost(c, self._claim)
+                value = await fn(conn)
+                try:
+                    encoded = codec.encode(value)
+                except (TypeError, ValueError) as exc:
+                    raise self._error(GuardError, f"the result of transaction {name!r} cannot be stored ({exc}); "
+                                                  "it was rolled back") from None
+                await conn.execute(store.sql.put_step, {
+                    "scope": c.scope, "key": c.key, "origin": self._claim.origin, "name": name, "seq": seq,
+                    "state": DONE, "fence": self._claim.fence, "result": encoded,
+                })
+                return encoded
+
+        result: T = codec.decode(await self._guard._store_call(run()))
+        return result

@@ -1,0 +1,75 @@
+"""Temporal: the task id of a guarded activity is its workflow id.
+
+    @activity.defn                            # Temporal on top
+    @once(guard, key="order_id")              # agentguard right above the function
+    async def charge(order_id: str, amount_cents: int) -> dict: ...
+
+Temporal retries a failed or timed-out activity (a new attempt, same activity id) and a workflow that
+calls the activity again gets a new activity id: neither is a stable key, and ``workflow_run_id`` changes on
+reset and continue-as-new. ``activity.info().workflow_id`` is stable across all of them, so that is the task.
+
+Task id: ``task_id=`` (a callable of ``activity.Info``) → ``with agentguard.task(...)`` → the workflow id →
+refused. Refusals are raised as the :class:`agentguard.GuardError` they are; make them non-retryable in
+your retry policy if a retry cannot change the answer (``KeyReuseError``, ``MissingTaskError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+from .._errors import GuardError
+from .._guard import Guard
+from ._common import KeyArg, adapt
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def activity_info() -> Any:
+    """``temporalio.activity.info()`` inside an activity, else None."""
+    try:
+        from temporalio import activity  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    try:
+        return activity.info()
+    except RuntimeError:  # not in an activity context
+        return None
+
+
+def workflow_id(info: Any = None) -> str | None:
+    """The workflow id of the running activity, else None."""
+    info = info if info is not None else activity_info()
+    return getattr(info, "workflow_id", None) if info is not None else None
+
+
+def _raise(exc: GuardError) -> NoReturn:
+    raise exc
+
+
+def once(
+    guard: Guard,
+    *,
+    key: KeyArg = None,
+    operation: str | None = None,
+    ignore: Sequence[str] = (),
+    cache_errors: tuple[type[BaseException], ...] = (),
+    inject: str | None = "idempotency_key",
+    task_id: Callable[[Any], str] | None = None,
+    scope: str | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """``guard.once`` whose task id falls back to the Temporal workflow id; place it under ``@activity.defn``."""
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        wrapped: Callable[P, R] = adapt(
+            guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
+            task_id=task_id, scope=scope, context_names=(), get_context=lambda _arguments: activity_info(),
+            fallback=workflow_id, hint="this is not running inside a Temporal activity", refuse=_raise,
+        )
+        return wrapped
+
+    return decorate
+
+
+__all__ = ["once", "workflow_id"]

@@ -1,0 +1,254 @@
+"""The proxy as a host runs it: ``agentguard mcp-proxy --config FILE`` as a subprocess over stdio, with the
+payments demo as its own stdio upstream, driven by the real ``mcp`` Client in both protocol eras. Crashes are
+real signals to real processes; every test counts the charges in the demo's SQLite ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client, MCPError, StdioServerParameters
+
+import agentguard
+from agentguard.mcp import META_KEY, META_REPLAYED
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.skipif(
+    not Path("/proc/self/cmdline").exists(), reason="finds the processes to signal through /proc"
+)]
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(agentguard.__file__).resolve().parent.parent
+CHARGE = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd", "task_id": "ticket-8812"}
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, store_url: str) -> None:
+        self.tmp, self.store_url = tmp_path, store_url
+        self.hold = tmp_path / "release"
+        self.hold.touch()
+
+    def config(self, name: str = "agentguard.toml", *, ledger: str = "payments.db", lease: float = 30) -> Path:
+        path = self.tmp / name
+        path.write_text(
+            f'[store]\nurl = "{self.store_url}"\nlease = {lease}\n\n'
+            f'[upstream]\ncommand = ["python", "{ROOT / "servers" / "payments_demo.py"}"]\n'
+            f'env = {{ PAYMENTS_DEMO_DB = "{self.tmp / ledger}", PAYMENTS_DEMO_HOLD_FILE = "{self.hold}" }}\n\n'
+            '[proxy]\ngrace = 2\n\n'
+            '[tools.create_charge]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
+        )
+        return path
+
+    def proxy(self, config: Path) -> StdioServerParameters:
+        return StdioServerParameters(
+            command=sys.executable, args=["-m", "agentguard.cli", "mcp-proxy", "--config", str(config)],
+            env={"PYTHONPATH": str(PACKAGE_ROOT)}, cwd=str(self.tmp),
+        )
+
+    def charges(self, ledger: str = "payments.db") -> list[tuple[str, str | None]]:
+        db = self.tmp / ledger
+        if not db.exists():
+            return []
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT id, idempotency_key FROM charges ORDER BY created").fetchall()
+
+    async def charged(self) -> None:
+        # Polled: the row is written by another process, and no event crosses that boundary.
+        while not self.charges():  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+
+    def release(self) -> None:
+        self.hold.touch()
+
+    def block(self) -> None:
+        self.hold.unlink()
+
+
+@pytest.fixture
+def setup(tmp_path: Path, store_url: str) -> Setup:
+    return Setup(tmp_path, store_url)
+
+
+def pids(marker: str, where: str) -> list[int]:
+    """Processes of ours whose cmdline or environ contains ``marker``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if marker.encode() in (d / where).read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return found
+
+
+def text(result: types.CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+@pytest.mark.parametrize(("mode", "era"), [("legacy", "2025-11-25"), ("auto", "2026-07-28")])
+async def test_two_identical_calls_make_one_charge(setup: Setup, mode: str, era: str) -> None:
+    async with Client(setup.proxy(setup.config()), mode=mode) as client:
+        assert client.protocol_version == era
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        first = await client.call_tool("create_charge", CHARGE)
+        second = await client.call_tool("create_charge", CHARGE)
+    [(charge_id, upstream_key)] = setup.charges()
+    assert "task_id" in tools["create_charge"].input_schema["required"]
+    assert first.structured_content and first.structured_content["id"] == charge_id
+    assert second.structured_content == first.structured_content
+    assert first.meta and second.meta and first.meta[META_REPLAYED] is False and second.meta[META_REPLAYED] is True
+    assert first.meta[META_KEY] == upstream_key
+    assert "REPLAY" in text(second)
+
+
+async def test_five_concurrent_calls_make_one_charge(setup: Setup) -> None:
+    setup.block()
+    results: list[types.CallToolResult] = []
+    async with Client(setup.proxy(setup.config()), mode="2026-07-28") as client:
+
+        async def call() -> None:
+            results.append(await client.call_tool("create_charge", CHARGE))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(call)
+            await setup.charged()
+            setup.release()
+    [(charge_id, _)] = setup.charges()
+    assert {r.structured_content["id"] for r in results if r.structured_content} == {charge_id}
+    assert sum(1 for r in results if r.meta and r.meta[META_REPLAYED] is False) == 1
+    assert len(results) == 5 and not any(r.is_error for r in results)
+
+
+async def test_client_timeout_then_retry_makes_one_charge(setup: Setup) -> None:
+    setup.block()
+    async with Client(setup.proxy(setup.config()), mode="auto") as client:
+        with pytest.raises(MCPError):
+            await client.call_tool("create_charge", CHARGE, read_timeout_seconds=0.5)
+        await setup.charged()
+        setup.release()
+        retry = await client.call_tool("create_charge", CHARGE)
+    [(charge_id, _)] = setup.charges()
+    assert retry.structured_content and retry.structured_content["id"] == charge_id
+    assert retry.meta and retry.meta[META_REPLAYED] is True  # recorded although the first caller gave up
+
+
+async def test_proxy_sigkilled_mid_call_then_restarted_makes_one_charge(setup: Setup) -> None:
+    config = setup.config(lease=1.5)
+    setup.block()
+    failures: list[BaseException] = []
+    async with Client(setup.proxy(config), mode="legacy") as client:
+
+        async def first() -> None:
+            try:
+                await client.call_tool("create_charge", CHARGE)
+            except MCPError as exc:
+                failures.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            await setup.charged()  # the provider charged; the proxy has not recorded the answer yet
+            [pid] = pids(f"--config\0{config}", "cmdline")
+            os.kill(pid, signal.SIGKILL)
+    assert failures, "the call in flight must fail when the proxy dies"
+    setup.release()  # let the orphaned upstream finish and exit
+    # A restarted proxy finds the claim held by the dead one, takes it over when its lease expires and goes
+    # upstream with the same key: the provider deduplicates.
+    async with Client(setup.proxy(config), mode="legacy") as client:
+        retry = await client.call_tool("create_charge", CHARGE)
+        again = await client.call_tool("create_charge", CHARGE)
+    [(charge_id, upstream_key)] = setup.charges()
+    assert not retry.is_error and retry.structured_content and retry.structured_content["id"] == charge_id
+    assert retry.meta and retry.meta[META_KEY] == upstream_key
+    assert again.meta and again.meta[META_REPLAYED] is True
+
+
+async def test_second_proxy_process_replays_what_the_first_recorded(setup: Setup) -> None:
+    async with Client(setup.proxy(setup.config()), mode="legacy") as client:
+        first = await client.call_tool("create_charge", CHARGE)
+    # Another proxy process on the same store, in front of a fresh ledger: a forwarded call would show there.
+    async with Client(setup.proxy(setup.config("second.toml", ledger="fresh.db")), mode="auto") as client:
+        second = await client.call_tool("create_charge", CHARGE)
+    assert len(setup.charges()) == 1 and setup.charges("fresh.db") == []
+    assert second.meta and second.meta[META_REPLAYED] is True
+    assert second.structured_content == first.structured_content
+
+
+async def test_upstream_death_is_reported_and_the_proxy_reconnects(setup: Setup) -> None:
+    async with Client(setup.proxy(setup.config()), mode="legacy") as client:
+        assert not (await client.call_tool("list_charges", {})).is_error
+        [upstream] = pids(f"PAYMENTS_DEMO_DB={setup.tmp / 'payments.db'}", "environ")
+        os.kill(upstream, signal.SIGKILL)
+        results = [await client.call_tool("list_charges", {}) for _ in range(2)]
+        charge = await client.call_tool("create_charge", CHARGE)
+    # The first call after the death may still meet the dead connection (a clear tool error); by the next
+    # one the proxy has reconnected to a new upstream process.
+    assert all(not r.is_error or "upstream" in text(r) for r in results) and not results[-1].is_error
+    assert not charge.is_error and len(setup.charges()) == 1
+    assert pids(f"PAYMENTS_DEMO_DB={setup.tmp / 'payments.db'}", "environ") != [upstream]
+
+
+async def test_sigterm_lets_the_call_in_flight_finish_and_exits_cleanly(setup: Setup) -> None:
+    config = setup.config()
+    setup.block()
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}
+    cmd = [sys.executable, "-m", "agentguard.cli", "mcp-proxy", "--config", str(config)]
+    async with await anyio.open_process(cmd, env=env, cwd=str(setup.tmp)) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        lines = proc.stdout
+
+        async def send(msg: dict[str, Any]) -> None:
+            assert proc.stdin is not None
+            await proc.stdin.send((json.dumps({"jsonrpc": "2.0", **msg}) + "\n").encode())
+
+        buffer = b""
+
+        async def receive() -> dict[str, Any]:
+            nonlocal buffer
+            while b"\n" not in buffer:
+                buffer += await lines.receive()
+            line, buffer = buffer.split(b"\n", 1)
+            return dict(json.loads(line))
+
+        await send({"id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+        assert (await receive())["id"] == 1
+        await send({"method": "notifications/initialized"})
+        await send({"id": 2, "method": "tools/call", "params": {"name": "create_charge", "arguments": CHARGE}})
+        await setup.charged()
+        proc.send_signal(signal.SIGTERM)
+        setup.release()  # the call in flight completes within the grace period
+        reply = await receive()
+        assert reply["id"] == 2 and not reply["result"].get("isError")
+        await proc.stdin.aclose()
+        assert await proc.wait() == 0
+    [(charge_id, _)] = setup.charges()
+    assert reply["result"]["structuredContent"]["id"] == charge_id
+
+
+async def test_guarded_native_server_over_stdio(setup: Setup) -> None:
+    params = StdioServerParameters(
+        command=sys.executable, args=[str(ROOT / "servers" / "guarded_payments.py")],
+        env={"PYTHONPATH": str(PACKAGE_ROOT), "AGENTGUARD_URL": setup.store_url,
+             "PAYMENTS_DEMO_DB": str(setup.tmp / "payments.db")},
+    )
+    async with Client(params, mode="auto") as client:
+        first = await client.call_tool("create_charge", CHARGE)
+        second = await client.call_tool("create_charge", CHARGE)
+        other = await client.call_tool("create_charge", {**CHARGE, "amount_cents": 1})
+    [(charge_id, upstream_key)] = setup.charges()
+    assert first.structured_content and first.structured_content["id"] == charge_id
+    assert second.structured_content == first.structured_content
+    assert second.meta and second.meta[META_REPLAYED] is True and "REPLAY" in text(second)
+    assert first.meta and first.meta[META_KEY] == upstream_key
+    assert other.is_error and "amount_cents" in text(other) and "Nothing was executed." in text(other)
+
+
