@@ -46,14 +46,17 @@ class Config:
     dbos_steps: int
 
 
-FULL = Config(sqlite_n=800, pg_n=800, reps=5, warmup=100, conc_n=1536, callers=64, counts_n=100,
-              overhead_n=2000, peers=True, dbos_workflows=20, dbos_steps=10)
+FULL = Config(sqlite_n=600, pg_n=600, reps=5, warmup=100, conc_n=1024, callers=64, counts_n=100,
+              overhead_n=1000, peers=True, dbos_workflows=10, dbos_steps=10)
 QUICK = Config(sqlite_n=30, pg_n=30, reps=2, warmup=10, conc_n=128, callers=64, counts_n=10,
                overhead_n=200, peers=False, dbos_workflows=2, dbos_steps=5)
 
 
+_T0 = time.perf_counter()
+
+
 def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    print(f"[{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 def _versions() -> dict[str, str]:

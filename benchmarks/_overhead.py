@@ -33,16 +33,21 @@ class NoIOStore:
     memory = False
 
     def __init__(self, real: Any, template: Any, rows: dict[tuple[str, str], Any]) -> None:
-        self._real, self._template, self.rows = real, template, rows
+        self._real, self.rows = real, rows
+        self._cls = type(template)
+        self._base = {f.name: getattr(template, f.name) for f in dataclasses.fields(template)}
         self.backend, self.url = real.backend, real.url
+
+    def _record(self, **kw: Any) -> Any:
+        return self._cls(**{**self._base, **kw})
 
     async def claim(self, params: dict[str, Any]) -> Any:
         k = (params["scope"], params["key"])
         rec = self.rows.get(k)
         if rec is not None:
             return rec
-        self.rows[k] = dataclasses.replace(
-            self._template, scope=k[0], key=k[1], state="running", fence=params["fence"],
+        self.rows[k] = self._record(
+            scope=k[0], key=k[1], state="running", fence=params["fence"],
             fingerprint=params["fingerprint"], arg_hashes=params["arg_hashes"], result=None, attempts=1,
             owner=params["owner"], task_id=params["task_id"], operation=params["operation"], live=True,
             expired=False,
@@ -54,7 +59,9 @@ class NoIOStore:
 
     async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
         rec = self.rows[(scope, key)]
-        self.rows[(scope, key)] = dataclasses.replace(rec, state=state, result=result, owner=None, live=False)
+        fields = {f: getattr(rec, f) for f in self._base}
+        fields.update(state=state, result=result, owner=None, live=False)
+        self.rows[(scope, key)] = self._cls(**fields)
         return True
 
     async def release(self, scope: str, key: str, fence: int, retention: float) -> bool:

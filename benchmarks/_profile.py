@@ -4,7 +4,7 @@ For an agentguard first call and a replay (cache miss) it reports, per call:
 - wall time, CPU of the calling thread, CPU of the other threads (aiosqlite's worker runs SQLite there);
 - counts from a cProfile run: statements executed through SQLAlchemy, pool checkouts, aiosqlite thread
   hops, event-loop iterations, tasks created, json.dumps calls;
-- the calling thread's profiled time split by layer (agentguard, SQLAlchemy, greenlet, asyncpg, aiosqlite,
+- the calling thread's profiled CPU time split by layer (agentguard, SQLAlchemy, greenlet, asyncpg, aiosqlite,
   asyncio, pydantic, stdlib json/hashlib, ...), builtins charged to the layer that called them;
 - the top functions by own time.
 cProfile inflates pure-Python code more than C code: read the split as proportions, not microseconds.
@@ -73,15 +73,22 @@ def _count(st: pstats.Stats, pred: Callable[[str, str], bool]) -> int:
     return sum(v[1] for (f, _l, n), v in raw.items() if pred(f, n))
 
 
+def _builtin(name: str) -> Callable[[str, str], bool]:
+    return lambda f, n: f == "~" and name in n
+
+
+# Only plain functions: cProfile counts every resumption of a coroutine as a call.
 _COUNTS: dict[str, Callable[[str, str], bool]] = {
-    "SQLAlchemy statements": lambda f, n: f.endswith("ext/asyncio/engine.py") and n == "execute",
-    "pool checkouts": lambda f, n: f.endswith("ext/asyncio/engine.py") and n == "connect",
-    "aiosqlite thread hops": lambda f, n: "/aiosqlite/" in f and n == "_execute",
+    "statements via SQLAlchemy": lambda f, n: f.endswith("sqlalchemy/engine/base.py") and n == "_execute_context",
+    "pool checkouts": lambda f, n: f.endswith("sqlalchemy/pool/base.py") and n == "_checkout",
+    "pool resets on return": lambda f, n: f.endswith("sqlalchemy/pool/base.py") and n == "_reset",
+    "aiosqlite thread hops": _builtin("'put_nowait' of '_queue.SimpleQueue'"),
+    "socket sends": _builtin("'send' of '_socket.socket'"),
+    "greenlet switches": _builtin("'switch' of 'greenlet.greenlet'"),
     "event-loop iterations": lambda f, n: f.endswith("asyncio/base_events.py") and n == "_run_once",
     "tasks created": lambda f, n: f.endswith("asyncio/base_events.py") and n == "create_task",
     "json.dumps": lambda f, n: f.endswith("json/__init__.py") and n == "dumps",
-    "greenlet switches (SA await_)": lambda f, n: ("sqlalchemy/util/_concurrency_py3k.py" in f and n == "await_only")
-    or ("sqlalchemy/util/concurrency.py" in f and n == "await_"),
+    "Signature.bind": lambda f, n: f.endswith("inspect.py") and n == "_bind",
 }
 
 
@@ -94,7 +101,7 @@ async def _measure(call: Callable[[int], Awaitable[Any]], n: int) -> dict[str, f
 
 
 async def _profiled(call: Callable[[int], Awaitable[Any]], n: int) -> pstats.Stats:
-    pr = cProfile.Profile()
+    pr = cProfile.Profile(time.thread_time)  # CPU of the calling thread: waiting for I/O is not "time" here
     pr.enable()
     for i in range(n):
         await call(i)
@@ -175,8 +182,8 @@ def render(backend: str, prof: dict[str, Any]) -> str:
                      f"{res['main_thread_cpu_us']} µs, other threads {res['other_threads_cpu_us']} µs")
         lines.append("   per call: " + ", ".join(f"{k} {v:g}" for k, v in res["counts_per_call"].items()))
         shares = ", ".join(f"{k} {v:.0%}" for k, v in res["profiled_share"].items())
-        lines.append(f"   profiled time by layer: {shares}")
-        lines.append("   top functions by own time:")
+        lines.append(f"   calling-thread CPU by layer (profiled): {shares}")
+        lines.append("   top functions by own CPU time:")
         for t in res["top_own_time"]:
             lines.append(f"     {t['share']:>5.1%}  ×{t['calls_per_call']:<5g} {t['function']}")
     return "\n".join(lines)

@@ -654,3 +654,23 @@ async def test_in_memory_store_for_users_tests() -> None:
             assert [await charge(1), await charge(1)] == [1, 1]
             assert [await asyncio.to_thread(charge_sync, 2) for _ in range(2)] == [2, 2]
         assert runs == 2
+
+
+def test_sync_only_program_with_close(store_url: str) -> None:
+    """A plain script: no event loop of its own, sync tools, and close() at the end."""
+    with Guard(store_url) as guard:
+        runs = 0
+
+        @guard.once(key=["to"])
+        def send_email(to: str, body: str, idempotency_key: str = "") -> str:
+            nonlocal runs
+            runs += 1
+            return idempotency_key
+
+        with task(tid()):
+            first = send_email("a@example.com", "hi")
+            assert send_email("a@example.com", "hi") == first
+            with pytest.raises(KeyReuseError):
+                send_email("a@example.com", "changed")
+    assert runs == 1 and first.startswith("ag_")
+    guard.close()  # idempotent

@@ -11,11 +11,13 @@ Logs go to stderr only: stdout is the protocol.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import signal
 import sys
+import typing
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -604,9 +606,46 @@ def _configure_logging() -> None:
     root.setLevel(getattr(logging, level, logging.INFO))
 
 
+class _Stdin:
+    """The protocol's input: lines from stdin read without a worker thread, so input can be ended at will.
+
+    The SDK reads stdin in a thread blocked in read(); after a signal the host may keep the pipe open, and
+    that thread would keep the process alive. Ending our own reader instead is the same as the host hanging
+    up: the server loop ends, every answer already produced is flushed, then the lifespan closes.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    @classmethod
+    async def open(cls) -> _Stdin | None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+        pipe = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+        try:
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        except (OSError, ValueError):  # a regular file: only pipes, sockets and terminals can be watched
+            pipe.close()
+            return None
+        return cls(reader)
+
+    def end(self) -> None:
+        self._reader.feed_eof()
+
+    def __aiter__(self) -> _Stdin:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._reader.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line.decode("utf-8", errors="replace")
+
+
 async def _serve(proxy: GuardingProxy) -> None:
     from mcp.server.stdio import stdio_server
 
+    stdin = await _Stdin.open()
     async with anyio.create_task_group() as tg:
 
         async def on_signals() -> None:
@@ -627,16 +666,18 @@ async def _serve(proxy: GuardingProxy) -> None:
                 log.warning("%d call(s) still in flight after %gs; exiting without releasing their claims",
                             proxy.inflight, proxy.config.proxy.grace)
                 _hard_exit(1)
-            tg.cancel_scope.cancel()
+            if stdin is not None:
+                stdin.end()  # as if the host hung up: answers already produced are still written
+            else:
+                tg.cancel_scope.cancel()
 
         tg.start_soon(on_signals)
-        async with stdio_server() as (read, write):
+        async with stdio_server(stdin=typing.cast("anyio.AsyncFile[str] | None", stdin)) as (read, write):
             try:
                 await proxy.server.run(read, write, proxy.server.create_initialization_options())
             finally:
-                if proxy.draining:
-                    # Everything of ours is closed (the lifespan has exited). The stdin reader is a thread
-                    # blocked in read() until the host closes the pipe, which it may never do after a signal.
+                if proxy.draining and stdin is None:
+                    # The SDK's stdin thread stays blocked in read() until the host closes the pipe.
                     _hard_exit(0)
         tg.cancel_scope.cancel()
 
