@@ -622,6 +622,30 @@ class Guard:
         value, replayed = await self._drive(call, body)
         return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
 
+    def run_sync(
+        self,
+        operation: str,
+        body: Callable[[str], T],
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        key: Mapping[str, Any] | str | None = None,
+        task_id: str | None = None,
+        scope: str | None = None,
+        returns: Any = Any,
+        cache_errors: tuple[type[BaseException], ...] = (),
+        on_conflict: Literal["wait", "raise"] | None = None,
+        wait_timeout: float | None = None,
+        audit: Mapping[str, Any] | None = None,
+    ) -> Outcome[T]:
+        """:meth:`run` for sync code: ``body`` runs in this thread; store calls go to the guard's portal."""
+        call = self._make_call(
+            operation, arguments or {}, key, task_id=task_id, scope=scope, codec=self._codec_for(returns),
+            cache_errors=_check_errors(cache_errors), on_conflict=on_conflict, wait_timeout=wait_timeout,
+            audit=None if audit is None else _codec.dumps(dict(audit)),
+        )
+        value, replayed = self._drive_sync(call, body)
+        return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
+
     @overload
     def once(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
 

@@ -316,13 +316,9 @@ def run_sync(
     returns: Any,
     cache_errors: tuple[type[BaseException], ...],
 ) -> tuple[T, bool]:
-    """The sync twin of :meth:`Guard.run` (value, replayed), for adapters called on a worker thread.
-
-    Uses the guard's own sync driver (store calls on its portal loop, the body in this thread).
-    """
-    # TODO: switch to a public Guard.run_sync once the core has one.
-    call = guard._make_call(
-        operation, arguments, key, task_id=task_id, scope=scope, codec=guard._codec_for(returns),
-        cache_errors=cache_errors, on_conflict=None, wait_timeout=None,
+    """:meth:`Guard.run_sync` as (value, replayed), for adapters called on a worker thread."""
+    out = guard.run_sync(
+        operation, body, arguments=arguments, key=key, task_id=task_id, scope=scope, returns=returns,
+        cache_errors=cache_errors,
     )
-    return guard._drive_sync(call, body)
+    return out.value, out.replayed
