@@ -46,8 +46,8 @@ class Config:
     dbos_steps: int
 
 
-FULL = Config(sqlite_n=600, pg_n=600, reps=5, warmup=100, conc_n=1024, callers=64, counts_n=100,
-              overhead_n=1000, peers=True, dbos_workflows=10, dbos_steps=10)
+FULL = Config(sqlite_n=400, pg_n=400, reps=5, warmup=100, conc_n=768, callers=64, counts_n=100,
+              overhead_n=600, peers=True, dbos_workflows=10, dbos_steps=10)
 QUICK = Config(sqlite_n=30, pg_n=30, reps=2, warmup=10, conc_n=128, callers=64, counts_n=10,
                overhead_n=200, peers=False, dbos_workflows=2, dbos_steps=5)
 
@@ -311,7 +311,10 @@ class Run:
                 by_variant.setdefault(g, {})[v] = f"{lim} {t.result}"
         parts = [f"agentguard benchmark — {self.doc['meta']['mode']} run, {self.doc['meta']['date']},"
                  f" agentguard {self.doc['meta']['agentguard_git']}, {os.cpu_count()} CPUs, Python"
-                 f" {platform.python_version()}"]
+                 f" {platform.python_version()}",
+                 "µs/call = wall time / calls; p50 = median single-call latency; CPU µs = this process's CPU per call"
+                 " (all threads); × floor = ratio of µs/call to the reference measured in the same rep, median over"
+                 " reps; (p50) = the same ratio of p50s. The machine is shared: trust ratios and counts, not µs."]
         for key, (title, stats, notes, concurrent) in self.groups.items():
             extra = list(notes)
             if key in ("sqlite.sequential", "postgres.sequential"):
@@ -329,7 +332,8 @@ class Run:
             s = counts["settings"]
             lines = [f"== Postgres durability cost per call (synchronous_commit=on, fsync={s.get('fsync')},"
                      f" {counts['calls']} calls; counted from pg_stat_database, pg_stat_wal, xids)",
-                     f"{'variant':<32}  {'commits':>7}  {'transactions':>12}  {'WAL flushes':>11}  {'WAL bytes':>9}"]
+                     f"{'variant':<32}  {'commits':>7}  {'transactions':>12}  {'rows written':>12}  {'WAL flushes':>11}"
+                     f"  {'WAL bytes':>9}"]
             for name, row in counts.items():
                 if not isinstance(row, dict) or name in ("settings",):
                     continue
@@ -337,7 +341,10 @@ class Run:
                     lines.append(f"{name:<32}  n/a ({row['unavailable']})")
                     continue
                 lines.append(f"{name:<32}  {rpt._fmt(row['commits'], 2):>7}  {rpt._fmt(row['transactions'], 2):>12}"
-                             f"  {rpt._fmt(row['wal_flushes'], 2):>11}  {rpt._fmt(row['wal_bytes'], 0):>9}")
+                             f"  {rpt._fmt(row['rows_written'], 2):>12}  {rpt._fmt(row['wal_flushes'], 2):>11}"
+                             f"  {rpt._fmt(row['wal_bytes'], 0):>9}{'  (noisy)' if row.get('noisy') else ''}")
+            lines.append("  commits = transactions that were assigned an xid (each one a commit record to flush);"
+                         " transactions = round trips (pg_stat_database.xact_commit)")
             if s.get("fsync") != "on":
                 lines.append("  note: fsync is off on this server, so WAL flushes are not counted (—)")
             parts.append("\n".join(lines))

@@ -53,7 +53,8 @@ def group_table(title: str, stats: dict[str, Stat], *, concurrent: bool = False,
     if concurrent:
         head = f"{'variant':<{width}}  {'calls/s':>9}  {'µs/call':>8}  {'CPU µs':>7}  {'× floor thr.':>12}  target"
     else:
-        head = f"{'variant':<{width}}  {'µs/call':>8}  {'p50 µs':>8}  {'CPU µs':>7}  {'× floor':>8}  target"
+        head = (f"{'variant':<{width}}  {'µs/call':>8}  {'p50 µs':>8}  {'CPU µs':>7}  {'× floor':>8}"
+                f"  {'(p50)':>6}  target")
     lines += [head, "-" * len(head)]
     for s in stats.values():
         if s.unavailable or not s.reps:
@@ -66,8 +67,9 @@ def group_table(title: str, stats: dict[str, Stat], *, concurrent: bool = False,
             lines.append(f"{s.name:<{width}}  {_fmt(s.median('calls_per_s'), 0):>9}  {_fmt(s.median('us_per_call')):>8}"
                          f"  {_fmt(s.median('cpu_per_call')):>7}  {_fmt(thr, 2):>12}  {tgt}")
         else:
+            r50 = ratio(stats, s.name, s.ref, "p50") if s.ref else None
             lines.append(f"{s.name:<{width}}  {_fmt(s.median('us_per_call')):>8}  {_fmt(s.median('p50')):>8}"
-                         f"  {_fmt(s.median('cpu_per_call')):>7}  {_fmt(r, 2):>8}  {tgt}")
+                         f"  {_fmt(s.median('cpu_per_call')):>7}  {_fmt(r, 2):>8}  {_fmt(r50, 2):>6}  {tgt}")
     for n in notes or []:
         lines.append(f"  note: {n}")
     return "\n".join(lines)
@@ -81,6 +83,8 @@ def group_json(stats: dict[str, Stat], notes: list[str], **extra: Any) -> dict[s
             d["ref"] = s.ref
             d["ratio"] = None if (r := ratio(stats, s.name, s.ref)) is None else round(r, 3)
             d["cpu_ratio"] = None if (r := ratio(stats, s.name, s.ref, "cpu_per_call")) is None else round(r, 3)
+            if not math.isnan(s.median("p50")):
+                d["p50_ratio"] = None if (r := ratio(stats, s.name, s.ref, "p50")) is None else round(r, 3)
         variants.append(d)
     return {"variants": variants, "notes": notes, **extra}
 

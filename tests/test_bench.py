@@ -39,12 +39,19 @@ def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> No
 
     if BACKEND == "postgres":
         counts = doc["postgres_counts"]
-        assert counts["agentguard: first call"]["commits"] == 2
-        assert counts["agentguard: replay"]["commits"] == 0
-        assert counts["raw asyncpg: claim + complete"]["commits"] == 2
-        assert counts["agentguard: first call"]["body_runs"] > 0
-        assert counts["agentguard: replay"]["body_runs"] == 0
-        cached = counts.get("agentguard: cached replay", {})
-        if "commits" in cached:
-            assert cached["commits"] == 0
-            assert cached["transactions"] in (0, None)  # served in process: no round trip at all
+
+        def commits(name: str) -> float:
+            row = counts[name]
+            # Transaction ids are cluster-wide: on a server shared with other clients the harness may not
+            # get two agreeing measurements; then the per-database count of rows written stands in (each
+            # of the guard's write statements is its own autocommit transaction).
+            return float(row["rows_written"] if row["noisy"] else row["commits"])
+
+        assert commits("raw asyncpg: claim + complete") == 2, counts
+        assert commits("agentguard: first call") == 2, counts
+        assert commits("agentguard: replay") == 0, counts
+        assert counts["agentguard: first call"]["body_runs"] > 0, counts
+        assert counts["agentguard: replay"]["body_runs"] == 0, counts
+        if "commits" in counts.get("agentguard: cached replay", {}):
+            assert commits("agentguard: cached replay") == 0, counts
+            assert counts["agentguard: cached replay"]["transactions"] in (0, None), counts  # no round trip

@@ -136,13 +136,16 @@ def guarded_tool(
         ctx_name = ctx_param or "ctx"
         if ctx_param is None and "ctx" in public.parameters:
             ctx_name = "agentguard_context"
-        params = [p for n, p in public.parameters.items() if n != ctx_param]
+        # Resolved annotations: string ones (``from __future__ import annotations``) would be looked up in
+        # this module's globals by MCPServer, not in the tool's.
+        params = [p.replace(annotation=hints.get(n, p.annotation)) for n, p in public.parameters.items()
+                  if n != ctx_param]
         params.append(inspect.Parameter(
             "task_id", inspect.Parameter.KEYWORD_ONLY, default="",
             annotation=Annotated[str, Field(description=TASK_ID_DESCRIPTION)],
         ))
         params.append(inspect.Parameter(ctx_name, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
-        tool_sig = public.replace(parameters=params)
+        tool_sig = public.replace(parameters=params, return_annotation=hints.get("return", public.empty))
         tool_annotations = {n: hints[n] for n in public.parameters if n in hints and n != ctx_param}
         tool_annotations.update(task_id=params[-2].annotation, **{ctx_name: Context})
         if "return" in hints:

@@ -539,7 +539,6 @@ class GuardingProxy:
         except GuardError as exc:
             return _text(_refusal(exc, ran))
         if outcome.replayed:
-            log.info("replayed %s for task %s", outcome.operation, task_id)
             return _result(outcome.value, key=outcome.key, replayed=True,
                            note=replay_note(operation, task_id), mark=cfg.mark_structured)
         return _result(outcome.value, key=outcome.key, replayed=False)

@@ -34,6 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.util import greenlet_spawn
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import StoreError
@@ -309,6 +310,7 @@ class SQLStore:
             weakref.WeakKeyDictionary()
         )
         self._schema_ready = False
+        self._sql_cache: dict[int, tuple[str, tuple[str, ...]]] = {}
         # Test seam: awaited between a claim that found an existing row and acting on that row.
         self.after_claim_miss: Callable[[], Awaitable[None]] | None = None
         self._schema_lock: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
@@ -318,7 +320,9 @@ class SQLStore:
     # -- engines ------------------------------------------------------------------------------------
 
     def _make_engine(self) -> AsyncEngine:
-        kw: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"}
+        # Autocommit: each statement is its own transaction. No reset on return: every connection comes back
+        # either autocommitted or with its transaction committed or rolled back by its context manager.
+        kw: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None}
         if self.backend == "postgresql":
             settings = {"application_name": "agentguard"}
             if self._pg_synchronous_commit:
@@ -401,11 +405,67 @@ class SQLStore:
             msg = f"the store failed ({what}: {detail}); the tool was not run"
         return StoreError(msg, body_ran=bool(body_ran))
 
-    async def _one(self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False) -> Any:
-        async def run(conn: AsyncConnection) -> Any:
-            return (await conn.execute(stmt, params)).first()
+    def _compiled(self, stmt: Any, engine: AsyncEngine) -> tuple[str, tuple[str, ...]]:
+        """The driver-level SQL and parameter order of one of our statements, compiled once."""
+        found = self._sql_cache.get(id(stmt))
+        if found is None:
+            compiled = stmt.compile(dialect=engine.dialect)
+            found = self._sql_cache[id(stmt)] = (compiled.string, tuple(compiled.positiontup or ()))
+        return found
 
-        return await self._with_conn(what, run, body_ran=body_ran)
+    async def _one(self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False) -> Any:
+        """One statement, one round trip (one thread hop on SQLite): the hot path.
+
+        SQLAlchemy owns the pool, the dialect and the compiled SQL; the statement itself goes straight to
+        the driver (asyncpg's prepared-statement cache, aiosqlite's ``execute_fetchall``), skipping the
+        per-statement cursor, result and rollback hops of the ORM-style path.
+        """
+        if not self._schema_ready:
+            await self.ensure_schema()
+        engine = self.engine()
+        sql, names = self._compiled(stmt, engine)
+        args = [params[n] for n in names]
+        pg = self.backend == "postgresql"
+        for attempt in (1, 2):
+            try:
+                raw = await engine.raw_connection()
+            except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
+                raise self._error(what, exc, body_ran) from exc
+            try:
+                drv: Any = raw.driver_connection
+                if pg:
+                    return await drv.fetchrow(sql, *args)
+                rows = await drv.execute_fetchall(sql, args)
+                return rows[0] if rows else None
+            except BaseException as exc:
+                if self._connection_lost(exc, raw):
+                    # Killed since it was pooled (server restart, pg_terminate_backend): every statement here
+                    # is safe to repeat once on a fresh connection (claims carry an owner token, writes are
+                    # fenced).
+                    raw.invalidate()
+                    if attempt == 1 and isinstance(exc, Exception):
+                        log.warning("store connection lost during %s; retrying once on a new connection", what)
+                        continue
+                if isinstance(exc, Exception):
+                    raise self._error(what, exc, body_ran) from exc
+                raw.invalidate()  # cancelled mid-statement: the connection's state is unknown
+                raise
+            finally:
+                # Checked in inside SQLAlchemy's greenlet, so a connection the pool discards (overflow,
+                # invalidated) is closed with an await rather than dropped.
+                await greenlet_spawn(raw.close)
+        raise AssertionError("unreachable")
+
+    def _connection_lost(self, exc: BaseException, raw: Any) -> bool:
+        if isinstance(exc, OSError | ConnectionError):
+            return True
+        drv = raw.driver_connection
+        if self.backend == "postgresql":
+            import asyncpg
+
+            return isinstance(exc, asyncpg.InterfaceError | asyncpg.ConnectionDoesNotExistError
+                              | asyncpg.AdminShutdownError | asyncpg.CannotConnectNowError) or drv.is_closed()
+        return isinstance(exc, ValueError)  # aiosqlite: "no active connection"
 
     async def ensure_schema(self) -> None:
         """Create the table and indexes if missing; safe when many processes start at once."""
