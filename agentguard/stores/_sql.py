@@ -34,8 +34,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.util import greenlet_spawn
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 from .._errors import StoreError
 from ._dialects import Dialect, dialect_for
@@ -461,7 +461,7 @@ class SQLStore:
             return True
         drv = raw.driver_connection
         if self.backend == "postgresql":
-            import asyncpg
+            import asyncpg  # type: ignore[import-untyped]
 
             return isinstance(exc, asyncpg.InterfaceError | asyncpg.ConnectionDoesNotExistError
                               | asyncpg.AdminShutdownError | asyncpg.CannotConnectNowError) or drv.is_closed()
@@ -477,8 +477,8 @@ class SQLStore:
             if self._schema_ready:
                 return
             if self.backend == "sqlite" and not self.memory:
-                folder = os.path.dirname(os.path.abspath(make_url(self.url).database or ""))
-                if not os.path.isdir(folder):
+                folder = os.path.dirname(os.path.abspath(make_url(self.url).database or ""))  # noqa: ASYNC240
+                if not os.path.isdir(folder):  # noqa: ASYNC240 - once, before the first connection
                     raise StoreError(f"the store failed (the SQLite file's folder {folder!r} does not exist); "
                                      "the tool was not run")
             engine = self.engine()
