@@ -34,10 +34,10 @@ async def _ls(url: str | None, scope: str | None, task_id: str | None, limit: in
     if not rows:
         print("no records")
         return 0
-    headers = ("scope", "task", "operation", "state", "attempts", "age", "key")
+    headers = ("scope", "task", "operation", "state", "attempts", "age", "key", "audit")
     table = [
         (r.scope, r.task_id, r.operation, r.state + (f" ({r.lease_left:.0f}s lease)" if r.lease_left else ""),
-         str(r.attempts), _age(r.age), r.key)
+         str(r.attempts), _age(r.age), r.key, json.dumps(r.audit, default=str) if r.audit else "")
         for r in rows
     ]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]

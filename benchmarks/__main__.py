@@ -48,7 +48,7 @@ class Config:
 
 FULL = Config(sqlite_n=400, pg_n=400, reps=5, warmup=100, conc_n=768, callers=64, counts_n=100,
               overhead_n=600, peers=True, dbos_workflows=10, dbos_steps=10)
-QUICK = Config(sqlite_n=30, pg_n=30, reps=2, warmup=10, conc_n=128, callers=64, counts_n=10,
+QUICK = Config(sqlite_n=30, pg_n=30, reps=2, warmup=10, conc_n=64, callers=16, counts_n=10,
                overhead_n=200, peers=False, dbos_workflows=2, dbos_steps=5)
 
 
@@ -318,8 +318,8 @@ class Run:
         for key, (title, stats, notes, concurrent) in self.groups.items():
             extra = list(notes)
             if key in ("sqlite.sequential", "postgres.sequential"):
-                gap_f = rpt.cpu_gap(stats, "agentguard: first call", "store only (SA Core): claim + complete")
-                gap_r = rpt.cpu_gap(stats, "agentguard: replay", "store only (SA Core): claim, existing key")
+                gap_f = rpt.cpu_gap(stats, "agentguard: first call", "store only (SQLStore): claim + complete")
+                gap_r = rpt.cpu_gap(stats, "agentguard: replay", "store only (SQLStore): claim, existing key")
                 extra.append(f"client CPU the Guard adds over the bare store: first call {rpt._fmt(gap_f)} µs,"
                              f" replay {rpt._fmt(gap_r)} µs")
                 st = self.doc["groups"][key].get("statements", {})

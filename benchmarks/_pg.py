@@ -240,7 +240,6 @@ async def durability_counts(url: str, n: int, log: Log) -> dict[str, Any]:
     await counter.open()
     out: dict[str, Any] = {"settings": conf, "calls": n, "reader_on_same_db": counter.same_db}
     try:
-        runs_before = body.runs
         variants: list[tuple[str, Callable[[int], Awaitable[None]]]] = [
             ("raw asyncpg: claim + complete", raw_first), ("raw asyncpg: SELECT", raw_select),
             ("agentguard: first call", first), ("agentguard: replay", replay),
@@ -257,11 +256,10 @@ async def durability_counts(url: str, n: int, log: Log) -> dict[str, Any]:
         for name, run in variants:
             runs = body.runs
             out[name] = per = await counter.per_call(run, n)
-            per["body_runs"] = body.runs - runs
+            per["body_runs"] = body.runs - runs  # over every phase; must be 0 for replays
             log(f"  counts: {name}: {per['next_xid']:g} commits, {per['xact_commit']:g} transactions, "
                 f"{per['rows_written']:g} rows written, {per['wal_sync']:g} WAL flushes per call"
                 f"{' (noisy: another client wrote meanwhile)' if per['noisy'] else ''}")
-        out["body_runs_during_replays"] = body.runs - runs_before
     finally:
         await counter.close()
     fsync_on = conf.get("fsync") == "on"
@@ -343,7 +341,7 @@ async def concurrent(
     floor = "raw asyncpg pool (reset= no-op): claim + complete"
     variants = [
         Variant(floor, raw_first, fresh("raw"), "the floor", ref=floor),
-        Variant("store only (SA Core): claim + complete", store_first, fresh("store"), ref=floor),
+        Variant("store only (SQLStore): claim + complete", store_first, fresh("store"), ref=floor),
         Variant("agentguard: first call", guard_first, fresh("guard"), ref=floor),
     ]
     try:

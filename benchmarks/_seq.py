@@ -208,7 +208,7 @@ async def sequential(
         variants.append(Variant(f"raw {floor.label}: claim-or-fetch + complete", raw_cof_first, fresh("cof"),
                                 "the store's 1-RTT claim statement", ref=first_ref))
     variants += [
-        Variant("store only (SA Core): claim + complete", store_first, fresh("store"),
+        Variant("store only (SQLStore): claim + complete", store_first, fresh("store"),
                 "the guard's statements via SQLStore, no Guard", ref=first_ref),
         Variant("agentguard: first call", guard_first, fresh("first"), ref=first_ref),
     ]
@@ -221,8 +221,8 @@ async def sequential(
         variants.append(Variant(f"raw {floor.label}: claim-or-fetch, hit", raw_cof_hit, populated("cofhit"),
                                 "1 statement", ref=replay_ref))
     variants += [
-        Variant("store only (SA Core): SELECT", store_read, populated("ssel"), ref=replay_ref),
-        Variant("store only (SA Core): claim, existing key", store_claim_hit, populated("shit"),
+        Variant("store only (SQLStore): SELECT", store_read, populated("ssel"), ref=replay_ref),
+        Variant("store only (SQLStore): claim, existing key", store_claim_hit, populated("shit"),
                 "what a guard replay asks of the store", ref=replay_ref),
         Variant("agentguard: replay", guard_replay, replay_prepare, "misses the in-process cache", ref=replay_ref),
         Variant("agentguard: cached replay", guard_cached, cached_prepare, ref=replay_ref),

@@ -674,3 +674,16 @@ def test_sync_only_program_with_close(store_url: str) -> None:
                 send_email("a@example.com", "changed")
     assert runs == 1 and first.startswith("ag_")
     guard.close()  # idempotent
+
+
+async def test_audit_is_stored_beside_the_record_and_listed(make_guard: Callable[..., Guard]) -> None:
+    guard = make_guard()
+
+    async def body(key: str) -> int:
+        return 1
+
+    t = tid()
+    await guard.run("create_charge", body, task_id=t, audit={"claudecode/toolUseId": "toolu_01"})
+    await guard.run("create_charge", body, task_id=t, audit={"claudecode/toolUseId": "toolu_02"})
+    (rec,) = await guard.records(task_id=t)
+    assert rec.audit == {"claudecode/toolUseId": "toolu_01"}  # the first caller's; a replay writes nothing

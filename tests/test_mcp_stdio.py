@@ -138,19 +138,6 @@ async def test_five_concurrent_calls_make_one_charge(setup: Setup) -> None:
     assert len(results) == 5 and not any(r.is_error for r in results)
 
 
-async def test_client_timeout_then_retry_makes_one_charge(setup: Setup) -> None:
-    setup.block()
-    async with Client(setup.proxy(setup.config()), mode="auto") as client:
-        with pytest.raises(MCPError):
-            await client.call_tool("create_charge", CHARGE, read_timeout_seconds=0.5)
-        await setup.charged()
-        setup.release()
-        retry = await client.call_tool("create_charge", CHARGE)
-    [(charge_id, _)] = setup.charges()
-    assert retry.structured_content and retry.structured_content["id"] == charge_id
-    assert retry.meta and retry.meta[META_REPLAYED] is True  # recorded although the first caller gave up
-
-
 async def test_proxy_sigkilled_mid_call_then_restarted_makes_one_charge(setup: Setup) -> None:
     config = setup.config(lease=1.5)
     setup.block()
@@ -181,18 +168,29 @@ async def test_proxy_sigkilled_mid_call_then_restarted_makes_one_charge(setup: S
     assert again.meta and again.meta[META_REPLAYED] is True
 
 
-async def test_upstream_death_is_reported_and_the_proxy_reconnects(setup: Setup) -> None:
-    async with Client(setup.proxy(setup.config()), mode="legacy") as client:
-        assert not (await client.call_tool("list_charges", {})).is_error
-        [upstream] = pids(f"PAYMENTS_DEMO_DB={setup.tmp / 'payments.db'}", "environ")
+async def test_client_timeout_then_upstream_death_in_one_session(setup: Setup) -> None:
+    setup.block()
+    ledger = f"PAYMENTS_DEMO_DB={setup.tmp / 'payments.db'}"
+    async with Client(setup.proxy(setup.config()), mode="auto") as client:
+        # A client-side timeout on the first call: the retry gets the recorded result, one charge.
+        with pytest.raises(MCPError):
+            await client.call_tool("create_charge", CHARGE, read_timeout_seconds=0.5)
+        await setup.charged()
+        setup.release()
+        retry = await client.call_tool("create_charge", CHARGE)
+        [(charge_id, _)] = setup.charges()
+        assert retry.structured_content and retry.structured_content["id"] == charge_id
+        assert retry.meta and retry.meta[META_REPLAYED] is True  # recorded although the first caller gave up
+
+        # The upstream dies between calls: reported as a tool error at worst, then the proxy reconnects.
+        [upstream] = pids(ledger, "environ")
         os.kill(upstream, signal.SIGKILL)
         results = [await client.call_tool("list_charges", {}) for _ in range(2)]
-        charge = await client.call_tool("create_charge", CHARGE)
-    # The first call after the death may still meet the dead connection (a clear tool error); by the next
-    # one the proxy has reconnected to a new upstream process.
+        again = await client.call_tool("create_charge", CHARGE)
     assert all(not r.is_error or "upstream" in text(r) for r in results) and not results[-1].is_error
-    assert not charge.is_error and len(setup.charges()) == 1
-    assert pids(f"PAYMENTS_DEMO_DB={setup.tmp / 'payments.db'}", "environ") != [upstream]
+    assert results[-1].structured_content == {"result": [retry.structured_content]}
+    assert again.meta and again.meta[META_REPLAYED] is True and len(setup.charges()) == 1
+    assert pids(ledger, "environ") != [upstream]
 
 
 async def test_sigterm_lets_the_call_in_flight_finish_and_exits_cleanly(setup: Setup) -> None:

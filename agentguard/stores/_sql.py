@@ -127,6 +127,17 @@ class Listing:
     attempts: int
     age: float
     lease_left: float | None
+    audit: dict[str, Any] | None = None  # what the caller recorded beside the key (e.g. host call ids)
+
+
+def _audit(text_: str) -> dict[str, Any] | None:
+    from .._codec import loads
+
+    try:
+        value = loads(text_)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _record(scope: str, key: str, row: Sequence[Any]) -> Record:
@@ -252,7 +263,7 @@ class _Statements:
         )
         self.listing = text(
             f"SELECT scope, key, task_id, operation, state, attempts, {now} - created_at AS age,"
-            f" CASE WHEN state = '{RUNNING}' THEN lease_until - {now} END AS lease_left"
+            f" CASE WHEN state = '{RUNNING}' THEN lease_until - {now} END AS lease_left, audit"
             f" FROM {TABLE} WHERE (CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
             " AND (CAST(:task_id AS VARCHAR) IS NULL OR task_id = :task_id)"
             " ORDER BY updated_at DESC LIMIT :limit"
@@ -650,6 +661,7 @@ class SQLStore:
                 Listing(
                     scope=r[0], key=r[1], task_id=r[2], operation=r[3], state=r[4], attempts=int(r[5]),
                     age=float(r[6]), lease_left=None if r[7] is None else float(r[7]),
+                    audit=None if r[8] is None else _audit(r[8]),
                 )
                 for r in rows
             ]
