@@ -1,7 +1,7 @@
 """One caller, either backend: the variants side by side.
 
 First-call group: unguarded call, the raw drivers doing the store's own claim + complete, the store alone
-(SQLAlchemy Core, as the guard drives it), agentguard. Replay group: the raw drivers' SELECT of the record
+(``SQLStore`` as the guard drives it, without the Guard), agentguard. Replay group: the raw drivers' SELECT of the record
 (the floor) and claim-miss + SELECT, the store's SELECT alone, an agentguard replay that misses any
 in-process cache (a Guard instance that has not seen the keys), and a replay served from the cache.
 """
