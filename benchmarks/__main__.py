@@ -242,7 +242,7 @@ class Run:
         T = rpt.Target
         pg, sq, conc, ov = (self.stats(k) for k in ("postgres.sequential", "sqlite.sequential",
                                                      "postgres.concurrent", "overhead"))
-        out: list[T] = []
+        out: list[rpt.Target] = []
         if pg is not None:
             out += [
                 T("pg_first", "Postgres, one caller: first call / asyncpg claim+complete",

@@ -103,7 +103,7 @@ def positional(sql: str) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...
     getter = itemgetter(*names)
     if len(names) == 1:
         return out, lambda p: (getter(p),)
-    return out, getter  # type: ignore[return-value]
+    return out, getter
 
 
 @dataclass

@@ -49,7 +49,7 @@ class Stat:
     ref: str = ""
 
     def median(self, attr: str) -> float:
-        return statistics.median(getattr(r, attr) for r in self.reps)
+        return float(statistics.median(getattr(r, attr) for r in self.reps))
 
     def as_dict(self) -> dict[str, Any]:
         if self.unavailable:
@@ -135,4 +135,4 @@ def ratio(stats: dict[str, Stat], name: str, ref: str, attr: str = "us_per_call"
     a, b = stats.get(name), stats.get(ref)
     if a is None or b is None or a.unavailable or b.unavailable or not a.reps or len(a.reps) != len(b.reps):
         return None
-    return statistics.median(getattr(x, attr) / getattr(y, attr) for x, y in zip(a.reps, b.reps, strict=True))
+    return float(statistics.median(getattr(x, attr) / getattr(y, attr) for x, y in zip(a.reps, b.reps, strict=True)))

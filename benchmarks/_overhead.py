@@ -186,7 +186,7 @@ async def overhead(tmp: Path, *, n: int, reps: int, warmup: int, log: Log) -> tu
     piece_guard = Guard(url)
     guards.append(piece_guard)
     piece_tool = c.guarded(piece_guard, c.Body())
-    spec = getattr(piece_tool, "__agentguard__", None)
+    spec: Any = getattr(piece_tool, "__agentguard__", None)
     value = await c.Body()("o-1", c.AMOUNT, "ag_" + "1" * 48)
 
     async def piece_spec(i: int) -> None:

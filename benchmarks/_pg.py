@@ -10,7 +10,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.engine import make_url
 
 from agentguard import Guard, task
@@ -328,7 +328,8 @@ async def concurrent(
         key = keys["store"][i]
         value = await raw_body(orders[i], c.AMOUNT, key)
         fence = await store.claim(rp.claim(key, orders[i], secrets.randbits(62)))
-        assert fence is not None
+        if not isinstance(fence, int):
+            raise AssertionError("store claim missed a fresh key")
         await store.complete(c.SCOPE, key, fence, "succeeded", json.dumps(value), c.RETENTION)
 
     gbody = c.Body()

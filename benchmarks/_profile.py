@@ -81,7 +81,7 @@ def _builtin(name: str) -> Callable[[str, str], bool]:
 _COUNTS: dict[str, Callable[[str, str], bool]] = {
     "statements via SQLAlchemy": lambda f, n: f.endswith("sqlalchemy/engine/base.py") and n == "_execute_context",
     "pool checkouts": lambda f, n: f.endswith("sqlalchemy/pool/base.py") and n == "_checkout",
-    "pool resets on return": lambda f, n: f.endswith("sqlalchemy/pool/base.py") and n == "_reset",
+    "pool check-ins": lambda f, n: f.endswith("sqlalchemy/pool/base.py") and n == "_reset",
     "aiosqlite thread hops": _builtin("'put_nowait' of '_queue.SimpleQueue'"),
     "socket sends": _builtin("'send' of '_socket.socket'"),
     "greenlet switches": _builtin("'switch' of 'greenlet.greenlet'"),
@@ -131,23 +131,21 @@ async def profile_backend(url: str, n: int, guard_kw: dict[str, Any]) -> dict[st
             for phase in ("timed", "profiled"):
                 tid = f"prof-{rid}-{phase}"
                 if kind == "first call":
-                    def call(i: int, tid: str = tid) -> Awaitable[Any]:
-                        async def go() -> None:
-                            with task(tid + "-first"):
-                                await first(f"o-{i}", c.AMOUNT)
-                        return go()
+                    target, task_id = first, tid + "-first"
                 else:
                     populate = tool()
                     with task(tid + "-replay"):
                         for i in range(n):
                             await populate(f"o-{i}", c.AMOUNT)
-                    replayer = tool()  # a guard whose cache has not seen these keys
+                    target, task_id = tool(), tid + "-replay"  # a guard whose cache has not seen the keys
 
-                    def call(i: int, tid: str = tid, replayer: Any = replayer) -> Awaitable[Any]:
-                        async def go() -> None:
-                            with task(tid + "-replay"):
-                                await replayer(f"o-{i}", c.AMOUNT)
-                        return go()
+                def call(i: int, target: Any = target, task_id: str = task_id) -> Awaitable[Any]:
+                    async def go() -> None:
+                        with task(task_id):
+                            await target(f"o-{i}", c.AMOUNT)
+
+                    return go()
+
                 if phase == "timed":
                     res.update({k: round(v, 1) for k, v in (await _measure(call, n)).items()})
                 else:

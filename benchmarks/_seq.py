@@ -1,9 +1,9 @@
 """One caller, either backend: the variants side by side.
 
-First-call group: unguarded call, the raw drivers doing the store's own claim + complete, the store alone
-(``SQLStore`` as the guard drives it, without the Guard), agentguard. Replay group: the raw drivers' SELECT of the record
-(the floor) and claim-miss + SELECT, the store's SELECT alone, an agentguard replay that misses any
-in-process cache (a Guard instance that has not seen the keys), and a replay served from the cache.
+First-call group: unguarded call; the raw drivers doing the store's own claim + complete; the store alone
+(``SQLStore`` as the guard drives it, without the Guard); agentguard. Replay group: the raw drivers' SELECT
+of the record (the floor) and claim-miss + SELECT; the store's SELECT alone; an agentguard replay that
+misses any in-process cache (a Guard instance that has not seen the keys); a replay served from the cache.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ async def sequential(
         key = keys["store"][i]
         value = await raw_body(orders[i], c.AMOUNT, key)
         fence = await store.claim(rp.claim(key, orders[i], secrets.randbits(62)))
-        if fence is None:
+        if not isinstance(fence, int):
             raise AssertionError("store claim missed a fresh key")
         await store.complete(c.SCOPE, key, fence, "succeeded", json.dumps(value), c.RETENTION)
 
