@@ -84,12 +84,16 @@ def _hook(d: dict[str, Any]) -> Any:
     return _UNTAG[tag](d["v"])
 
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_decode = json.JSONDecoder(object_hook=_hook).decode
+
+
 def dumps(obj: Any, *, typed: bool = False) -> str:
-    return json.dumps(_tag(obj, typed=typed), separators=(",", ":"), ensure_ascii=False)
+    return _encode(_tag(obj, typed=typed))
 
 
 def loads(text: str) -> Any:
-    return json.loads(text, object_hook=_hook)
+    return _decode(text)
 
 
 class Codec:

@@ -8,6 +8,7 @@ body runs (the caller's task, or the caller's thread with store calls sent to th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -100,6 +101,7 @@ class _Call:
     operation: str
     key: str
     arg_hashes: dict[str, str]
+    arg_hashes_json: str
     fingerprint: str
     codec: Codec
     cache_errors: tuple[type[BaseException], ...]
@@ -111,15 +113,17 @@ class _Call:
 
 
 class _Claim:
-    __slots__ = ("attempt", "call", "fence", "heartbeat", "origin", "stop")
+    __slots__ = ("attempt", "call", "fence", "origin", "renewal", "stopped", "timer")
 
     def __init__(self, call: _Call, fence: int, attempt: int, origin: int) -> None:
         self.call = call
         self.fence = fence
         self.attempt = attempt
         self.origin = origin
-        self.stop = asyncio.Event()
-        self.heartbeat: asyncio.Task[None] | None = None
+        self.stopped = False
+        # The heartbeat is a timer, not a task: nothing runs unless the body outlives lease/3.
+        self.timer: asyncio.TimerHandle | None = None
+        self.renewal: asyncio.Task[None] | None = None
 
 
 class _Replay:
@@ -164,26 +168,15 @@ async def _uncancellable(aw: Awaitable[T]) -> T:
     return result
 
 
-async def _settle(aw: Awaitable[T], undo: Callable[[T], Awaitable[Any]] | None = None) -> T:
-    """Let one store statement finish even if we are cancelled meanwhile (a statement cut in half leaves
-    an unknown outcome and, with asyncpg, a broken connection). If we were cancelled and ``undo`` is
-    given, it runs on the statement's result (releasing a claim just won) before the cancellation
-    is delivered."""
-    inner = asyncio.ensure_future(aw)
+async def _recorded(make: Callable[[], Awaitable[T]]) -> T:
+    """Run a recording step (complete, release) directly — no task, no shield on the happy path. If we
+    are cancelled while it runs, its statement may or may not have committed: run it again to completion
+    (every write is fenced, so a second attempt is harmless), then deliver the cancellation."""
     try:
-        return await asyncio.shield(inner)
+        return await make()
     except asyncio.CancelledError:
-        if inner.done() and inner.cancelled():
-            raise
-        try:
-            result = await _uncancellable(inner)
-        except Exception:
-            raise asyncio.CancelledError from None
-        if undo is not None:
-            try:
-                await _uncancellable(undo(result))
-            except Exception:
-                log.warning("could not undo a statement after a cancellation", exc_info=True)
+        with contextlib.suppress(Exception):
+            await _uncancellable(make())
         raise
 
 
@@ -214,6 +207,7 @@ class Guard:
         pool_size: int = 10,
         connect_timeout: float = 10.0,
         sqlite_synchronous: str = "FULL",
+        pg_synchronous_commit: str | None = None,
         cache_size: int = 1024,
     ) -> None:
         url = url or os.environ.get("AGENTGUARD_URL") or DEFAULT_URL
@@ -225,7 +219,8 @@ class Guard:
         self._wait_timeout = None if wait_timeout is None else _seconds(wait_timeout, "wait_timeout")
         self._on_event = on_event
         self._store = SQLStore(
-            url, pool_size=pool_size, connect_timeout=connect_timeout, sqlite_synchronous=sqlite_synchronous
+            url, pool_size=pool_size, connect_timeout=connect_timeout, sqlite_synchronous=sqlite_synchronous,
+            pg_synchronous_commit=pg_synchronous_commit,
         )
         self._portal = Portal()
         self._codecs: dict[Any, Codec] = {}
@@ -322,29 +317,31 @@ class Guard:
 
     def _claimed(self, call: _Call, fence: int, attempt: int, origin: int) -> _Claim:
         claim = _Claim(call, fence, attempt, origin)
-        claim.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(claim))
+        claim.timer = asyncio.get_running_loop().call_later(self._lease / 3, self._heartbeat, claim)
         return claim
 
-    async def _heartbeat(self, claim: _Claim) -> None:
+    def _heartbeat(self, claim: _Claim) -> None:
         # A lease is not a lock: renew it while the body runs; every write stays fenced anyway.
-        call, interval = claim.call, self._lease / 3
-        while True:
-            try:
-                await asyncio.wait_for(claim.stop.wait(), interval)
+        if not claim.stopped:
+            claim.renewal = asyncio.get_running_loop().create_task(self._renew(claim))
+
+    async def _renew(self, claim: _Claim) -> None:
+        call = claim.call
+        try:
+            if not await self._store.renew(call.scope, call.key, claim.fence, self._lease):
+                self._emit("lease_lost", call, claim.attempt, "renewal found the claim taken over")
                 return
-            except TimeoutError:
-                pass
-            try:
-                if not await self._store.renew(call.scope, call.key, claim.fence, self._lease):
-                    self._emit("lease_lost", call, claim.attempt, "renewal found the claim taken over")
-                    return
-            except GuardError as exc:
-                log.warning("could not renew the lease of %s: %s", call.operation, exc)
+        except GuardError as exc:
+            log.warning("could not renew the lease of %s: %s", call.operation, exc)
+        if not claim.stopped:
+            claim.timer = asyncio.get_running_loop().call_later(self._lease / 3, self._heartbeat, claim)
 
     async def _stop_heartbeat(self, claim: _Claim) -> None:
-        claim.stop.set()
-        if claim.heartbeat is not None:
-            await claim.heartbeat
+        claim.stopped = True
+        if claim.timer is not None:
+            claim.timer.cancel()
+        if claim.renewal is not None and not claim.renewal.done():
+            await claim.renewal  # one statement in flight at most
 
     def _reuse_error(self, call: _Call, rec: Record) -> KeyReuseError:
         try:
@@ -382,7 +379,7 @@ class Guard:
         if self._cache.maxsize:
             rec = Record(
                 scope=call.scope, key=call.key, state=state, fence=claim.fence, fingerprint=call.fingerprint,
-                arg_hashes=json.dumps(call.arg_hashes, sort_keys=True), result=stored, attempts=claim.attempt,
+                arg_hashes=call.arg_hashes_json, result=stored, attempts=claim.attempt,
                 owner=None, task_id=call.task_id, operation=call.operation, live=False, expired=False,
                 ttl=self._retention,
             )
@@ -393,7 +390,7 @@ class Guard:
         owner = secrets.token_hex(8)
         params: dict[str, Any] = {
             "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
-            "fingerprint": call.fingerprint, "arg_hashes": json.dumps(call.arg_hashes, sort_keys=True),
+            "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json,
             "owner": owner, "lease": self._lease, "retention": self._retention, "audit": call.audit,
             "tool": call.tool, "arguments": call.arguments,
             # Fences start at a random point so they never repeat for a key, not even after a sweep.
@@ -404,9 +401,11 @@ class Guard:
         delay, vanished = 0.01, 0
         while True:
             # Claim by insert, never check-then-insert: one statement decides.
-            got = await _settle(
-                store.claim(params), lambda g: self._undo_claim(call, g if isinstance(g, int) else None)
-            )
+            try:
+                got = await store.claim(params)
+            except asyncio.CancelledError:
+                await self._undo_claim(call, owner)
+                raise
             if isinstance(got, int):
                 self._emit("claimed", call, 1)
                 return self._claimed(call, got, 1, got)
@@ -434,10 +433,11 @@ class Guard:
                     self._cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
                     return _Replay(call, rec)
             if stale or not rec.live:
-                took = await _settle(
-                    store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0}),
-                    lambda f: self._undo_claim(call, None if f is None else f[0]),
-                )
+                try:
+                    took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
+                except asyncio.CancelledError:
+                    await self._undo_claim(call, owner)
+                    raise
                 if took is not None:
                     attempt = 1 if stale else rec.attempts + 1
                     self._emit("takeover" if not stale else "claimed", call, attempt,
@@ -455,9 +455,11 @@ class Guard:
             await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - now, 0.001)))
             delay = min(delay * 1.6, 0.5)
 
-    async def _undo_claim(self, call: _Call, fence: int | None) -> None:
-        if fence is not None:
-            await self._store.release(call.scope, call.key, fence, self._retention)
+    async def _undo_claim(self, call: _Call, owner: str) -> None:
+        """We were cancelled while claiming: if the claim committed, it is ours (owner token) — release it
+        rather than leave it held until the lease runs out."""
+        with contextlib.suppress(Exception):
+            await _uncancellable(self._store.release_owned(call.scope, call.key, owner, self._retention))
 
     async def _succeed(self, claim: _Claim, value: Any) -> Any:
         call = claim.call
@@ -521,12 +523,12 @@ class Guard:
         try:
             value = await body(call.key)
         except BaseException as exc:
-            await _uncancellable(self._store_call(self._fail(outcome, exc)))
+            await _recorded(lambda: self._store_call(self._fail(outcome, exc)))
             raise
         finally:
             _key.reset(token)
             _active_claim.reset(claim_token)
-        return await _uncancellable(self._store_call(self._succeed(outcome, value))), False
+        return await _recorded(lambda: self._store_call(self._succeed(outcome, value))), False
 
     def _drive_sync(self, call: _Call, body: Callable[[str], T]) -> tuple[T, bool]:
         portal = self._portal
@@ -584,10 +586,12 @@ class Guard:
                                    operation=tool)
         scope = scope or "default"
         hashes = argument_hashes(arguments)
+        hashes_json, fp = fingerprint(hashes)
         operation = operation_name(tool, key_values)
         return _Call(
             scope=scope, task_id=task_id, operation=operation, key=derive_key(scope, task_id, operation),
-            arg_hashes=hashes, fingerprint=fingerprint(hashes), codec=codec, cache_errors=cache_errors,
+            arg_hashes=hashes, arg_hashes_json=hashes_json, fingerprint=fp, codec=codec,
+            cache_errors=cache_errors,
             on_conflict=on_conflict or self._on_conflict,
             wait_timeout=self._wait_timeout if wait_timeout is None else wait_timeout, tool=tool, audit=audit,
         )
@@ -839,6 +843,17 @@ class _Spec:
             raise TypeError(f"{self.tool}: a multi-step tool (with an Operation parameter) must be async")
         hidden = {self.inject, self.op_param}
         self.public_sig = sig.replace(parameters=[p for n, p in params.items() if n not in hidden])
+        # A fast binder for the common signature (named parameters only); anything else, and every
+        # mistake, goes through Signature.bind for its exact TypeError.
+        kinds = [p.kind for p in self.public_sig.parameters.values()]
+        self.simple = all(k in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+                          for k in kinds)
+        self.pos_names = tuple(n for n, p in self.public_sig.parameters.items()
+                               if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.all_names = tuple(self.public_sig.parameters)
+        self.name_set = frozenset(self.all_names)
+        self.defaults = {n: p.default for n, p in self.public_sig.parameters.items()
+                         if p.default is not inspect.Parameter.empty}
         names = set(self.public_sig.parameters)
         if isinstance(ignore, str):
             ignore = (ignore,)
@@ -885,10 +900,30 @@ class _Spec:
         assert self.arg_codecs is not None
         return {n: self.arg_codecs[n].decode(v) for n, v in json.loads(text).items()}
 
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Call, Mapping[str, Any]]:
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.simple and len(args) <= len(self.pos_names):
+            arguments = dict(zip(self.pos_names, args, strict=False))
+            ok = True
+            for k, v in kwargs.items():
+                if k in arguments or k not in self.name_set:
+                    ok = False
+                    break
+                arguments[k] = v
+            if ok and len(arguments) < len(self.all_names):
+                for n in self.all_names:
+                    if n not in arguments:
+                        if n not in self.defaults:
+                            ok = False
+                            break
+                        arguments[n] = self.defaults[n]
+            if ok:
+                return arguments
         bound = self.public_sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        arguments = bound.arguments
+        return dict(bound.arguments)
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Call, Mapping[str, Any]]:
+        arguments = self.bind(args, kwargs)
         excluded = self.excluded
         fp_args = {k: v for k, v in arguments.items() if k not in excluded} if excluded else arguments
         if self.key_fn is not None:

@@ -63,12 +63,21 @@ def _normalise(value: Any) -> Any:
     return value
 
 
+# Encoders built once: json.dumps(..., **options) builds a new encoder on every call.
+_canonical = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
+).encode
+_compact = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def canonical_json(value: Any) -> str:
     """The canonical JSON form used for fingerprints: sorted keys, no whitespace, typed extras."""
-    value = _normalise(value)
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
-    )
+    t = type(value)
+    if t is str:
+        return _canonical(value)
+    if t is int or t is bool or value is None:
+        return "null" if value is None else ("true" if value is True else "false") if t is bool else str(value)
+    return _canonical(_normalise(value))
 
 
 def _sha(text: str) -> str:
@@ -89,8 +98,10 @@ def argument_hashes(arguments: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def fingerprint(hashes: Mapping[str, str]) -> str:
-    return _sha(json.dumps(dict(hashes), sort_keys=True, separators=(",", ":")))
+def fingerprint(hashes: Mapping[str, str]) -> tuple[str, str]:
+    """(the per-argument hashes as stored, the fingerprint): a hash of their sorted, compact JSON."""
+    text = _compact(hashes)
+    return text, _sha(text)
 
 
 def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str:
@@ -110,7 +121,7 @@ def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str
 
 def derive_key(scope: str, task_id: str, operation: str) -> str:
     """The record key and downstream key: a fixed-length opaque hash of (scope, task, operation)."""
-    return "ag_" + _sha(json.dumps([scope, task_id, operation], separators=(",", ":")))[:48]
+    return "ag_" + _sha(_compact([scope, task_id, operation]))[:48]
 
 
 def sub_key(key: str, name: str) -> str:

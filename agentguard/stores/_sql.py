@@ -195,6 +195,11 @@ class _Statements:
             f" AND (state IN ('{RUNNING}', '{RELEASED}') OR expires_at < {now})"
             " RETURNING fence, origin"
         )
+        self.release_owned = text(
+            f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE scope = :scope AND key = :key AND owner = :owner"
+            f" AND state = '{RUNNING}' RETURNING fence"
+        )
         self.renew = text(
             f"UPDATE {TABLE} SET lease_until = {now} + :lease, updated_at = {now}"
             f" WHERE {where_fenced} AND state = '{RUNNING}' RETURNING fence"
@@ -315,6 +320,8 @@ class SQLStore:
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._sqlite_synchronous = sqlite_synchronous.upper()
+        if pg_synchronous_commit not in (None, "on", "off", "local", "remote_write", "remote_apply"):
+            raise ValueError("pg_synchronous_commit must be on, off, local, remote_write or remote_apply")
         self._pg_synchronous_commit = pg_synchronous_commit
         self.sql = _Statements(self.dialect)
         self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
@@ -557,6 +564,11 @@ class SQLStore:
             "scope": scope, "key": key, "fence": fence, "state": state, "result": result, "retention": retention,
         }
         return await self._one("storing the result", self.sql.complete, params, body_ran=True) is not None
+
+    async def release_owned(self, scope: str, key: str, owner: str, retention: float) -> bool:
+        """Release the claim a cancelled claimer may or may not have won, recognised by its owner token."""
+        params = {"scope": scope, "key": key, "owner": owner, "retention": retention}
+        return await self._one("releasing the claim", self.sql.release_owned, params, body_ran=None) is not None
 
     async def release(self, scope: str, key: str, fence: int, retention: float) -> bool:
         params = {"scope": scope, "key": key, "fence": fence, "retention": retention}
