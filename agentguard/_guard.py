@@ -523,7 +523,8 @@ class Guard:
         try:
             value = await body(call.key)
         except BaseException as exc:
-            await _recorded(lambda: self._store_call(self._fail(outcome, exc)))
+            claim, error = outcome, exc
+            await _recorded(lambda: self._store_call(self._fail(claim, error)))
             raise
         finally:
             _key.reset(token)
