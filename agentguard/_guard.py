@@ -599,6 +599,17 @@ class Guard:
 
     # -- public entry points --------------------------------------------------------------------------
 
+    def _run_call(
+        self, operation: str, arguments: Mapping[str, Any] | None, key: Mapping[str, Any] | str | None,
+        task_id: str | None, scope: str | None, returns: Any, cache_errors: tuple[type[BaseException], ...],
+        on_conflict: str | None, wait_timeout: float | None, audit: Mapping[str, Any] | None,
+    ) -> _Call:
+        return self._make_call(
+            operation, arguments or {}, key, task_id=task_id, scope=scope, codec=self._codec_for(returns),
+            cache_errors=_check_errors(cache_errors), on_conflict=on_conflict, wait_timeout=wait_timeout,
+            audit=None if audit is None else _codec.dumps(dict(audit)),
+        )
+
     async def run(
         self,
         operation: str,
@@ -619,11 +630,8 @@ class Guard:
         ``body`` receives the downstream key. ``arguments`` are fingerprinted; ``key`` holds the values
         that tell operations apart within a task. ``audit`` is stored beside the record, never in the key.
         """
-        call = self._make_call(
-            operation, arguments or {}, key, task_id=task_id, scope=scope, codec=self._codec_for(returns),
-            cache_errors=_check_errors(cache_errors), on_conflict=on_conflict, wait_timeout=wait_timeout,
-            audit=None if audit is None else _codec.dumps(dict(audit)),
-        )
+        call = self._run_call(operation, arguments, key, task_id, scope, returns, cache_errors, on_conflict,
+                              wait_timeout, audit)
         value, replayed = await self._drive(call, body)
         return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
 
@@ -643,11 +651,8 @@ class Guard:
         audit: Mapping[str, Any] | None = None,
     ) -> Outcome[T]:
         """:meth:`run` for sync code: ``body`` runs in this thread; store calls go to the guard's portal."""
-        call = self._make_call(
-            operation, arguments or {}, key, task_id=task_id, scope=scope, codec=self._codec_for(returns),
-            cache_errors=_check_errors(cache_errors), on_conflict=on_conflict, wait_timeout=wait_timeout,
-            audit=None if audit is None else _codec.dumps(dict(audit)),
-        )
+        call = self._run_call(operation, arguments, key, task_id, scope, returns, cache_errors, on_conflict,
+                              wait_timeout, audit)
         value, replayed = self._drive_sync(call, body)
         return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
 

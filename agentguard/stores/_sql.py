@@ -44,6 +44,7 @@ log = logging.getLogger("agentguard.store")
 T = TypeVar("T")
 
 TABLE = "agentguard_calls"
+_IDLE_MAX = 2  # driver connections kept between hot statements, per event loop
 STEPS = "agentguard_steps"
 
 RUNNING, SUCCEEDED, FAILED, RELEASED = "running", "succeeded", "failed", "released"
@@ -329,6 +330,9 @@ class SQLStore:
         )
         self._schema_ready = False
         self._sql_cache: dict[int, tuple[str, tuple[str, ...]]] = {}
+        # A few driver connections kept checked out between hot statements, per loop: a pool checkout
+        # through SQLAlchemy costs a large share of a one-statement step.
+        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
         # Test seam: awaited between a claim that found an existing row and acting on that row.
         self.after_claim_miss: Callable[[], Awaitable[None]] | None = None
         self._schema_lock: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
@@ -381,6 +385,9 @@ class SQLStore:
     async def dispose(self) -> None:
         """Dispose the engine of the running loop."""
         loop = asyncio.get_running_loop()
+        idle = self._idle.pop(loop, None)
+        while idle:
+            await greenlet_spawn(idle.pop().close)
         engine = self._engines.pop(loop, None)
         if engine is not None:
             await engine.dispose()
@@ -444,23 +451,37 @@ class SQLStore:
         sql, names = self._compiled(stmt, engine)
         args = [params[n] for n in names]
         pg = self.backend == "postgresql"
+        idle = self._idle.get(asyncio.get_running_loop())
+        if idle is None:
+            idle = self._idle[asyncio.get_running_loop()] = []
         for attempt in (1, 2):
-            try:
-                raw = await engine.raw_connection()
-            except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
-                raise self._error(what, exc, body_ran) from exc
+            if idle:
+                raw = idle.pop()
+            else:
+                try:
+                    raw = await engine.raw_connection()
+                except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
+                    raise self._error(what, exc, body_ran) from exc
+            keep = False
             try:
                 drv: Any = raw.driver_connection
                 if pg:
-                    return await drv.fetchrow(sql, *args)
-                rows = await drv.execute_fetchall(sql, args)
-                return rows[0] if rows else None
+                    row = await drv.fetchrow(sql, *args)
+                else:
+                    rows = await drv.execute_fetchall(sql, args)
+                    row = rows[0] if rows else None
+                keep = len(idle) < _IDLE_MAX
+                return row
             except BaseException as exc:
                 if self._connection_lost(exc, raw):
                     # Killed since it was pooled (server restart, pg_terminate_backend): every statement here
                     # is safe to repeat once on a fresh connection (claims carry an owner token, writes are
-                    # fenced).
+                    # fenced). The kept ones are likely dead too: drop them.
                     raw.invalidate()
+                    while idle:
+                        stale = idle.pop()
+                        stale.invalidate()
+                        await greenlet_spawn(stale.close)
                     if attempt == 1 and isinstance(exc, Exception):
                         log.warning("store connection lost during %s; retrying once on a new connection", what)
                         continue
@@ -469,9 +490,12 @@ class SQLStore:
                 raw.invalidate()  # cancelled mid-statement: the connection's state is unknown
                 raise
             finally:
-                # Checked in inside SQLAlchemy's greenlet, so a connection the pool discards (overflow,
-                # invalidated) is closed with an await rather than dropped.
-                await greenlet_spawn(raw.close)
+                if keep:
+                    idle.append(raw)
+                else:
+                    # Checked in inside SQLAlchemy's greenlet, so a connection the pool discards (overflow,
+                    # invalidated) is closed with an await rather than dropped.
+                    await greenlet_spawn(raw.close)
         raise AssertionError("unreachable")
 
     def _connection_lost(self, exc: BaseException, raw: Any) -> bool:
