@@ -38,7 +38,7 @@ from ._errors import (
     MissingTaskError,
     OutcomeUnknownError,
 )
-from ._keys import argument_hashes, derive_key, fingerprint, operation_name
+from ._keys import argument_hashes, derive_key, fingerprint, hashes_json, operation_name
 from ._operation import Operation, Reconcile
 from ._portal import Portal
 from .stores import FAILED, RUNNING, SUCCEEDED, Listing, Record, SQLStore
@@ -100,8 +100,7 @@ class _Call:
     task_id: str
     operation: str
     key: str
-    arg_hashes: dict[str, str]
-    arg_hashes_json: str
+    fp_args: Mapping[str, Any]
     fingerprint: str
     codec: Codec
     cache_errors: tuple[type[BaseException], ...]
@@ -110,6 +109,19 @@ class _Call:
     tool: str
     audit: str | None = None
     arguments: str | None = None  # stored only for resumable tools
+    _hashes: dict[str, str] | None = None
+
+    @property
+    def arg_hashes(self) -> dict[str, str]:
+        """One short hash per argument (stored at the claim, so a reuse error can name what differs);
+        computed only when a claim or an error needs it, never on a cached replay."""
+        if self._hashes is None:
+            self._hashes = argument_hashes(self.fp_args)
+        return self._hashes
+
+    @property
+    def arg_hashes_json(self) -> str:
+        return hashes_json(self.arg_hashes)
 
 
 class _Claim:
@@ -586,13 +598,11 @@ class Guard:
             raise MissingTaskError(f"the task id for {tool!r} must be a non-empty string, got {task_id!r}",
                                    operation=tool)
         scope = scope or "default"
-        hashes = argument_hashes(arguments)
-        hashes_json, fp = fingerprint(hashes)
+        fp = fingerprint(arguments)
         operation = operation_name(tool, key_values)
         return _Call(
             scope=scope, task_id=task_id, operation=operation, key=derive_key(scope, task_id, operation),
-            arg_hashes=hashes, arg_hashes_json=hashes_json, fingerprint=fp, codec=codec,
-            cache_errors=cache_errors,
+            fp_args=arguments, fingerprint=fp, codec=codec, cache_errors=cache_errors,
             on_conflict=on_conflict or self._on_conflict,
             wait_timeout=self._wait_timeout if wait_timeout is None else wait_timeout, tool=tool, audit=audit,
         )

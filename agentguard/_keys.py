@@ -70,6 +70,28 @@ _canonical = json.JSONEncoder(
 _compact = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
+_ascii = json.encoder.encode_basestring_ascii
+_unicode = json.encoder.encode_basestring
+
+
+def _flat(arguments: Mapping[str, Any]) -> str | None:
+    """The canonical JSON of a flat mapping of str/int/bool/None values, built directly (byte-identical
+    to ``canonical_json``), or None when a value needs the general encoder."""
+    parts = []
+    for k in sorted(arguments):
+        v = arguments[k]
+        t = type(v)
+        if t is str:
+            parts.append(f"{_unicode(k)}:{_unicode(v)}")
+        elif t is int:
+            parts.append(f"{_unicode(k)}:{v}")
+        elif v is None or t is bool:
+            parts.append(f"{_unicode(k)}:{'null' if v is None else 'true' if v else 'false'}")
+        else:
+            return None
+    return "{" + ",".join(parts) + "}"
+
+
 def canonical_json(value: Any) -> str:
     """The canonical JSON form used for fingerprints: sorted keys, no whitespace, typed extras."""
     t = type(value)
@@ -98,10 +120,23 @@ def argument_hashes(arguments: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def fingerprint(hashes: Mapping[str, str]) -> tuple[str, str]:
-    """(the per-argument hashes as stored, the fingerprint): a hash of their sorted, compact JSON."""
-    text = _compact(hashes)
-    return text, _sha(text)
+def fingerprint(arguments: Mapping[str, Any]) -> str:
+    """A hash of the canonical JSON of the arguments that affect the outcome (one encode, one hash).
+
+    Raises TypeError naming the argument that has no canonical form.
+    """
+    flat = _flat(arguments)
+    if flat is not None:
+        return _sha(flat)
+    try:
+        return _sha(_canonical(_normalise(dict(arguments))))
+    except (TypeError, ValueError):
+        argument_hashes(arguments)  # names the culprit
+        raise
+
+
+def hashes_json(hashes: Mapping[str, str]) -> str:
+    return _compact(hashes)
 
 
 def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str:
@@ -121,7 +156,8 @@ def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str
 
 def derive_key(scope: str, task_id: str, operation: str) -> str:
     """The record key and downstream key: a fixed-length opaque hash of (scope, task, operation)."""
-    return "ag_" + _sha(_compact([scope, task_id, operation]))[:48]
+    # == _compact([scope, task_id, operation]), without building an encoder
+    return "ag_" + _sha(f"[{_ascii(scope)},{_ascii(task_id)},{_ascii(operation)}]")[:48]
 
 
 def sub_key(key: str, name: str) -> str:
