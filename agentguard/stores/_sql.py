@@ -472,7 +472,7 @@ class SQLStore:
                     row = rows[0] if rows else None
                 keep = len(idle) < _IDLE_MAX
                 return row
-            except BaseException as exc:
+            except Exception as exc:
                 if self._connection_lost(exc, raw):
                     # Killed since it was pooled (server restart, pg_terminate_backend): every statement here
                     # is safe to repeat once on a fresh connection (claims carry an owner token, writes are
@@ -482,14 +482,15 @@ class SQLStore:
                         stale = idle.pop()
                         stale.invalidate()
                         await greenlet_spawn(stale.close)
-                    if attempt == 1 and isinstance(exc, Exception):
+                    if attempt == 1:
                         log.warning("store connection lost during %s; retrying once on a new connection", what)
                         continue
-                if isinstance(exc, Exception):
-                    raise self._error(what, exc, body_ran) from exc
-                raw.invalidate()  # cancelled mid-statement: the connection's state is unknown
-                raise
+                raise self._error(what, exc, body_ran) from exc
             finally:
+                # Cancelled mid-statement (keep is False): both drivers recover the connection by themselves
+                # (asyncpg completes its cancel request before the next query; aiosqlite finishes the
+                # statement on its thread), so it goes back to the pool as it is; terminating it here would
+                # race asyncpg's cancel protocol.
                 if keep:
                     idle.append(raw)
                 else:
