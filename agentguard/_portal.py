@@ -7,6 +7,7 @@ A sync tool runs in its caller's thread; its store calls are sent here instead o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -69,6 +70,10 @@ class Portal:
             self._loop = self._thread = None
         if loop is None or thread is None:
             return
+        if thread is not threading.current_thread():
+            # Let async generators bound to this loop (the store's per-loop closer) finish on it.
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not threading.current_thread():
             thread.join(timeout=10)

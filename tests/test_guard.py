@@ -687,3 +687,30 @@ async def test_audit_is_stored_beside_the_record_and_listed(make_guard: Callable
     await guard.run("create_charge", body, task_id=t, audit={"claudecode/toolUseId": "toolu_02"})
     (rec,) = await guard.records(task_id=t)
     assert rec.audit == {"claudecode/toolUseId": "toolu_01"}  # the first caller's; a replay writes nothing
+
+
+def test_one_guard_across_several_event_loops_leaks_nothing(store_url: str, tmp_path: Any) -> None:
+    """A module-level Guard used from several asyncio.run() calls (or per-test loops): each loop's
+    connections are closed when that loop shuts down; nothing is left open, no ResourceWarning."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "loops.py"
+    script.write_text(
+        "import asyncio, gc, sys\n"
+        "from agentguard import Guard, task\n"
+        "guard = Guard(sys.argv[1])\n"
+        "@guard.once\n"
+        "async def tool(x: int) -> int:\n"
+        "    return x\n"
+        "for i in range(4):\n"
+        "    with task(f'loop-{i}'):\n"
+        "        assert asyncio.run(tool(i)) == i\n"
+        "gc.collect()\n"
+        "print('engines left', len(guard._store._engines))\n"
+    )
+    out = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script), store_url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "engines left 0" in out.stdout
+    assert "ResourceWarning" not in out.stderr and "unclosed" not in out.stderr

@@ -330,6 +330,7 @@ class SQLStore:
         )
         self._schema_ready = False
         self._sql_cache: dict[int, tuple[str, tuple[str, ...]]] = {}
+        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         # A few driver connections kept checked out between hot statements, per loop: a pool checkout
         # through SQLAlchemy costs a large share of a one-statement step.
         self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
@@ -380,7 +381,24 @@ class SQLStore:
         engine = self._engines.get(loop)
         if engine is None:
             engine = self._engines[loop] = self._make_engine()
+            self._close_with(loop)
         return engine
+
+    def _close_with(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Dispose this loop's engine when the loop shuts down (``asyncio.run`` closes its async generators
+        before closing the loop), so a Guard used across several ``asyncio.run`` calls or per-test loops
+        does not leave connections open on dead loops."""
+
+        async def closer() -> AsyncIterator[None]:
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.dispose()
+
+        agen = closer()
+        self._closers[loop] = agen
+        loop.create_task(agen.__anext__())  # type: ignore[arg-type]  # registers it with the loop
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop."""
