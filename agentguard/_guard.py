@@ -139,7 +139,7 @@ class _Claim:
 
 
 class _Replay:
-    __slots__ = ("attempt", "call", "record")
+    __slots__ = ("call", "record")
 
     def __init__(self, call: _Call, record: Record) -> None:
         self.call = call

@@ -205,13 +205,17 @@ class _Statements:
             f"UPDATE {TABLE} SET lease_until = {now} + :lease, updated_at = {now}"
             f" WHERE {where_fenced} AND state = '{RUNNING}' RETURNING fence"
         )
+        # Both are idempotent for the fence that holds the claim (a recording redone after a cancellation
+        # finds its own earlier write), and refuse any other fence.
         self.complete = text(
             f"UPDATE {TABLE} SET state = :state, result = :result, lease_until = NULL, updated_at = {now},"
-            f" expires_at = {now} + :retention WHERE {where_fenced} AND state = '{RUNNING}' RETURNING fence"
+            f" expires_at = {now} + :retention WHERE {where_fenced}"
+            f" AND (state = '{RUNNING}' OR (state = :state AND result = :result)) RETURNING fence"
         )
         self.release = text(
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
-            f" expires_at = {now} + :retention WHERE {where_fenced} AND state = '{RUNNING}' RETURNING fence"
+            f" expires_at = {now} + :retention WHERE {where_fenced} AND state IN ('{RUNNING}', '{RELEASED}')"
+            " RETURNING fence"
         )
         # Bounded batches; the outer predicate is re-checked on rows changed meanwhile (a takeover
         # between the sub-select and the delete refreshes expires_at, so it is not deleted).
