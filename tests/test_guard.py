@@ -714,3 +714,30 @@ def test_one_guard_across_several_event_loops_leaks_nothing(store_url: str, tmp_
     assert out.returncode == 0, out.stderr
     assert "engines left 0" in out.stdout
     assert "ResourceWarning" not in out.stderr and "unclosed" not in out.stderr
+
+
+async def test_heartbeat_keeps_a_long_call_its_claim(make_guard: Callable[..., Guard]) -> None:
+    """A body that runs for several leases is renewed, never taken over while its worker is alive."""
+    guard = make_guard(lease=0.6)
+    other = make_guard(lease=0.6, on_conflict="raise")
+    runs = 0
+    events: list[str] = []
+
+    async def body(n: int) -> int:
+        nonlocal runs
+        runs += 1
+        await asyncio.sleep(2.0)  # more than three leases
+        return n
+
+    slow = guard.once(operation="slow")(body)
+    probe = other.once(operation="slow")(body)
+    with task(tid()):
+        first = asyncio.create_task(slow(1))
+        for _ in range(3):
+            await asyncio.sleep(0.5)
+            with pytest.raises(InProgressError):
+                await probe(1)  # the lease is live each time: no takeover
+            events.append("refused")
+        assert await first == 1
+        assert await probe(1) == 1  # replayed
+    assert runs == 1 and events == ["refused"] * 3
