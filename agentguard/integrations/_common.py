@@ -10,7 +10,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
 from .._context import DEFAULT_SCOPE, TaskInfo, current_task, task
 from .._errors import (
@@ -322,3 +322,57 @@ def run_sync(
         cache_errors=cache_errors,
     )
     return out.value, out.replayed
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def raise_refusal(exc: GuardError) -> NoReturn:
+    """Workflow engines have no model to talk to: a refusal is raised as the GuardError it is."""
+    raise exc
+
+
+class EngineOnce(Protocol):
+    def __call__(
+        self,
+        guard: Guard,
+        *,
+        key: KeyArg = None,
+        operation: str | None = None,
+        ignore: Sequence[str] = (),
+        cache_errors: tuple[type[BaseException], ...] = (),
+        inject: str | None = "idempotency_key",
+        task_id: TaskIdFrom | None = None,
+        scope: str | None = None,
+    ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]: ...
+
+
+def engine_once(*, get_context: Callable[[], Any], fallback: Callable[[Any], Any], hint: str, doc: str) -> EngineOnce:
+    """The ``once`` of a workflow engine (DBOS, Temporal): ``guard.once`` whose task id falls back to the
+    engine's stable workflow id, with refusals raised."""
+
+    def once(
+        guard: Guard,
+        *,
+        key: KeyArg = None,
+        operation: str | None = None,
+        ignore: Sequence[str] = (),
+        cache_errors: tuple[type[BaseException], ...] = (),
+        inject: str | None = "idempotency_key",
+        task_id: TaskIdFrom | None = None,
+        scope: str | None = None,
+    ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+        def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+            wrapped: Callable[_P, _R] = adapt(
+                guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors,
+                inject=inject, task_id=task_id, scope=scope, context_names=(),
+                get_context=lambda _arguments: get_context(), fallback=fallback, hint=hint,
+                refuse=raise_refusal,
+            )
+            return wrapped
+
+        return decorate
+
+    once.__doc__ = doc
+    return once

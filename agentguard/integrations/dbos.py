@@ -16,15 +16,9 @@ Refusals are raised as the :class:`agentguard.GuardError` they are: there is no 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any
 
-from .._errors import GuardError
-from .._guard import Guard
-from ._common import KeyArg, adapt
-
-P = ParamSpec("P")
-R = TypeVar("R")
+from ._common import engine_once
 
 
 def workflow_id(_context: Any = None) -> str | None:
@@ -37,32 +31,12 @@ def workflow_id(_context: Any = None) -> str | None:
         return None
 
 
-def _raise(exc: GuardError) -> NoReturn:
-    raise exc
-
-
-def once(
-    guard: Guard,
-    *,
-    key: KeyArg = None,
-    operation: str | None = None,
-    ignore: Sequence[str] = (),
-    cache_errors: tuple[type[BaseException], ...] = (),
-    inject: str | None = "idempotency_key",
-    task_id: Callable[[None], str] | None = None,
-    scope: str | None = None,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """``guard.once`` whose task id falls back to the DBOS workflow id; place it under ``@DBOS.step()``."""
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        wrapped: Callable[P, R] = adapt(
-            guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
-            task_id=task_id, scope=scope, context_names=(), get_context=lambda _arguments: None,
-            fallback=workflow_id, hint="this is not running inside a DBOS workflow", refuse=_raise,
-        )
-        return wrapped
-
-    return decorate
+once = engine_once(
+    get_context=lambda: None,
+    fallback=workflow_id,
+    hint="this is not running inside a DBOS workflow",
+    doc="``guard.once`` whose task id falls back to the DBOS workflow id; place it under ``@DBOS.step()``.",
+)
 
 
 __all__ = ["once", "workflow_id"]

@@ -15,15 +15,9 @@ your retry policy if a retry cannot change the answer (``KeyReuseError``, ``Miss
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any
 
-from .._errors import GuardError
-from .._guard import Guard
-from ._common import KeyArg, adapt
-
-P = ParamSpec("P")
-R = TypeVar("R")
+from ._common import engine_once
 
 
 def activity_info() -> Any:
@@ -44,32 +38,12 @@ def workflow_id(info: Any = None) -> str | None:
     return getattr(info, "workflow_id", None) if info is not None else None
 
 
-def _raise(exc: GuardError) -> NoReturn:
-    raise exc
-
-
-def once(
-    guard: Guard,
-    *,
-    key: KeyArg = None,
-    operation: str | None = None,
-    ignore: Sequence[str] = (),
-    cache_errors: tuple[type[BaseException], ...] = (),
-    inject: str | None = "idempotency_key",
-    task_id: Callable[[Any], str] | None = None,
-    scope: str | None = None,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """``guard.once`` whose task id falls back to the Temporal workflow id; place it under ``@activity.defn``."""
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        wrapped: Callable[P, R] = adapt(
-            guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
-            task_id=task_id, scope=scope, context_names=(), get_context=lambda _arguments: activity_info(),
-            fallback=workflow_id, hint="this is not running inside a Temporal activity", refuse=_raise,
-        )
-        return wrapped
-
-    return decorate
+once = engine_once(
+    get_context=activity_info,
+    fallback=workflow_id,
+    hint="this is not running inside a Temporal activity",
+    doc="``guard.once`` whose task id falls back to the Temporal workflow id; place it under ``@activity.defn``.",
+)
 
 
 __all__ = ["once", "workflow_id"]
