@@ -28,6 +28,8 @@ class ReplayCache:
         if not self.maxsize:
             return None
         k = (scope, key)
+        if k not in self._entries:  # a miss (every first call) needs no lock
+            return None
         with self._lock:
             entry = self._entries.get(k)
             if entry is None:
@@ -43,11 +45,13 @@ class ReplayCache:
         if not self.maxsize or deadline <= time.monotonic():
             return
         k = (record.scope, record.key)
+        entries = self._entries
         with self._lock:
-            self._entries[k] = (deadline, record)
-            self._entries.move_to_end(k)
-            while len(self._entries) > self.maxsize:
-                self._entries.popitem(last=False)
+            if k in entries:
+                entries.move_to_end(k)
+            entries[k] = (deadline, record)
+            while len(entries) > self.maxsize:
+                entries.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:

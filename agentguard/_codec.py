@@ -14,6 +14,7 @@ import decimal
 import enum
 import importlib
 import json
+import json.scanner
 import math
 import uuid
 from collections.abc import Callable
@@ -84,12 +85,58 @@ def _hook(d: dict[str, Any]) -> Any:
     return _UNTAG[tag](d["v"])
 
 
-_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_decode = json.JSONDecoder(object_hook=_hook).decode
+def encoder(*, sort_keys: bool = False, ensure_ascii: bool = False, allow_nan: bool = True,
+            default: Callable[[Any], Any] | None = None) -> Callable[[Any], str]:
+    """A compact JSON encoder built once: ``json.JSONEncoder.encode`` builds its C encoder on every call,
+    which costs more than encoding a small value. No circular-reference check (a self-referring value
+    raises RecursionError instead of ValueError)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return json.JSONEncoder(separators=(",", ":"), sort_keys=sort_keys, ensure_ascii=ensure_ascii,
+                                allow_nan=allow_nan, default=default).encode
+
+    def refuse(obj: Any) -> Any:
+        raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+    strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
+    c_encode = make(None, default or refuse, strings, None, ":", ",", sort_keys, False, allow_nan)
+    join = "".join
+
+    def encode(obj: Any) -> str:
+        return join(c_encode(obj, 0))
+
+    return encode
+
+
+_encode = encoder()
+_decode_tagged = json.JSONDecoder(object_hook=_hook).decode
+_scan_plain = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed: a decoder is what it takes
+_TAG_KEY = f'"{_TAG}"'
+
+
+def _decode(text: str) -> Any:
+    """Our stored JSON back to values. Text with no ``"$ag"`` in it has no tag (the encoder writes that key
+    literally): the C scanner alone reads it, without a hook call per object."""
+    if _TAG_KEY not in text:
+        try:
+            value, end = _scan_plain(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return value
+    return _decode_tagged(text)
+
+
+# Plain JSON values only (no NaN, no types JSON lacks): the fast path of Codec.store.
+_plain = encoder(allow_nan=False)
 
 
 def dumps(obj: Any, *, typed: bool = False) -> str:
-    return _encode(_tag(obj, typed=typed))
+    try:
+        return _encode(_tag(obj, typed=typed))
+    except RecursionError:
+        raise ValueError("the value is too deeply nested (or refers to itself) to be stored") from None
 
 
 def loads(text: str) -> Any:
@@ -132,6 +179,29 @@ class Codec:
     def decode(self, text: str) -> Any:
         raw = loads(text)
         return raw if self._adapter is None else self._adapter.validate_python(raw)
+
+    def store(self, value: Any) -> tuple[str, Any]:
+        """``(encode(value), decode(encode(value)))``: the text to store and what every caller receives.
+
+        A value that is plain JSON already (str-keyed dicts, lists, str, int, finite float, bool, None, and
+        no dict that looks like a tag) is written by the C encoder alone and read back once: that read is
+        both the proof that nothing was lost (it compares equal, and a tuple, a non-string key or a tag
+        never would) and the decoded value. Anything else takes the general path of ``encode``.
+        """
+        try:
+            text = _plain(value)
+            raw = _decode(text)
+        except (TypeError, ValueError, KeyError, RecursionError):
+            raw = text = None
+        if text is not None and raw == value:
+            if self._adapter is None:
+                return text, raw
+            try:
+                return text, self._adapter.validate_python(raw)
+            except Exception:  # not of the annotated type: the general path coerces it, or says why not
+                pass
+        text = self.encode(value)
+        return text, self.decode(text)
 
 
 def encode_error(exc: BaseException) -> str:

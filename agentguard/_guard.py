@@ -12,13 +12,14 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
 import json
 import logging
 import os
 import random
-import secrets
 import time
 import typing
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -55,6 +56,28 @@ DEFAULT_RETENTION = timedelta(days=7)
 _UNSET: Any = object()
 _active_claim: contextvars.ContextVar[_Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
 _MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
+
+
+# Owner tokens must be unique across every process of a fleet (a claimer recognises its own lost-reply
+# claim by it): a random per-process prefix, renewed in a forked child, and a counter. Fences only need to
+# start at an unpredictable point per key: a PRNG seeded from the OS, reseeded in a forked child.
+_rng = random.Random()
+_owner_prefix = os.urandom(6).hex()
+_owner_count = itertools.count()
+
+
+def _after_fork() -> None:
+    global _owner_prefix
+    _owner_prefix = os.urandom(6).hex()
+    _rng.seed(os.urandom(16))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _owner_token() -> str:
+    return f"{_owner_prefix}{next(_owner_count):x}"
 
 EventKind = Literal[
     "claimed", "completed", "replayed", "takeover", "released", "waiting", "key_reuse", "lease_lost",
@@ -110,6 +133,7 @@ class _Call:
     audit: str | None = None
     arguments: str | None = None  # stored only for resumable tools
     _hashes: dict[str, str] | None = None
+    _hashes_json: str | None = None
 
     @property
     def arg_hashes(self) -> dict[str, str]:
@@ -121,21 +145,58 @@ class _Call:
 
     @property
     def arg_hashes_json(self) -> str:
-        return hashes_json(self.arg_hashes)
+        if self._hashes_json is None:
+            self._hashes_json = hashes_json(self.arg_hashes)
+        return self._hashes_json
 
 
 class _Claim:
-    __slots__ = ("attempt", "call", "fence", "origin", "renewal", "stopped", "timer")
+    __slots__ = ("attempt", "beat", "call", "fence", "origin", "renewal", "renewed")
 
     def __init__(self, call: _Call, fence: int, attempt: int, origin: int) -> None:
         self.call = call
         self.fence = fence
         self.attempt = attempt
         self.origin = origin
-        self.stopped = False
-        # The heartbeat is a timer, not a task: nothing runs unless the body outlives lease/3.
-        self.timer: asyncio.TimerHandle | None = None
+        self.beat: _Heartbeat | None = None
+        self.renewed = 0.0  # loop time of the claim or of its last renewal
         self.renewal: asyncio.Task[None] | None = None
+
+
+class _Heartbeat:
+    """One timer per guard and event loop renews every claim held there whose lease is a third spent.
+
+    A claim costs a dict insert and a dict delete; nothing runs unless some body outlives lease/3. The
+    timer ticks every lease/6 while claims are held, so a lease is renewed before half of it is spent.
+    """
+
+    __slots__ = ("claims", "guard", "loop", "timer")
+
+    def __init__(self, guard: Guard, loop: asyncio.AbstractEventLoop) -> None:
+        self.guard = guard
+        self.loop = weakref.ref(loop)  # weak: it is the value of a WeakKeyDictionary keyed by the loop
+        self.claims: dict[_Claim, None] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, claim: _Claim, loop: asyncio.AbstractEventLoop) -> None:
+        claim.beat = self
+        claim.renewed = loop.time()
+        self.claims[claim] = None
+        if self.timer is None:
+            self.timer = loop.call_later(self.guard._lease / 6, self._tick)
+
+    def _tick(self) -> None:
+        self.timer = None
+        if not self.claims:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = now - self.guard._lease / 3
+        for claim in list(self.claims):
+            if claim.renewed <= due and (claim.renewal is None or claim.renewal.done()):
+                claim.renewed = now
+                claim.renewal = loop.create_task(self.guard._renew(claim))
+        self.timer = loop.call_later(self.guard._lease / 6, self._tick)
 
 
 class _Replay:
@@ -238,6 +299,8 @@ class Guard:
         self._codecs: dict[Any, Codec] = {}
         self._cache = ReplayCache(cache_size)
         self._resumable: dict[str, Callable[..., Any]] = {}
+        self._beats: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Heartbeat] = weakref.WeakKeyDictionary()
+        self._beat: _Heartbeat | None = None
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -329,31 +392,32 @@ class Guard:
 
     def _claimed(self, call: _Call, fence: int, attempt: int, origin: int) -> _Claim:
         claim = _Claim(call, fence, attempt, origin)
-        claim.timer = asyncio.get_running_loop().call_later(self._lease / 3, self._heartbeat, claim)
+        loop = asyncio.get_running_loop()
+        beat = self._beat
+        if beat is None or beat.loop() is not loop:
+            beat = self._beats.get(loop)
+            if beat is None:
+                beat = self._beats[loop] = _Heartbeat(self, loop)
+            self._beat = beat  # the loop of the last claim: a cheap check for the next one
+        beat.add(claim, loop)
         return claim
 
-    def _heartbeat(self, claim: _Claim) -> None:
-        # A lease is not a lock: renew it while the body runs; every write stays fenced anyway.
-        if not claim.stopped:
-            claim.renewal = asyncio.get_running_loop().create_task(self._renew(claim))
-
     async def _renew(self, claim: _Claim) -> None:
+        # A lease is not a lock: renew it while the body runs; every write stays fenced anyway.
         call = claim.call
         try:
             if not await self._store.renew(call.scope, call.key, claim.fence, self._lease):
                 self._emit("lease_lost", call, claim.attempt, "renewal found the claim taken over")
-                return
         except GuardError as exc:
             log.warning("could not renew the lease of %s: %s", call.operation, exc)
-        if not claim.stopped:
-            claim.timer = asyncio.get_running_loop().call_later(self._lease / 3, self._heartbeat, claim)
 
-    async def _stop_heartbeat(self, claim: _Claim) -> None:
-        claim.stopped = True
-        if claim.timer is not None:
-            claim.timer.cancel()
-        if claim.renewal is not None and not claim.renewal.done():
-            await claim.renewal  # one statement in flight at most
+    @staticmethod
+    def _stop_heartbeat(claim: _Claim) -> asyncio.Task[None] | None:
+        """Stop renewing; returns the renewal still in flight (one statement at most), to be awaited."""
+        if claim.beat is not None:
+            claim.beat.claims.pop(claim, None)
+        renewal = claim.renewal
+        return renewal if renewal is not None and not renewal.done() else None
 
     def _reuse_error(self, call: _Call, rec: Record) -> KeyReuseError:
         try:
@@ -389,26 +453,22 @@ class Guard:
     def _remember(self, claim: _Claim, state: str, stored: str, started: float) -> None:
         call = claim.call
         if self._cache.maxsize:
-            rec = Record(
-                scope=call.scope, key=call.key, state=state, fence=claim.fence, fingerprint=call.fingerprint,
-                arg_hashes=call.arg_hashes_json, result=stored, attempts=claim.attempt,
-                owner=None, task_id=call.task_id, operation=call.operation, live=False, expired=False,
-                ttl=self._retention,
-            )
+            rec = Record(call.scope, call.key, state, claim.fence, call.fingerprint, call.arg_hashes_json, stored,
+                         claim.attempt, None, call.task_id, call.operation, False, False, self._retention,
+                         claim.origin)
             self._cache.put(rec, started + self._retention)
 
     async def _begin(self, call: _Call) -> _Claim | _Replay:
         store = self._store
-        owner = secrets.token_hex(8)
+        owner = _owner_token()
         params: dict[str, Any] = {
             "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
             "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json,
             "owner": owner, "lease": self._lease, "retention": self._retention, "audit": call.audit,
             "tool": call.tool, "arguments": call.arguments,
             # Fences start at a random point so they never repeat for a key, not even after a sweep.
-            "fence": secrets.randbits(62),
+            "fence": _rng.getrandbits(62),
         }
-        loop = asyncio.get_running_loop()
         deadline: float | None = None
         delay, vanished = 0.01, 0
         while True:
@@ -458,7 +518,7 @@ class Guard:
                 continue  # another caller took it first: look again
             if call.on_conflict == "raise":
                 raise self._in_progress(call, rec, "on_conflict='raise'")
-            now = loop.time()
+            now = asyncio.get_running_loop().time()
             if deadline is None:
                 deadline = now + call.wait_timeout if call.wait_timeout is not None else float("inf")
                 self._emit("waiting", call, rec.attempts)
@@ -475,9 +535,10 @@ class Guard:
 
     async def _succeed(self, claim: _Claim, value: Any) -> Any:
         call = claim.call
-        await self._stop_heartbeat(claim)
+        if (renewal := self._stop_heartbeat(claim)) is not None:
+            await renewal
         try:
-            encoded = call.codec.encode(value)
+            encoded, decoded = call.codec.store(value)
         except (TypeError, ValueError) as exc:
             self._emit("not_stored", call, claim.attempt, str(exc))
             raise GuardError(
@@ -491,7 +552,7 @@ class Guard:
             raise self._lease_lost(call, claim)
         self._remember(claim, SUCCEEDED, encoded, started)
         self._emit("completed", call, claim.attempt)
-        return call.codec.decode(encoded)
+        return decoded
 
     def _lease_lost(self, call: _Call, claim: _Claim) -> LeaseLostError:
         self._emit("lease_lost", call, claim.attempt, "result refused")
@@ -503,7 +564,8 @@ class Guard:
 
     async def _fail(self, claim: _Claim, exc: BaseException) -> None:
         call = claim.call
-        await self._stop_heartbeat(claim)
+        if (renewal := self._stop_heartbeat(claim)) is not None:
+            await renewal
         if isinstance(exc, Exception) and call.cache_errors and isinstance(exc, call.cache_errors):
             stored = _codec.encode_error(exc)
             started = time.monotonic()
@@ -525,23 +587,36 @@ class Guard:
 
     # -- drivers --------------------------------------------------------------------------------------
 
-    async def _drive(self, call: _Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
+    async def _drive(
+        self, call: _Call, body: Callable[[str], Awaitable[T]], *, multi_step: bool = False
+    ) -> tuple[T, bool]:
+        memory = self._store.memory
         outcome: _Claim | _Replay | None = self._cached(call)
         if outcome is None:
-            outcome = await self._store_call(self._begin(call))
+            outcome = await (self._portal.arun(self._begin(call)) if memory else self._begin(call))
         if isinstance(outcome, _Replay):
             return outcome.result(), True
-        token, claim_token = _key.set(call.key), _active_claim.set(outcome)
+        claim = outcome
+        token = _key.set(call.key)
+        claim_token = _active_claim.set(claim) if multi_step else None  # for the Operation parameter
         try:
             value = await body(call.key)
         except BaseException as exc:
-            claim, error = outcome, exc
-            await _recorded(lambda: self._store_call(self._fail(claim, error)))
+            await _recorded(self._on_store(memory, self._fail, claim, exc))
             raise
         finally:
             _key.reset(token)
-            _active_claim.reset(claim_token)
-        return await _recorded(lambda: self._store_call(self._succeed(outcome, value))), False
+            if claim_token is not None:
+                _active_claim.reset(claim_token)
+        return await _recorded(self._on_store(memory, self._succeed, claim, value)), False
+
+    def _on_store(
+        self, memory: bool, step: Callable[[_Claim, Any], Coroutine[Any, Any, T]], claim: _Claim, arg: Any
+    ) -> Callable[[], Awaitable[T]]:
+        """A recording step, as a factory (``_recorded`` may run it twice), on the loop the store lives on."""
+        if memory:
+            return lambda: self._portal.arun(step(claim, arg))
+        return functools.partial(step, claim, arg)
 
     def _drive_sync(self, call: _Call, body: Callable[[str], T]) -> tuple[T, bool]:
         portal = self._portal
@@ -600,11 +675,11 @@ class Guard:
         scope = scope or "default"
         fp = fingerprint(arguments)
         operation = operation_name(tool, key_values)
+        # (positional: this is on every call's path)
         return _Call(
-            scope=scope, task_id=task_id, operation=operation, key=derive_key(scope, task_id, operation),
-            fp_args=arguments, fingerprint=fp, codec=codec, cache_errors=cache_errors,
-            on_conflict=on_conflict or self._on_conflict,
-            wait_timeout=self._wait_timeout if wait_timeout is None else wait_timeout, tool=tool, audit=audit,
+            scope, task_id, operation, derive_key(scope, task_id, operation), arguments, fp, codec, cache_errors,
+            on_conflict or self._on_conflict, self._wait_timeout if wait_timeout is None else wait_timeout, tool,
+            audit,
         )
 
     # -- public entry points --------------------------------------------------------------------------
@@ -744,7 +819,7 @@ class Guard:
             with _task_ctx(task_id, scope=scope):
                 call, _ = spec.call((), kwargs)
                 value, replayed = await self._drive(
-                    call, functools.partial(spec.invoke, (), kwargs, kwargs)
+                    call, functools.partial(spec.invoke, (), kwargs, kwargs), multi_step=spec.op_param is not None
                 )
             done.append(Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope))
         return done
@@ -976,12 +1051,14 @@ class _Spec:
 
     def wrapper(self) -> Any:
         fn, guard, spec = self.fn, self.guard, self
+        multi_step = self.op_param is not None
 
         if self.is_async:
 
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 call, arguments = spec.call(args, kwargs)
-                value, _ = await guard._drive(call, lambda key: spec.invoke(args, kwargs, arguments, key))
+                value, _ = await guard._drive(call, lambda key: spec.invoke(args, kwargs, arguments, key),
+                                              multi_step=multi_step)
                 return value
 
             wrapper: Any = async_wrapper

@@ -20,6 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ._codec import encoder
+
 
 def _default(obj: Any) -> Any:
     # Only called for values json cannot encode natively; each branch yields a stable, typed form.
@@ -64,10 +66,8 @@ def _normalise(value: Any) -> Any:
 
 
 # Encoders built once: json.dumps(..., **options) builds a new encoder on every call.
-_canonical = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
-).encode
-_compact = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+_canonical = encoder(sort_keys=True, allow_nan=False, default=_default)
+_compact = encoder(sort_keys=True, ensure_ascii=True)
 
 
 _ascii = json.encoder.encode_basestring_ascii
@@ -96,7 +96,7 @@ def canonical_json(value: Any) -> str:
     """The canonical JSON form used for fingerprints: sorted keys, no whitespace, typed extras."""
     t = type(value)
     if t is str:
-        return _canonical(value)
+        return _unicode(value)  # what the encoder writes for a str
     if t is int or t is bool or value is None:
         return "null" if value is None else ("true" if value is True else "false") if t is bool else str(value)
     return _canonical(_normalise(value))
@@ -115,6 +115,8 @@ def argument_hashes(arguments: Mapping[str, Any]) -> dict[str, str]:
     for name, value in arguments.items():
         try:
             out[name] = _sha(canonical_json(value))[:24]
+        except RecursionError:
+            raise TypeError(f"argument {name!r} cannot be fingerprinted: it refers to itself") from None
         except (TypeError, ValueError) as exc:
             raise TypeError(f"argument {name!r} cannot be fingerprinted: {exc}") from None
     return out
@@ -130,13 +132,14 @@ def fingerprint(arguments: Mapping[str, Any]) -> str:
         return _sha(flat)
     try:
         return _sha(_canonical(_normalise(dict(arguments))))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         argument_hashes(arguments)  # names the culprit
         raise
 
 
 def hashes_json(hashes: Mapping[str, str]) -> str:
-    return _compact(hashes)
+    # == _compact(hashes) (sorted keys, ASCII escapes; the values are hex), without the encoder's setup
+    return "{" + ",".join(f'{_ascii(k)}:"{hashes[k]}"' for k in sorted(hashes)) + "}"
 
 
 def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str:

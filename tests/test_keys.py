@@ -11,7 +11,19 @@ import string
 from decimal import Decimal
 from typing import Any
 
-from agentguard._keys import _canonical, _flat, _normalise, derive_key, fingerprint, operation_name, sub_key
+from agentguard._keys import (
+    _canonical,
+    _compact,
+    _flat,
+    _normalise,
+    argument_hashes,
+    canonical_json,
+    derive_key,
+    fingerprint,
+    hashes_json,
+    operation_name,
+    sub_key,
+)
 
 
 def test_formats_are_pinned() -> None:
@@ -48,3 +60,8 @@ def test_fast_paths_match_the_canonical_encoder() -> None:
         parts = [str(_random_value(rng)) for _ in range(3)]
         general = json.dumps(parts, separators=(",", ":"))
         assert derive_key(*parts) == "ag_" + hashlib.sha256(general.encode()).hexdigest()[:48]
+        hashes = argument_hashes(args)
+        assert hashes_json(hashes) == _compact(hashes)
+        for value in args.values():
+            if isinstance(value, str):
+                assert canonical_json(value) == _canonical(value)

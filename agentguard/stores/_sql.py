@@ -15,7 +15,7 @@ import os
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -99,8 +99,9 @@ steps = Table(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """A stored call, as the state machine sees it (immutable; cheap to build on the hot path)."""
+
     scope: str
     key: str
     state: str
@@ -142,11 +143,10 @@ def _audit(text_: str) -> dict[str, Any] | None:
 
 
 def _record(scope: str, key: str, row: Sequence[Any]) -> Record:
-    return Record(
-        scope=scope, key=key, state=row[0], fence=int(row[1]), fingerprint=row[2], arg_hashes=row[3],
-        result=row[4], attempts=int(row[5]), owner=row[6], task_id=row[7], operation=row[8],
-        live=bool(row[9]), expired=bool(row[10]), ttl=float(row[11]), origin=int(row[12]),
-    )
+    # scope, key, state, fence, fingerprint, arg_hashes, result, attempts, owner, task_id, operation, live,
+    # expired, ttl, origin
+    return Record(scope, key, row[0], int(row[1]), row[2], row[3], row[4], int(row[5]), row[6], row[7], row[8],
+                  bool(row[9]), bool(row[10]), float(row[11]), int(row[12]))
 
 
 class _Statements:
