@@ -142,7 +142,11 @@ def _spy(g: Guard, log: list[tuple[str, dict[str, Any]]]) -> None:
         raise SystemExit("benchmarks: SQLStore._one is gone; update benchmarks/_common.observe")
 
     async def one_spy(what: str, stmt: Any, params: dict[str, Any], **kw: Any) -> Any:
-        log.append((" ".join(str(getattr(stmt, "text", stmt)).split()), dict(params)))
+        sql = " ".join(str(getattr(stmt, "text", stmt)).split())
+        then = kw.get("then")
+        if then is not None:  # SQLite: a read, and an insert only if it found nothing, in one thread hop
+            sql += " ;THEN " + " ".join(str(getattr(then, "text", then)).split())
+        log.append((sql, dict(params)))
         return await one(what, stmt, params, **kw)
 
     store._one = one_spy  # type: ignore[union-attr]
@@ -172,6 +176,8 @@ async def observe(url: str, **guard_kw: Any) -> Observed:
 
 def verb(sql: str) -> str:
     """A short name for a statement: ``INSERT``, ``UPDATE``, ``SELECT``, ``WITH ... INSERT`` (claim-or-fetch)."""
+    if " ;THEN INSERT" in sql:
+        return "read-or-claim (SELECT, then INSERT only if absent: one thread hop)"
     words = sql.split()
     head = words[0].upper() if words else "?"
     if head == "WITH":

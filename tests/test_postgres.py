@@ -12,6 +12,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from agentguard import Guard, GuardEvent, StoreError, task
+from agentguard.stores._sql import CLAIM_FUNCTION
 
 from conftest import PG_URL, pg_dsn
 
@@ -110,7 +111,9 @@ def log_statements(guard: Guard) -> list[str]:
     engine = guard._store.engine()
 
     def on_connect(dbapi_conn: Any, record: Any) -> None:
-        dbapi_conn.driver_connection.add_query_logger(lambda q: statements.append(q.query.split()[0]))
+        dbapi_conn.driver_connection.add_query_logger(
+            lambda q: statements.append("CLAIM" if CLAIM_FUNCTION in q.query else q.query.split()[0])
+        )
 
     event.listen(engine.sync_engine, "connect", on_connect)
     return statements
@@ -146,10 +149,10 @@ async def test_each_step_is_one_round_trip(store_url: str) -> None:
                 await flaky(1)
             await logged()
             retried = list(statements)
-    assert first == ["WITH", "UPDATE"]  # claim, complete
-    assert replay == ["WITH"]  # claim-or-fetch finds the completed record (in-process cache off)
-    assert failed == ["WITH", "UPDATE"]  # claim, release
-    assert retried == ["WITH", "UPDATE", "UPDATE"]  # claim-or-fetch, take over, release
+    assert first == ["CLAIM", "UPDATE"]  # read-or-claim, complete
+    assert replay == ["CLAIM"]  # read-or-claim finds the completed record (in-process cache off)
+    assert failed == ["CLAIM", "UPDATE"]  # claim, release
+    assert retried == ["CLAIM", "UPDATE", "UPDATE"]  # read-or-claim, take over, release
 
 
 async def test_a_cached_replay_costs_no_statement(store_url: str) -> None:

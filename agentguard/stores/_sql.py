@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import weakref
@@ -170,16 +171,17 @@ class _Statements:
             f" expires_at - {now} AS ttl, origin"
         )
         self.read = text(f"SELECT {columns} FROM {TABLE} WHERE scope = :scope AND key = :key")
-        # Postgres: claim-or-fetch in one round trip. The SELECT branch sees the statement's snapshot, so
-        # it finds nothing when the conflicting row was committed by a racing insert after we started;
-        # the caller then reads again (a new snapshot).
+        # Postgres: read-or-claim in one round trip, through a function (made with the schema): it reads
+        # first, so a replay costs about one SELECT (a writable CTE costs half as much again), and inserts
+        # only when there was nothing to read. Each statement in it takes a new snapshot (READ COMMITTED),
+        # so a racing insert that wins between its read and its insert is read on its next turn.
         self.claim_or_fetch: Any = None
+        self.claim_function: str | None = None
         if d.name == "postgresql":
+            self.claim_function = _pg_claim_function(now)
             self.claim_or_fetch = text(
-                "WITH ins AS (" + str(self.claim.text) + ")"
-                " SELECT 1 AS claimed, fence, NULL, NULL, NULL, NULL, 1, NULL, NULL, NULL, 0, 0, 0.0, fence FROM ins"
-                f" UNION ALL SELECT 0, {columns.replace('state, fence', 'fence, state', 1)}"
-                f" FROM {TABLE} WHERE scope = :scope AND key = :key AND NOT EXISTS (SELECT 1 FROM ins)"
+                f"SELECT * FROM {CLAIM_FUNCTION}(:scope, :key, :task_id, :operation, :fingerprint, :arg_hashes,"
+                " :fence, :tool, :arguments, :owner, :lease, :retention, :audit)"
             )
         # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
         # released, lease expired, or past retention (then it restarts as a new operation: reset = 1).
@@ -280,6 +282,90 @@ class _Statements:
         )
 
 
+CLAIM_FUNCTION = f"{TABLE}_claim_v1"  # versioned: a changed body gets a new name, never a silent swap
+
+
+def _pg_claim_function(now: str) -> str:
+    """(claimed, fence, state, fingerprint, arg_hashes, result, attempts, owner, task_id, operation, live,
+    expired, ttl, origin): claimed = 1 with our fence, or 0 with the existing record; no row if the record
+    kept vanishing between read and insert (the caller retries, bounded)."""
+    return f"""
+CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION}(
+  p_scope text, p_key text, p_task_id text, p_operation text, p_fingerprint text, p_arg_hashes text,
+  p_fence bigint, p_tool text, p_arguments text, p_owner text, p_lease float8, p_retention float8, p_audit text)
+RETURNS TABLE (claimed int, fence bigint, state text, fingerprint text, arg_hashes text, result text,
+  attempts int, owner text, task_id text, operation text, live int, expired int, ttl float8, origin bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+#variable_conflict use_column
+BEGIN
+  FOR i IN 1..3 LOOP
+    RETURN QUERY SELECT 0, c.fence, c.state::text, c.fingerprint::text, c.arg_hashes, c.result, c.attempts,
+        c.owner::text, c.task_id, c.operation,
+        CASE WHEN c.state = '{RUNNING}' AND c.lease_until > {now} THEN 1 ELSE 0 END,
+        CASE WHEN c.expires_at < {now} THEN 1 ELSE 0 END, c.expires_at - {now}, c.origin
+      FROM {TABLE} c WHERE c.scope = p_scope AND c.key = p_key;
+    IF FOUND THEN RETURN; END IF;
+    RETURN QUERY INSERT INTO {TABLE} AS c (scope, key, task_id, operation, fingerprint, arg_hashes, state,
+        fence, origin, tool, arguments, attempts, owner, lease_until, created_at, updated_at, expires_at, audit)
+      VALUES (p_scope, p_key, p_task_id, p_operation, p_fingerprint, p_arg_hashes, '{RUNNING}', p_fence,
+        p_fence, p_tool, p_arguments, 1, p_owner, {now} + p_lease, {now}, {now}, {now} + p_retention, p_audit)
+      ON CONFLICT (scope, key) DO NOTHING
+      RETURNING 1, c.fence, NULL::text, NULL::text, NULL::text, NULL::text, 1, NULL::text, NULL::text,
+        NULL::text, 0, 0, 0.0::float8, c.fence;
+    IF FOUND THEN RETURN; END IF;
+  END LOOP;
+END
+$fn$"""
+
+
+async def _connect(engine: AsyncEngine, idle: list[Any]) -> Any:
+    """A connection from the pool, opened to the end even if the caller is cancelled meanwhile: a connect
+    cut off halfway (asyncpg's TLS negotiation, say) leaves a half-open socket and a failed future behind.
+    A connection nobody waits for any more joins the idle ones (or goes back to the pool)."""
+    opening = asyncio.ensure_future(engine.raw_connection())
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        if not opening.done():
+            opening.add_done_callback(functools.partial(_adopt, idle))
+        raise
+
+
+def _adopt(idle: list[Any], opening: asyncio.Future[Any]) -> None:
+    if opening.cancelled() or opening.exception() is not None:
+        return  # retrieved: nothing is left unreported
+    raw = opening.result()
+    if len(idle) < _IDLE_MAX:
+        idle.append(raw)
+    else:
+        asyncio.get_running_loop().create_task(greenlet_spawn(raw.close))
+
+
+def _read_or_claim(conn: Any, read_sql: str, read_args: Sequence[Any], claim_sql: str,
+                   claim_args: Sequence[Any]) -> int | tuple[Any, ...] | None:
+    """Runs on aiosqlite's thread (autocommit): the record's columns, or the fence we inserted. A racing
+    insert from another process between the read and the insert makes the insert do nothing: read again."""
+    for _ in range(3):
+        rows = conn.execute(read_sql, read_args).fetchall()
+        if rows:
+            return tuple(rows[0])
+        rows = conn.execute(claim_sql, claim_args).fetchall()  # fetch all: the statement ends, it commits
+        if rows:
+            return int(rows[0][0])
+    return None  # the row keeps vanishing and reappearing: the caller's bounded retry decides
+
+
+def _aiosqlite_runs_functions() -> bool:
+    try:
+        import aiosqlite
+    except ImportError:
+        return False
+    conn = getattr(aiosqlite, "Connection", None)
+    return asyncio.iscoroutinefunction(getattr(conn, "_execute", None)) and isinstance(
+        getattr(conn, "_conn", None), property
+    )
+
+
 def _backend(url: str) -> tuple[str, str]:
     try:
         u = make_url(url)
@@ -329,6 +415,9 @@ class SQLStore:
             raise ValueError("pg_synchronous_commit must be on, off, local, remote_write or remote_apply")
         self._pg_synchronous_commit = pg_synchronous_commit
         self.sql = _Statements(self.dialect)
+        # SQLite: a claim reads and (if nothing is there) inserts in one hop to aiosqlite's thread, through
+        # the queue every aiosqlite method uses; on an aiosqlite without it, two hops (insert, then read).
+        self._one_hop = self.backend == "sqlite" and _aiosqlite_runs_functions()
         self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
             weakref.WeakKeyDictionary()
         )
@@ -340,7 +429,7 @@ class SQLStore:
         self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
         # Test seam: awaited between a claim that found an existing row and acting on that row.
         self.after_claim_miss: Callable[[], Awaitable[None]] | None = None
-        self._schema_lock: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+        self._schema_tasks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -460,7 +549,10 @@ class SQLStore:
             found = self._sql_cache[id(stmt)] = (compiled.string, tuple(compiled.positiontup or ()))
         return found
 
-    async def _one(self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False) -> Any:
+    async def _one(
+        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False,
+        then: Any = None,
+    ) -> Any:
         """One statement, one round trip (one thread hop on SQLite): the hot path.
 
         SQLAlchemy owns the pool, the dialect and the compiled SQL; the statement itself goes straight to
@@ -473,6 +565,9 @@ class SQLStore:
         sql, names = self._compiled(stmt, engine)
         args = [params[n] for n in names]
         pg = self.backend == "postgresql"
+        if then is not None:  # SQLite: a second statement in the same thread hop (see claim)
+            then_sql, then_names = self._compiled(then, engine)
+            then_args = [params[n] for n in then_names]
         idle = self._idle.get(asyncio.get_running_loop())
         if idle is None:
             idle = self._idle[asyncio.get_running_loop()] = []
@@ -481,7 +576,7 @@ class SQLStore:
                 raw = idle.pop()
             else:
                 try:
-                    raw = await engine.raw_connection()
+                    raw = await _connect(engine, idle)
                 except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
                     raise self._error(what, exc, body_ran) from exc
             keep = False
@@ -489,6 +584,8 @@ class SQLStore:
                 drv: Any = raw.driver_connection
                 if pg:
                     row = await drv.fetchrow(sql, *args)
+                elif then is not None:
+                    row = await drv._execute(_read_or_claim, drv._conn, sql, args, then_sql, then_args)
                 else:
                     rows = await drv.execute_fetchall(sql, args)
                     row = rows[0] if rows else None
@@ -533,26 +630,42 @@ class SQLStore:
         return isinstance(exc, ValueError)  # aiosqlite: "no active connection"
 
     async def ensure_schema(self) -> None:
-        """Create the table and indexes if missing; safe when many processes start at once."""
+        """Create the table and indexes if missing; safe when many processes start at once.
+
+        Runs once per loop in its own task, which callers await shielded: a caller cancelled meanwhile (a
+        client timeout on the very first call) never cuts a connect or a DDL transaction in half."""
         if self._schema_ready:
             return
         loop = asyncio.get_running_loop()
-        lock = self._schema_lock.setdefault(loop, asyncio.Lock())
-        async with lock:
-            if self._schema_ready:
-                return
-            if self.backend == "sqlite" and not self.memory:
-                folder = os.path.dirname(os.path.abspath(make_url(self.url).database or ""))  # noqa: ASYNC240
-                if not os.path.isdir(folder):  # noqa: ASYNC240 - once, before the first connection
-                    raise StoreError(f"the store failed (the SQLite file's folder {folder!r} does not exist); "
-                                     "the tool was not run")
-            engine = self.engine()
-            try:
-                async with engine.connect() as conn:
-                    await self._create(conn)
-            except (SQLAlchemyError, OSError) as exc:
-                raise self._error("creating the schema", exc, False) from exc  # before any body
-            self._schema_ready = True
+        making = self._schema_tasks.get(loop)
+        if making is None:
+            making = self._schema_tasks[loop] = loop.create_task(self._make_schema())
+            making.add_done_callback(functools.partial(self._schema_done, loop))
+        await asyncio.shield(making)
+
+    def _schema_done(self, loop: asyncio.AbstractEventLoop, making: asyncio.Task[None]) -> None:
+        # Forget it (the task holds the loop: a weak key must not stay reachable from its value); a failure
+        # is seen by its awaiters, and the next caller tries again.
+        if self._schema_tasks.get(loop) is making:
+            del self._schema_tasks[loop]
+        if not making.cancelled():
+            making.exception()
+
+    async def _make_schema(self) -> None:
+        if self._schema_ready:
+            return
+        if self.backend == "sqlite" and not self.memory:
+            folder = os.path.dirname(os.path.abspath(make_url(self.url).database or ""))  # noqa: ASYNC240
+            if not os.path.isdir(folder):  # noqa: ASYNC240 - once, before the first connection
+                raise StoreError(f"the store failed (the SQLite file's folder {folder!r} does not exist); "
+                                 "the tool was not run")
+        engine = self.engine()
+        try:
+            async with engine.connect() as conn:
+                await self._create(conn)
+        except (SQLAlchemyError, OSError) as exc:
+            raise self._error("creating the schema", exc, False) from exc  # before any body
+        self._schema_ready = True
 
     async def _create(self, conn: AsyncConnection) -> None:
         # The engine is in autocommit mode; DDL runs in one explicit transaction so the advisory lock
@@ -562,6 +675,8 @@ class SQLStore:
             if self.dialect.schema_lock:
                 await conn.exec_driver_sql(self.dialect.schema_lock)
             await conn.run_sync(metadata.create_all, checkfirst=True)
+            if self.sql.claim_function is not None:
+                await conn.exec_driver_sql(self.sql.claim_function)
             await conn.exec_driver_sql("COMMIT")
         except BaseException:
             await conn.exec_driver_sql("ROLLBACK")
@@ -586,6 +701,15 @@ class SQLStore:
                 # (claimed, fence, state, ...) -> the read's column order
                 return _record(scope, key, (row[2], row[1], *row[3:]))
             return await self.read(scope, key)
+        if self._one_hop:
+            # One thread hop: read, and insert only if there was nothing to read (a replay never takes the
+            # write lock). Returns the fence we claimed, or the read's columns.
+            got = await self._one("claiming the key", self.sql.read, params, then=self.sql.claim)
+            if isinstance(got, int):
+                return got
+            if self.after_claim_miss is not None:
+                await self.after_claim_miss()
+            return None if got is None else _record(scope, key, got)
         row = await self._one("claiming the key", self.sql.claim, params)
         if row is not None:
             return int(row[0])

@@ -1,0 +1,67 @@
+"""On SQLite every step is one hop to aiosqlite's thread: a first call is two (claim, complete), a replay that
+misses the in-process cache is one (read; nothing inserted, no write lock), a cached replay none. Counted
+on the queue every aiosqlite call goes through."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import aiosqlite
+import pytest
+
+from agentguard import Guard, task
+
+from conftest import BACKEND
+
+pytestmark = [pytest.mark.anyio, pytest.mark.skipif(BACKEND != "sqlite", reason="SQLite's thread hops")]
+
+
+def tid() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    seen: list[str] = []
+    real = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(getattr(fn, "__name__", type(fn).__name__))
+        return await real(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    yield seen
+
+
+async def test_each_step_is_one_thread_hop(store_url: str, hops: list[str]) -> None:
+    async with Guard(store_url, cache_size=0) as guard, Guard(store_url) as cached:
+        assert guard._store._one_hop, "this aiosqlite cannot run a function on its thread: claims take two hops"
+        runs = 0
+
+        async def body(amount: int) -> int:
+            nonlocal runs
+            runs += 1
+            return amount
+
+        charge = guard.once(operation="charge")(body)
+        charge_cached = cached.once(operation="charge")(body)
+        with task(tid()):
+            await charge(0)  # schema made, connections opened
+            await charge_cached(0)
+        with task(tid()):
+            hops.clear()
+            assert await charge(1) == 1
+            first, hops[:] = list(hops), []
+            assert await charge(1) == 1
+            replay, hops[:] = list(hops), []
+        with task(tid()):
+            assert await charge_cached(2) == 2
+            hops.clear()
+            assert await charge_cached(2) == 2
+            cached_replay = list(hops)
+    assert first == ["_read_or_claim", "_execute_fetchall"]  # read-or-claim, complete
+    assert replay == ["_read_or_claim"]  # the read finds the completed record; no insert
+    assert cached_replay == []
+    assert runs == 3  # 0, 1 and 2
