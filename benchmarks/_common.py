@@ -178,6 +178,8 @@ def verb(sql: str) -> str:
     """A short name for a statement: ``INSERT``, ``UPDATE``, ``SELECT``, ``WITH ... INSERT`` (claim-or-fetch)."""
     if " ;THEN INSERT" in sql:
         return "read-or-claim (SELECT, then INSERT only if absent: one thread hop)"
+    if "_claim_v" in sql and sql.lstrip().upper().startswith("SELECT"):
+        return "read-or-claim (a function: SELECT, then INSERT only if absent: one round trip)"
     words = sql.split()
     head = words[0].upper() if words else "?"
     if head == "WITH":

@@ -205,7 +205,7 @@ async def sequential(
             row = await cof(rp.claim(keys["cofhit"][i], orders[i], 1))
             json.loads(row[5])  # (claimed, fence, state, fingerprint, arg_hashes, result, ...)
 
-        variants.append(Variant(f"raw {floor.label}: claim-or-fetch + complete", raw_cof_first, fresh("cof"),
+        variants.append(Variant(f"raw {floor.label}: read-or-claim + complete", raw_cof_first, fresh("cof"),
                                 "the store's 1-RTT claim statement", ref=first_ref))
     variants += [
         Variant("store only (SQLStore): claim + complete", store_first, fresh("store"),
@@ -218,7 +218,7 @@ async def sequential(
     variants.append(Variant(f"raw {floor.label}: claim-miss + SELECT", raw_miss_select, populated("rmiss"),
                             "2 statements", ref=replay_ref))
     if cof is not None:
-        variants.append(Variant(f"raw {floor.label}: claim-or-fetch, hit", raw_cof_hit, populated("cofhit"),
+        variants.append(Variant(f"raw {floor.label}: read-or-claim, hit", raw_cof_hit, populated("cofhit"),
                                 "1 statement", ref=replay_ref))
     variants += [
         Variant("store only (SQLStore): SELECT", store_read, populated("ssel"), ref=replay_ref),
