@@ -591,7 +591,7 @@ class Guard:
         self, call: _Call, body: Callable[[str], Awaitable[T]], *, multi_step: bool = False
     ) -> tuple[T, bool]:
         memory = self._store.memory
-        outcome: _Claim | _Replay | None = self._cached(call)
+        outcome: _Claim | _Replay | None = self._cached(call) if self._cache.holds(call.scope, call.key) else None
         if outcome is None:
             outcome = await (self._portal.arun(self._begin(call)) if memory else self._begin(call))
         if isinstance(outcome, _Replay):
@@ -651,7 +651,6 @@ class Guard:
         tool: str,
         arguments: Mapping[str, Any],
         key_values: Mapping[str, Any] | str | None,
-        *,
         task_id: str | None,
         scope: str | None,
         codec: Codec,
@@ -1023,10 +1022,8 @@ class _Spec:
                 raise TypeError(f"{self.tool}: the key callable must return a str, got {type(key_values).__name__}")
         else:
             key_values = {n: arguments[n] for n in self.key_fields} if self.key_fields else None
-        call = self.guard._make_call(
-            self.tool, fp_args, key_values, task_id=None, scope=None, codec=self.codec,
-            cache_errors=self.cache_errors, on_conflict=None, wait_timeout=None,
-        )
+        call = self.guard._make_call(self.tool, fp_args, key_values, None, None, self.codec, self.cache_errors,
+                                     None, None)
         if self.arg_codecs is not None:
             call.arguments = self.encode_arguments(arguments)
         return call, arguments

@@ -82,6 +82,9 @@ def _git() -> str:
     return f"{rev}{' + uncommitted changes in agentguard/' if dirty else ''}" if rev else "unknown"
 
 
+PIECES = ("piece: bind + fingerprint + key (_Spec.call)", "piece: codec encode + decode", "piece: with task(...)")
+
+
 class Run:
     def __init__(self, args: argparse.Namespace, cfg: Config, tmp: Path) -> None:
         self.args, self.cfg, self.tmp = args, cfg, tmp
@@ -273,9 +276,17 @@ class Run:
                              rpt.us(st, "agentguard: cached replay"), 25, "<=", "µs",
                              s.unavailable if s is not None else ""))
         if ov is not None:
+            # The list — fingerprint, codec, context — is the sum of the three timed pieces; the whole
+            # decorated call without I/O (the state machine, events, cache and heartbeat too) is held to the
+            # same 25 µs as a stricter target.
+            pieces = [rpt.us(ov, n) for n in PIECES]
+            missing = [n for n, v in zip(PIECES, pieces, strict=True) if v is None]
+            out.append(T("python_pieces", "guard's own Python work: fingerprint + codec + context",
+                         None if missing else sum(v for v in pieces if v is not None), 25, "<=", "µs",
+                         f"not measured: {', '.join(missing)}" if missing else ""))
             for name in ("first call", "replay"):
                 s = ov.get(f"no-I/O guard: {name}")
-                out.append(T(f"python_{name.split()[0]}", f"guard's own Python work per {name} (no I/O)",
+                out.append(T(f"python_{name.split()[0]}", f"whole guarded {name} without I/O (stricter)",
                              rpt.us(ov, f"no-I/O guard: {name}"), 25, "<=", "µs",
                              s.unavailable if s is not None else ""))
         if conc is not None:
