@@ -24,10 +24,6 @@ class ReplayCache:
         self._entries: OrderedDict[tuple[str, str], tuple[float, Record]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def holds(self, scope: str, key: str) -> bool:
-        """A quick look, without the lock: False means ``get`` would miss (a first call's common case)."""
-        return (scope, key) in self._entries
-
     def get(self, scope: str, key: str) -> Record | None:
         if not self.maxsize:
             return None

@@ -591,7 +591,7 @@ class Guard:
         self, call: _Call, body: Callable[[str], Awaitable[T]], *, multi_step: bool = False
     ) -> tuple[T, bool]:
         memory = self._store.memory
-        outcome: _Claim | _Replay | None = self._cached(call) if self._cache.holds(call.scope, call.key) else None
+        outcome: _Claim | _Replay | None = self._cached(call)
         if outcome is None:
             outcome = await (self._portal.arun(self._begin(call)) if memory else self._begin(call))
         if isinstance(outcome, _Replay):

@@ -25,6 +25,12 @@ if BACKEND not in ("sqlite", "postgres"):
 if BACKEND == "postgres" and not PG_URL:
     raise RuntimeError("AGENTGUARD_TEST_BACKEND=postgres needs AGENTGUARD_TEST_PG_URL (scripts/test.sh sets it)")
 
+
+def tid() -> str:
+    """A fresh task id for one test."""
+    return "t-" + uuid.uuid4().hex[:12]
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -29,6 +29,8 @@ from agentguard import (
     task,
 )
 
+from conftest import tid
+
 pytestmark = pytest.mark.anyio
 
 
@@ -41,9 +43,6 @@ class Charge(BaseModel):
 class CardDeclined(Exception):
     pass
 
-
-def tid() -> str:
-    return "t-" + uuid.uuid4().hex[:12]
 
 
 async def test_public_api_is_exactly_this() -> None:

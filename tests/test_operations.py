@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from agentguard import (
     task,
 )
 
-from conftest import raw_exec
+from conftest import raw_exec, tid
 from op_worker import RIDES_DDL, Provider, build
 
 pytestmark = pytest.mark.anyio
@@ -42,9 +41,6 @@ def guard_key(task_id: str) -> str:
 
     return derive_key("default", task_id, operation_name("book_ride", {"ride_id": "r-1"}))
 
-
-def tid() -> str:
-    return "t-" + uuid.uuid4().hex[:12]
 
 
 class Env:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import pytest
@@ -14,13 +13,10 @@ from sqlalchemy.engine import make_url
 from agentguard import Guard, GuardEvent, StoreError, task
 from agentguard.stores._sql import CLAIM_FUNCTION
 
-from conftest import PG_URL, pg_dsn
+from conftest import PG_URL, pg_dsn, tid
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
-
-def tid() -> str:
-    return "t-" + uuid.uuid4().hex[:12]
 
 
 async def admin(sql: str, url: str = PG_URL) -> list[Any]:

@@ -4,7 +4,6 @@ on the queue every aiosqlite call goes through."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,13 +12,10 @@ import pytest
 
 from agentguard import Guard, task
 
-from conftest import BACKEND
+from conftest import BACKEND, tid
 
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(BACKEND != "sqlite", reason="SQLite's thread hops")]
 
-
-def tid() -> str:
-    return "t-" + uuid.uuid4().hex[:12]
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ while the body runs, the sweeper racing a loser — real databases, real failure
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,13 +12,10 @@ import pytest
 
 from agentguard import Guard, GuardError, KeyReuseError, StoreError, task
 
-from conftest import BACKEND, raw_exec
+from conftest import BACKEND, raw_exec, tid
 
 pytestmark = pytest.mark.anyio
 
-
-def tid() -> str:
-    return "t-" + uuid.uuid4().hex[:12]
 
 
 async def test_unreachable_store_refuses_before_the_body(tmp_path: Path) -> None:
