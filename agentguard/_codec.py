@@ -16,6 +16,7 @@ import importlib
 import json
 import json.scanner
 import math
+import typing
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -143,14 +144,26 @@ def loads(text: str) -> Any:
     return _decode(text)
 
 
+# Annotations that accept every decoded JSON object (or array) unchanged: validating one is a copy, so a
+# decoded value of exactly that type is returned as it is.
+_UNCHANGED: dict[Any, type] = {
+    dict[str, Any]: dict, typing.Dict[str, Any]: dict, dict: dict,  # noqa: UP006
+    list[Any]: list, typing.List[Any]: list, list: list,  # noqa: UP006
+}
+
+
 class Codec:
     """Encodes a tool's return value for storage and decodes it for the caller and every replay."""
 
-    __slots__ = ("_adapter", "annotation")
+    __slots__ = ("_adapter", "_unchanged", "annotation")
 
     def __init__(self, annotation: Any = Any) -> None:
         self.annotation = annotation
         self._adapter: TypeAdapter[Any] | None = None
+        try:
+            self._unchanged: type | None = _UNCHANGED.get(annotation)
+        except TypeError:  # unhashable annotation
+            self._unchanged = None
         if annotation is not Any:
             try:
                 self._adapter = TypeAdapter(annotation)
@@ -178,7 +191,9 @@ class Codec:
 
     def decode(self, text: str) -> Any:
         raw = loads(text)
-        return raw if self._adapter is None else self._adapter.validate_python(raw)
+        if self._adapter is None or (type(raw) is self._unchanged and _TAG_KEY not in text):
+            return raw  # (untagged: plain JSON, whose object keys are all strings)
+        return self._adapter.validate_python(raw)
 
     def store(self, value: Any) -> tuple[str, Any]:
         """``(encode(value), decode(encode(value)))``: the text to store and what every caller receives.
@@ -194,7 +209,7 @@ class Codec:
         except (TypeError, ValueError, KeyError, RecursionError):
             raw = text = None
         if text is not None and raw == value:
-            if self._adapter is None:
+            if self._adapter is None or type(raw) is self._unchanged:
                 return text, raw
             try:
                 return text, self._adapter.validate_python(raw)

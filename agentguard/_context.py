@@ -7,16 +7,15 @@ frameworks use when they run sync tools in worker threads), and each thread has 
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
 from types import TracebackType
+from typing import NamedTuple
 
 from ._errors import GuardError
 
 DEFAULT_SCOPE = "default"
 
 
-@dataclass(frozen=True, slots=True)
-class TaskInfo:
+class TaskInfo(NamedTuple):  # (a NamedTuple: built on every ``with task(...)``, cheaply)
     task_id: str
     scope: str
 
@@ -26,6 +25,8 @@ _key: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentguard_ke
 
 
 def _check_id(value: object, what: str) -> str:
+    if type(value) is str and 0 < len(value) <= 1000 and not value.isspace():
+        return value
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
     if len(value) > 1000:

@@ -39,7 +39,7 @@ from ._errors import (
     MissingTaskError,
     OutcomeUnknownError,
 )
-from ._keys import argument_hashes, derive_key, fingerprint, hashes_json, operation_name
+from ._keys import FlatSignature, argument_hashes, derive_key, fingerprint, hashes_json, operation_name
 from ._operation import Operation, Reconcile
 from ._portal import Portal
 from .stores import FAILED, RUNNING, SUCCEEDED, Listing, Record, SQLStore
@@ -134,19 +134,21 @@ class _Call:
     arguments: str | None = None  # stored only for resumable tools
     _hashes: dict[str, str] | None = None
     _hashes_json: str | None = None
+    flat: tuple[FlatSignature, list[str]] | None = None  # the arguments' canonical JSON, if all are flat
 
     @property
     def arg_hashes(self) -> dict[str, str]:
         """One short hash per argument (stored at the claim, so a reuse error can name what differs);
         computed only when a claim or an error needs it, never on a cached replay."""
         if self._hashes is None:
-            self._hashes = argument_hashes(self.fp_args)
+            self._hashes = argument_hashes(self.fp_args) if self.flat is None else self.flat[0].hashes(self.flat[1])
         return self._hashes
 
     @property
     def arg_hashes_json(self) -> str:
         if self._hashes_json is None:
-            self._hashes_json = hashes_json(self.arg_hashes)
+            flat = self.flat
+            self._hashes_json = hashes_json(self.arg_hashes) if flat is None else flat[0].hashes_json(self.arg_hashes)
         return self._hashes_json
 
 
@@ -662,11 +664,7 @@ class Guard:
         if task_id is None:
             info = current_task()
             if info is None:
-                raise MissingTaskError(
-                    f"no task id for {tool!r}: call it inside `with agentguard.task(<task id>):` (or give the "
-                    "adapter a task_id); the tool was not run",
-                    operation=tool,
-                )
+                raise _no_task(tool)
             task_id, scope = info.task_id, scope or info.scope
         elif not isinstance(task_id, str) or not task_id.strip():
             raise MissingTaskError(f"the task id for {tool!r} must be a non-empty string, got {task_id!r}",
@@ -679,6 +677,22 @@ class Guard:
             scope, task_id, operation, derive_key(scope, task_id, operation), arguments, fp, codec, cache_errors,
             on_conflict or self._on_conflict, self._wait_timeout if wait_timeout is None else wait_timeout, tool,
             audit,
+        )
+
+    def _flat_call(
+        self, flat: FlatSignature, values: list[str], arguments: Mapping[str, Any], codec: Codec,
+        cache_errors: tuple[type[BaseException], ...],
+    ) -> _Call:
+        """``_make_call`` for a decorated tool whose arguments are all flat (str/int/bool/None), in the task
+        context: the same identity from one pass over the arguments' canonical JSON."""
+        info = current_task()
+        if info is None:
+            raise _no_task(flat.tool)
+        scope, task_id = info.scope, info.task_id
+        operation, key, fp = flat.identity(scope, task_id, values)
+        return _Call(
+            scope, task_id, operation, key, arguments, fp, codec, cache_errors, self._on_conflict,
+            self._wait_timeout, flat.tool, None, None, None, None, (flat, values),
         )
 
     # -- public entry points --------------------------------------------------------------------------
@@ -855,6 +869,14 @@ class Guard:
         return f"step {step!r} " + ("cleared for a retry" if retry else "recorded as done")
 
 
+def _no_task(tool: str) -> MissingTaskError:
+    return MissingTaskError(
+        f"no task id for {tool!r}: call it inside `with agentguard.task(<task id>):` (or give the adapter a "
+        "task_id); the tool was not run",
+        operation=tool,
+    )
+
+
 def _check_errors(cache_errors: Any) -> tuple[type[BaseException], ...]:
     if isinstance(cache_errors, type):
         cache_errors = (cache_errors,)
@@ -965,6 +987,12 @@ class _Spec:
             for n in self.key_fields:
                 if n not in names:
                     raise TypeError(f"{self.tool}: key names {n!r}, which is not a parameter")
+        # The one-pass identity of the common call (every argument str/int/bool/None); not for key callables
+        # or key fields left out of the fingerprint, which take the general path.
+        fp_names = [n for n in self.all_names if n not in self.excluded]
+        self.flat: FlatSignature | None = None
+        if self.simple and self.key_fn is None and set(self.key_fields) <= set(fp_names):
+            self.flat = FlatSignature(self.tool, fp_names, self.key_fields)
         self.codec = guard._codec_for(hints.get("return", Any))
         self.cache_errors = cache_errors
         # Codecs of the arguments, to store and rebuild them for complete_stalled().
@@ -1016,14 +1044,22 @@ class _Spec:
         arguments = self.bind(args, kwargs)
         excluded = self.excluded
         fp_args = {k: v for k, v in arguments.items() if k not in excluded} if excluded else arguments
-        if self.key_fn is not None:
-            key_values: Mapping[str, Any] | str | None = self.key_fn(dict(arguments))
-            if not isinstance(key_values, str):
-                raise TypeError(f"{self.tool}: the key callable must return a str, got {type(key_values).__name__}")
+        flat = self.flat
+        values = None if flat is None else flat.values(fp_args)
+        if values is not None:
+            assert flat is not None
+            call = self.guard._flat_call(flat, values, fp_args, self.codec, self.cache_errors)
         else:
-            key_values = {n: arguments[n] for n in self.key_fields} if self.key_fields else None
-        call = self.guard._make_call(self.tool, fp_args, key_values, None, None, self.codec, self.cache_errors,
-                                     None, None)
+            if self.key_fn is not None:
+                key_values: Mapping[str, Any] | str | None = self.key_fn(dict(arguments))
+                if not isinstance(key_values, str):
+                    raise TypeError(
+                        f"{self.tool}: the key callable must return a str, got {type(key_values).__name__}"
+                    )
+            else:
+                key_values = {n: arguments[n] for n in self.key_fields} if self.key_fields else None
+            call = self.guard._make_call(self.tool, fp_args, key_values, None, None, self.codec, self.cache_errors,
+                                         None, None)
         if self.arg_codecs is not None:
             call.arguments = self.encode_arguments(arguments)
         return call, arguments

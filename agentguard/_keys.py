@@ -15,7 +15,7 @@ import enum
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -84,12 +84,89 @@ def _flat(arguments: Mapping[str, Any]) -> str | None:
         if t is str:
             parts.append(f"{_unicode(k)}:{_unicode(v)}")
         elif t is int:
-            parts.append(f"{_unicode(k)}:{v}")
+            try:
+                parts.append(f"{_unicode(k)}:{v}")
+            except ValueError:  # more digits than int -> str allows: the general path names it
+                return None
         elif v is None or t is bool:
             parts.append(f"{_unicode(k)}:{'null' if v is None else 'true' if v else 'false'}")
         else:
             return None
     return "{" + ",".join(parts) + "}"
+
+
+def _flat_value(v: Any) -> str | None:
+    """The canonical JSON of a str/int/bool/None value (what ``canonical_json`` gives), else None."""
+    t = type(v)
+    if t is str:
+        return _unicode(v)
+    if t is int:
+        try:
+            return int.__repr__(v)
+        except ValueError:  # more digits than int -> str allows: the general path says so
+            return None
+    if v is None:
+        return "null"
+    if t is bool:
+        return "true" if v else "false"
+    return None
+
+
+class FlatSignature:
+    """The identity of calls to one tool whose arguments are all str/int/bool/None — the common case —
+    built in one pass over names fixed at decoration: byte-identical to ``fingerprint``, ``operation_name``,
+    ``argument_hashes`` and ``hashes_json``, which the general path (and the tests) use."""
+
+    __slots__ = ("_fp", "_hash", "_key", "_memo", "names", "tool")
+
+    MEMO = 1024  # identities remembered per tool: a repeated call (a replay) hashes nothing
+
+    def __init__(self, tool: str, names: Sequence[str], key_fields: Sequence[str]) -> None:
+        ordered = sorted(names)
+        index = {n: i for i, n in enumerate(ordered)}
+        self.tool = tool
+        self.names = tuple(ordered)
+        self._fp = tuple(_unicode(n) + ":" for n in ordered)
+        self._hash = tuple(_ascii(n) + ':"' for n in ordered)
+        self._key = tuple((index[k], f"{k}=") for k in sorted(set(key_fields)))  # every key field is a name
+        self._memo: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+
+    def values(self, arguments: Mapping[str, Any]) -> list[str] | None:
+        """Each argument's canonical JSON, in name order; None when one needs the general path."""
+        if len(arguments) != len(self.names):
+            return None
+        out = []
+        for name in self.names:
+            v = _flat_value(arguments[name])
+            if v is None:
+                return None
+            out.append(v)
+        return out
+
+    def identity(self, scope: str, task_id: str, values: Sequence[str]) -> tuple[str, str, str]:
+        """``(operation, key, fingerprint)`` of a call in a task. Each is a pure function of the scope, the
+        task id and the arguments' canonical JSON, so a repeat of the same call is served from a small memo."""
+        text = "{" + ",".join([p + v for p, v in zip(self._fp, values, strict=True)]) + "}"
+        memo = self._memo
+        found = memo.get((scope, task_id, text))
+        if found is None:
+            operation = self.operation(values)
+            found = (operation, derive_key(scope, task_id, operation), _sha(text))
+            if len(memo) >= self.MEMO:
+                memo.clear()  # (a memo, not a cache of outcomes: forgetting costs two hashes)
+            memo[(scope, task_id, text)] = found
+        return found
+
+    def operation(self, values: Sequence[str]) -> str:
+        if not self._key:
+            return self.tool
+        return self.tool + "[" + ",".join([p + values[i] for i, p in self._key]) + "]"
+
+    def hashes(self, values: Sequence[str]) -> dict[str, str]:
+        return {n: _sha(v)[:24] for n, v in zip(self.names, values, strict=True)}
+
+    def hashes_json(self, hashes: Mapping[str, str]) -> str:
+        return "{" + ",".join([p + hashes[n] + '"' for p, n in zip(self._hash, self.names, strict=True)]) + "}"
 
 
 def canonical_json(value: Any) -> str:

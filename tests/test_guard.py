@@ -120,6 +120,30 @@ async def test_same_key_different_arguments_is_a_reuse_error(make_guard: Callabl
     assert runs == 2
 
 
+async def test_flat_and_general_arguments_meet_the_same_record(make_guard: Callable[..., Guard]) -> None:
+    """Flat arguments (str/int/bool/None) take a one-pass identity; others the general encoder. Both must
+    give the pinned key and fingerprint, so ``4900.0`` replays the call made with ``4900`` and a reuse error
+    still names the argument that differs."""
+    guard = make_guard()
+    seen: list[str] = []
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str, amount_cents: Any, idempotency_key: str = "") -> str:
+        seen.append(idempotency_key)
+        return idempotency_key
+
+    pinned = "ag_6739037c5c0f63e2a13c8498e81181094263933a7a46164b"  # tests/test_keys.py
+    with task("ticket-8812", scope="acct_42"):
+        assert await charge("o-1", 4900) == pinned  # flat
+        assert await charge("o-1", 4900.0) == pinned  # general path (a float), the same record: a replay
+        with pytest.raises(KeyReuseError) as info:  # a Decimal is typed in the fingerprint: another value
+            await charge(order_id="o-1", amount_cents=Decimal("4900"))
+    assert info.value.differing == ("amount_cents",)
+    assert seen == [pinned]
+    records = await guard.records(scope="acct_42")
+    assert [r.operation for r in records] == ['charge[order_id="o-1"]']
+
+
 async def test_no_task_is_refused_before_the_body(make_guard: Callable[..., Guard]) -> None:
     guard = make_guard()
     runs = 0
