@@ -22,6 +22,17 @@ from pydantic import BaseModel
 
 from ._codec import encoder
 
+# CPython's own SHA-256 (``_sha2`` from 3.12, ``_sha256`` before): the same digest as hashlib's OpenSSL one,
+# with far less set-up per digest. A call takes four (key, fingerprint, one per argument), and measured
+# under real I/O that set-up was a tenth of the guard's own time. OpenSSL's where neither is built in.
+try:
+    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - depends on the Python version
+    try:
+        from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
+    except ImportError:
+        _sha256 = hashlib.sha256
+
 
 def _default(obj: Any) -> Any:
     # Only called for values json cannot encode natively; each branch yields a stable, typed form.
@@ -180,7 +191,8 @@ def canonical_json(value: Any) -> str:
 
 
 def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    digest: str = _sha256(text.encode()).hexdigest()
+    return digest
 
 
 def argument_hashes(arguments: Mapping[str, Any]) -> dict[str, str]:

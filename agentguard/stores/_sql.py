@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import operator
 import os
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -422,7 +423,9 @@ class SQLStore:
             weakref.WeakKeyDictionary()
         )
         self._schema_ready = False
-        self._sql_cache: dict[int, tuple[str, tuple[str, ...]]] = {}
+        self._sql_cache: dict[int, tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]] = {}
+        # The last loop's (loop, engine, idle connections): the hot path's one lookup, not two weak ones.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], AsyncEngine, list[Any]] | None = None
         self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         # A few driver connections kept checked out between hot statements, per loop: a pool checkout
         # through SQLAlchemy costs a large share of a one-statement step.
@@ -496,6 +499,7 @@ class SQLStore:
     async def dispose(self) -> None:
         """Dispose the engine of the running loop."""
         loop = asyncio.get_running_loop()
+        self._last = None
         idle = self._idle.pop(loop, None)
         while idle:
             await greenlet_spawn(idle.pop().close)
@@ -541,13 +545,31 @@ class SQLStore:
             msg = f"the store failed ({what}: {detail}); the tool was not run"
         return StoreError(msg, body_ran=bool(body_ran))
 
-    def _compiled(self, stmt: Any, engine: AsyncEngine) -> tuple[str, tuple[str, ...]]:
-        """The driver-level SQL and parameter order of one of our statements, compiled once."""
+    def _compiled(
+        self, stmt: Any, engine: AsyncEngine
+    ) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]:
+        """The driver-level SQL of one of our statements and a getter of its positional arguments from the
+        named parameters, built once."""
         found = self._sql_cache.get(id(stmt))
         if found is None:
             compiled = stmt.compile(dialect=engine.dialect)
-            found = self._sql_cache[id(stmt)] = (compiled.string, tuple(compiled.positiontup or ()))
+            names = tuple(compiled.positiontup or ())
+            getter = operator.itemgetter(*names) if len(names) > 1 else lambda p: tuple(p[n] for n in names)
+            found = self._sql_cache[id(stmt)] = (compiled.string, getter)
         return found
+
+    def _here(self) -> tuple[AsyncEngine, list[Any]]:
+        """The running loop's engine and idle connections."""
+        loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1], last[2]
+        engine = self.engine()
+        idle = self._idle.get(loop)
+        if idle is None:
+            idle = self._idle[loop] = []
+        self._last = (weakref.ref(loop), engine, idle)
+        return engine, idle
 
     async def _one(
         self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False,
@@ -561,16 +583,13 @@ class SQLStore:
         """
         if not self._schema_ready:
             await self.ensure_schema()
-        engine = self.engine()
-        sql, names = self._compiled(stmt, engine)
-        args = [params[n] for n in names]
+        engine, idle = self._here()
+        sql, getter = self._compiled(stmt, engine)
+        args = getter(params)
         pg = self.backend == "postgresql"
         if then is not None:  # SQLite: a second statement in the same thread hop (see claim)
-            then_sql, then_names = self._compiled(then, engine)
-            then_args = [params[n] for n in then_names]
-        idle = self._idle.get(asyncio.get_running_loop())
-        if idle is None:
-            idle = self._idle[asyncio.get_running_loop()] = []
+            then_sql, then_getter = self._compiled(then, engine)
+            then_args = then_getter(params)
         for attempt in (1, 2):
             if idle:
                 raw = idle.pop()
