@@ -190,7 +190,7 @@ class Codec:
         return dumps(py, typed=True)
 
     def decode(self, text: str) -> Any:
-        raw = loads(text)
+        raw = _decode(text)
         if self._adapter is None or (type(raw) is self._unchanged and _TAG_KEY not in text):
             return raw  # (untagged: plain JSON, whose object keys are all strings)
         return self._adapter.validate_python(raw)

@@ -106,23 +106,6 @@ def _flat(arguments: Mapping[str, Any]) -> str | None:
     return "{" + ",".join(parts) + "}"
 
 
-def _flat_value(v: Any) -> str | None:
-    """The canonical JSON of a str/int/bool/None value (what ``canonical_json`` gives), else None."""
-    t = type(v)
-    if t is str:
-        return _unicode(v)
-    if t is int:
-        try:
-            return int.__repr__(v)
-        except ValueError:  # more digits than int -> str allows: the general path says so
-            return None
-    if v is None:
-        return "null"
-    if t is bool:
-        return "true" if v else "false"
-    return None
-
-
 class FlatSignature:
     """The identity of calls to one tool whose arguments are all str/int/bool/None — the common case —
     built in one pass over names fixed at decoration: byte-identical to ``fingerprint``, ``operation_name``,
@@ -147,11 +130,22 @@ class FlatSignature:
         if len(arguments) != len(self.names):
             return None
         out = []
-        for name in self.names:
-            v = _flat_value(arguments[name])
-            if v is None:
-                return None
-            out.append(v)
+        try:
+            for name in self.names:
+                v = arguments[name]
+                t = type(v)
+                if t is str:
+                    out.append(_unicode(v))
+                elif t is int:
+                    out.append(int.__repr__(v))
+                elif v is None:
+                    out.append("null")
+                elif t is bool:
+                    out.append("true" if v else "false")
+                else:
+                    return None
+        except ValueError:  # more digits than int -> str allows: the general path says so
+            return None
         return out
 
     def identity(self, scope: str, task_id: str, values: Sequence[str]) -> tuple[str, str, str]:

@@ -151,6 +151,12 @@ def _record(scope: str, key: str, row: Sequence[Any]) -> Record:
                   bool(row[9]), bool(row[10]), float(row[11]), int(row[12]))
 
 
+def _claimed_record(scope: str, key: str, row: Sequence[Any]) -> Record:
+    # The claim function's row: (claimed, fence, state, fingerprint, ...) — the read's columns, fence first.
+    return Record(scope, key, row[2], int(row[1]), row[3], row[4], row[5], int(row[6]), row[7], row[8], row[9],
+                  bool(row[10]), bool(row[11]), float(row[12]), int(row[13]))
+
+
 class _Statements:
     """The store's statements, built once per dialect."""
 
@@ -337,7 +343,7 @@ def _adopt(idle: list[Any], opening: asyncio.Future[Any]) -> None:
         return  # retrieved: nothing is left unreported
     raw = opening.result()
     if len(idle) < _IDLE_MAX:
-        idle.append(raw)
+        idle.append((raw, raw.driver_connection))
     else:
         asyncio.get_running_loop().create_task(greenlet_spawn(raw.close))
 
@@ -429,7 +435,10 @@ class SQLStore:
         self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         # A few driver connections kept checked out between hot statements, per loop: a pool checkout
         # through SQLAlchemy costs a large share of a one-statement step.
-        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
+        # (Each as (pool connection, driver connection): reaching the driver's costs SQLAlchemy three hops.)
+        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[tuple[Any, Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
         # Test seam: awaited between a claim that found an existing row and acting on that row.
         self.after_claim_miss: Callable[[], Awaitable[None]] | None = None
         self._schema_tasks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
@@ -502,7 +511,7 @@ class SQLStore:
         self._last = None
         idle = self._idle.pop(loop, None)
         while idle:
-            await greenlet_spawn(idle.pop().close)
+            await greenlet_spawn(idle.pop()[0].close)
         engine = self._engines.pop(loop, None)
         if engine is not None:
             await engine.dispose()
@@ -592,15 +601,15 @@ class SQLStore:
             then_args = then_getter(params)
         for attempt in (1, 2):
             if idle:
-                raw = idle.pop()
+                raw, drv = idle.pop()
             else:
                 try:
                     raw = await _connect(engine, idle)
                 except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
                     raise self._error(what, exc, body_ran) from exc
+                drv = raw.driver_connection
             keep = False
             try:
-                drv: Any = raw.driver_connection
                 if pg:
                     row = await drv.fetchrow(sql, *args)
                 elif then is not None:
@@ -617,7 +626,7 @@ class SQLStore:
                     # fenced). The kept ones are likely dead too: drop them.
                     raw.invalidate()
                     while idle:
-                        stale = idle.pop()
+                        stale = idle.pop()[0]
                         stale.invalidate()
                         await greenlet_spawn(stale.close)
                     if attempt == 1:
@@ -630,7 +639,7 @@ class SQLStore:
                 # statement on its thread), so it goes back to the pool as it is; terminating it here would
                 # race asyncpg's cancel protocol.
                 if keep:
-                    idle.append(raw)
+                    idle.append((raw, drv))
                 else:
                     # Checked in inside SQLAlchemy's greenlet, so a connection the pool discards (overflow,
                     # invalidated) is closed with an await rather than dropped.
@@ -717,8 +726,7 @@ class SQLStore:
             if self.after_claim_miss is not None:
                 await self.after_claim_miss()
             if row is not None:
-                # (claimed, fence, state, ...) -> the read's column order
-                return _record(scope, key, (row[2], row[1], *row[3:]))
+                return _claimed_record(scope, key, row)
             return await self.read(scope, key)
         if self._one_hop:
             # One thread hop: read, and insert only if there was nothing to read (a replay never takes the
