@@ -76,9 +76,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _owner_token() -> str:
-    return f"{_owner_prefix}{next(_owner_count):x}"
-
 EventKind = Literal[
     "claimed", "completed", "replayed", "takeover", "released", "waiting", "key_reuse", "lease_lost",
     "not_stored",
@@ -148,7 +145,7 @@ class _Call:
     def arg_hashes_json(self) -> str:
         if self._hashes_json is None:
             flat = self.flat
-            self._hashes_json = hashes_json(self.arg_hashes) if flat is None else flat[0].hashes_json(self.arg_hashes)
+            self._hashes_json = hashes_json(self.arg_hashes) if flat is None else flat[0].hashes_json(flat[1])
         return self._hashes_json
 
 
@@ -462,7 +459,7 @@ class Guard:
 
     async def _begin(self, call: _Call) -> _Claim | _Replay:
         store = self._store
-        owner = _owner_token()
+        owner = f"{_owner_prefix}{next(_owner_count):x}"  # an owner token (see _owner_prefix)
         params: dict[str, Any] = {
             "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
             "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json,

@@ -170,8 +170,9 @@ class FlatSignature:
     def hashes(self, values: Sequence[str]) -> dict[str, str]:
         return {n: _sha(v)[:24] for n, v in zip(self.names, values, strict=True)}
 
-    def hashes_json(self, hashes: Mapping[str, str]) -> str:
-        return "{" + ",".join([p + hashes[n] + '"' for p, n in zip(self._hash, self.names, strict=True)]) + "}"
+    def hashes_json(self, values: Sequence[str]) -> str:
+        """``hashes_json(self.hashes(values))``, without the dict: what a claim stores."""
+        return "{" + ",".join([p + _sha(v)[:24] + '"' for p, v in zip(self._hash, values, strict=True)]) + "}"
 
 
 def canonical_json(value: Any) -> str:

@@ -110,7 +110,7 @@ def test_the_one_pass_identity_matches_the_general_path() -> None:
         assert sig.identity("acct_42", "other-task", values)[1] != key  # the task is part of the memo's key
         hashes = sig.hashes(values)
         assert hashes == argument_hashes(args)
-        assert sig.hashes_json(hashes) == hashes_json(hashes) == _compact(hashes)
+        assert sig.hashes_json(values) == hashes_json(hashes) == _compact(hashes)
     assert seen_flat > 500 and seen_general > 200
     assert FlatSignature("t", ["a"], []).values({"a": 1, "b": 2}) is None  # not the signature's names
     sig = FlatSignature("t", ["a"], ["a"])
