@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._harness import Stat, ratio
@@ -18,6 +18,7 @@ class Target:
     op: str  # "<=", ">=", "==", "<"
     unit: str = "×"
     why_na: str = ""
+    per_rep: list[float] = field(default_factory=list)  # a ratio's value in each rep (its median is value)
 
     @property
     def result(self) -> str:
@@ -30,7 +31,7 @@ class Target:
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "what": self.what, "value": None if self.value is None else round(self.value, 3),
                 "limit": self.limit, "op": self.op, "unit": self.unit, "result": self.result,
-                "note": self.why_na}
+                "note": self.why_na, "per_rep": [round(r, 3) for r in self.per_rep]}
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -117,5 +118,7 @@ def targets_table(targets: list[Target]) -> str:
         val = "—" if t.value is None else (f"{t.value:.2f}{t.unit}" if t.unit == "×" else f"{t.value:.2f} {t.unit}")
         lim = f"{t.op} {t.limit:g}{t.unit if t.unit == '×' else ' ' + t.unit}"
         extra = f"  ({t.why_na})" if t.why_na else ""
+        if t.per_rep:
+            extra += f"  reps {min(t.per_rep):.2f}–{max(t.per_rep):.2f}"
         lines.append(f"{t.result:<5} {t.what:<{width}}  {val:>12}  {lim}{extra}")
     return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""The benchmark harness interleaves variants slice by slice, so that a drift in this shared machine's speed
+is shared by every variant of a rep. Checked on the order of the calls it makes (never on a time)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from benchmarks._harness import Variant, ratios, run_group
+
+
+def _recording(log: list[tuple[str, int, int]], name: str, rep: list[int]) -> Variant:
+    async def call(i: int) -> None:
+        log.append((name, rep[0], i))
+
+    async def prepare(r: int, k: int) -> None:
+        rep[0] = r
+        log.append((name, r, -1))  # -1: prepared
+
+    return Variant(name, call, prepare)
+
+
+def test_variants_run_slice_by_slice_and_rotate() -> None:
+    log: list[tuple[str, int, int]] = []
+    reps = [-1]
+    variants = [_recording(log, name, reps) for name in ("a", "b", "c")]
+    stats = asyncio.run(run_group(variants, n=8, reps=3, warmup=2, chunks=4))
+
+    assert all(len(s.reps) == 3 for s in stats.values())
+    assert len(ratios(stats, "b", "a")) == 3
+    for r in range(3):
+        timed = [(name, i) for name, rep, i in log if rep == r and i >= 0]
+        for name in "abc":  # every call of the rep exactly once, in order
+            assert [i for n, i in timed if n == name] == list(range(8))
+        # Prepared before any timed call of the rep, then slices of 2 calls taken in turn.
+        first = ("abc" * 2)[r:r + 3]  # the order rotates by one each rep
+        expected = [(name, i) for lo in range(0, 8, 2) for name in first for i in (lo, lo + 1)]
+        assert timed == expected
+        rep_log = [(n, i) for n, rep, i in log if rep == r]
+        assert [i for _, i in rep_log[:3]] == [-1, -1, -1]
+
+
+def test_concurrent_callers_run_each_rep_whole() -> None:
+    log: list[tuple[str, int, int]] = []
+    reps = [-1]
+    variants = [_recording(log, name, reps) for name in ("a", "b")]
+    stats = asyncio.run(run_group(variants, n=12, reps=2, warmup=4, callers=4))
+    assert all(len(s.reps) == 2 for s in stats.values())
+    for r in range(2):
+        timed = [(name, i) for name, rep, i in log if rep == r and i >= 0]
+        for name in "ab":
+            assert sorted(i for n, i in timed if n == name) == list(range(12))
+        names = [n for n, _ in timed]
+        first = names[0]
+        assert names == [first] * 12 + [("b" if first == "a" else "a")] * 12  # one variant after the other
