@@ -127,11 +127,10 @@ async def test_stale_worker_woken_after_takeover_gets_lease_lost(
     # The takeover's result stands: a fresh caller replays it.
     async with Guard(store_url) as guard:
 
-        @guard.once(key=["order_id"])
+        @guard.once(key=["order_id"], operation="charge")
         async def charge2(order_id: str, amount_cents: int) -> dict[str, Any]:
             raise AssertionError("must replay, not run")
 
-        charge2.__agentguard__.tool = "charge"  # type: ignore[attr-defined]
         with task(t):
             assert await charge2("o-1", 4900) == winner
     assert len(set(effects_of(effects) + runs)) == 1  # every attempt used the same downstream key
