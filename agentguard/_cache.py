@@ -41,8 +41,9 @@ class ReplayCache:
             return entry[1]
 
     def put(self, record: Record, deadline: float) -> None:
-        """``deadline``: a ``time.monotonic()`` instant no later than the record's expiry."""
-        if not self.maxsize or deadline <= time.monotonic():
+        """``deadline``: a ``time.monotonic()`` instant no later than the record's expiry (one already past
+        is stored and dropped by the next ``get``)."""
+        if not self.maxsize:
             return
         k = (record.scope, record.key)
         entries = self._entries

@@ -686,10 +686,10 @@ class Guard:
         if info is None:
             raise _no_task(flat.tool)
         scope, task_id = info.scope, info.task_id
-        operation, key, fp = flat.identity(scope, task_id, values)
+        operation, key, fp, hashes = flat.identity(scope, task_id, values)
         return _Call(
             scope, task_id, operation, key, arguments, fp, codec, cache_errors, self._on_conflict,
-            self._wait_timeout, flat.tool, None, None, None, None, (flat, values),
+            self._wait_timeout, flat.tool, None, None, None, hashes, (flat, values),
         )
 
     # -- public entry points --------------------------------------------------------------------------

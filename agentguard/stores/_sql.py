@@ -144,17 +144,25 @@ def _audit(text_: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+# Records are built with tuple.__new__, skipping the NamedTuple's Python-level __new__ (this is on every
+# replay). Both drivers already give int for the integer columns and float for ttl (a REAL / float8
+# expression); live and expired come as 0/1 and are made bool.
+_new = tuple.__new__
+
+
 def _record(scope: str, key: str, row: Sequence[Any]) -> Record:
     # scope, key, state, fence, fingerprint, arg_hashes, result, attempts, owner, task_id, operation, live,
     # expired, ttl, origin
-    return Record(scope, key, row[0], int(row[1]), row[2], row[3], row[4], int(row[5]), row[6], row[7], row[8],
-                  bool(row[9]), bool(row[10]), float(row[11]), int(row[12]))
+    rec: Record = _new(Record, (scope, key, row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7],
+                                row[8], bool(row[9]), bool(row[10]), row[11], row[12]))
+    return rec
 
 
 def _claimed_record(scope: str, key: str, row: Sequence[Any]) -> Record:
     # The claim function's row: (claimed, fence, state, fingerprint, ...) — the read's columns, fence first.
-    return Record(scope, key, row[2], int(row[1]), row[3], row[4], row[5], int(row[6]), row[7], row[8], row[9],
-                  bool(row[10]), bool(row[11]), float(row[12]), int(row[13]))
+    rec: Record = _new(Record, (scope, key, row[2], row[1], row[3], row[4], row[5], row[6], row[7], row[8],
+                                row[9], bool(row[10]), bool(row[11]), row[12], row[13]))
+    return rec
 
 
 class _Statements:
