@@ -114,6 +114,7 @@ class FlatSignature:
     __slots__ = ("_fp", "_hash", "_key", "_memo", "names", "tool")
 
     MEMO = 1024  # identities remembered per tool: a repeated call (a replay) hashes nothing
+    MEMO_TEXT = 2048  # arguments longer than this as JSON are not kept (their hashing is not the cost)
 
     def __init__(self, tool: str, names: Sequence[str], key_fields: Sequence[str]) -> None:
         ordered = sorted(names)
@@ -159,9 +160,10 @@ class FlatSignature:
         if found is None:
             operation = self.operation(values)
             found = (operation, derive_key(scope, task_id, operation), _sha(text), self.hashes_json(values))
-            if len(memo) >= self.MEMO:
-                memo.clear()  # (a memo, not a cache of outcomes: forgetting costs two hashes)
-            memo[(scope, task_id, text)] = found
+            if len(text) <= self.MEMO_TEXT:
+                if len(memo) >= self.MEMO:
+                    memo.clear()  # (a memo, not a cache of outcomes: forgetting costs four digests)
+                memo[(scope, task_id, text)] = found
         return found
 
     def operation(self, values: Sequence[str]) -> str:

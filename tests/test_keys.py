@@ -17,6 +17,7 @@ from agentguard._keys import (
     _compact,
     _flat,
     _normalise,
+    _unicode,
     argument_hashes,
     canonical_json,
     derive_key,
@@ -118,3 +119,7 @@ def test_the_one_pass_identity_matches_the_general_path() -> None:
         assert sig.identity("s", "t", [str(i)])[:3] == ("t[a=" + str(i) + "]", derive_key("s", "t", f"t[a={i}]"),
                                                         fingerprint({"a": i}))
         assert len(sig._memo) <= FlatSignature.MEMO
+    sig._memo.clear()
+    long_text = "x" * FlatSignature.MEMO_TEXT
+    assert sig.identity("s", "t", [_unicode(long_text)])[2] == fingerprint({"a": long_text})
+    assert not sig._memo  # long arguments are hashed each time, never kept
