@@ -143,9 +143,8 @@ class _Call:
 
     @property
     def arg_hashes_json(self) -> str:
-        if self._hashes_json is None:
-            flat = self.flat
-            self._hashes_json = hashes_json(self.arg_hashes) if flat is None else flat[0].hashes_json(flat[1])
+        if self._hashes_json is None:  # (a flat call has it already, from its identity)
+            self._hashes_json = hashes_json(self.arg_hashes)
         return self._hashes_json
 
 

@@ -15,7 +15,7 @@ import enum
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -85,25 +85,36 @@ _ascii = json.encoder.encode_basestring_ascii
 _unicode = json.encoder.encode_basestring
 
 
+def _flat_texts(values: Iterable[Any]) -> list[str] | None:
+    """Each value's canonical JSON if every one is a str/int/bool/None (what ``canonical_json`` gives), else
+    None: the general encoder is needed."""
+    out = []
+    try:
+        for v in values:
+            t = type(v)
+            if t is str:
+                out.append(_unicode(v))
+            elif t is int:
+                out.append(int.__repr__(v))
+            elif v is None:
+                out.append("null")
+            elif t is bool:
+                out.append("true" if v else "false")
+            else:
+                return None
+    except ValueError:  # more digits than int -> str allows: the general path names the argument
+        return None
+    return out
+
+
 def _flat(arguments: Mapping[str, Any]) -> str | None:
     """The canonical JSON of a flat mapping of str/int/bool/None values, built directly (byte-identical
     to ``canonical_json``), or None when a value needs the general encoder."""
-    parts = []
-    for k in sorted(arguments):
-        v = arguments[k]
-        t = type(v)
-        if t is str:
-            parts.append(f"{_unicode(k)}:{_unicode(v)}")
-        elif t is int:
-            try:
-                parts.append(f"{_unicode(k)}:{v}")
-            except ValueError:  # more digits than int -> str allows: the general path names it
-                return None
-        elif v is None or t is bool:
-            parts.append(f"{_unicode(k)}:{'null' if v is None else 'true' if v else 'false'}")
-        else:
-            return None
-    return "{" + ",".join(parts) + "}"
+    names = sorted(arguments)
+    texts = _flat_texts(map(arguments.__getitem__, names))
+    if texts is None:
+        return None
+    return "{" + ",".join([_unicode(k) + ":" + t for k, t in zip(names, texts, strict=True)]) + "}"
 
 
 class FlatSignature:
@@ -130,24 +141,7 @@ class FlatSignature:
         """Each argument's canonical JSON, in name order; None when one needs the general path."""
         if len(arguments) != len(self.names):
             return None
-        out = []
-        try:
-            for name in self.names:
-                v = arguments[name]
-                t = type(v)
-                if t is str:
-                    out.append(_unicode(v))
-                elif t is int:
-                    out.append(int.__repr__(v))
-                elif v is None:
-                    out.append("null")
-                elif t is bool:
-                    out.append("true" if v else "false")
-                else:
-                    return None
-        except ValueError:  # more digits than int -> str allows: the general path says so
-            return None
-        return out
+        return _flat_texts(map(arguments.__getitem__, self.names))
 
     def identity(self, scope: str, task_id: str, values: Sequence[str]) -> tuple[str, str, str, str]:
         """``(operation, key, fingerprint, argument hashes as JSON)`` of a call in a task. Each is a pure

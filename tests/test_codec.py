@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from typing_extensions import TypedDict
 
 from agentguard._codec import Codec, dumps
@@ -126,3 +126,14 @@ def test_values_that_cannot_be_stored_say_why() -> None:
     loop.append(loop)
     with pytest.raises(ValueError, match="nested"):
         Codec().store(loop)
+
+
+def test_dict_and_list_annotations_skip_only_an_identity_validation() -> None:
+    # Plain JSON decoded under dict[str, Any] / list[Any] is returned as it is (validating it would copy it);
+    # anything tagged is still validated, so a stored dict with non-string keys is refused, not passed on.
+    for annotation, text, want in ((dict[str, Any], '{"a":[1,{"b":null}]}', {"a": [1, {"b": None}]}),
+                                   (list[Any], '[1,"x",{"y":2}]', [1, "x", {"y": 2}])):
+        assert Codec(annotation).decode(text) == want
+    with pytest.raises(ValidationError):
+        Codec(dict[str, Any]).decode(dumps({1: "a"}, typed=True))
+    assert Codec(list[Any]).decode(dumps((1, 2), typed=True)) == [1, 2]  # a tuple, validated into a list

@@ -38,10 +38,14 @@ def test_formats_are_pinned() -> None:
     assert sub_key("ag_x", "charge") == "ag_aba39d01f90cdf4ec492673f4744e57ab1e23df59b8137db"
 
 
+def _random_text(rng: random.Random) -> str:
+    return "".join(rng.choice(string.printable + "éü€\u2028\"\\") for _ in range(rng.randrange(12)))
+
+
 def _random_value(rng: random.Random) -> Any:
     kind = rng.randrange(5)
     if kind == 0:
-        return "".join(rng.choice(string.printable + "éü€\u2028\"\\") for _ in range(rng.randrange(12)))
+        return _random_text(rng)
     if kind == 1:
         return rng.randrange(-(10**20), 10**20)
     if kind == 2:
@@ -72,7 +76,7 @@ def test_fast_paths_match_the_canonical_encoder() -> None:
 def _flat_value(rng: random.Random) -> Any:
     kind = rng.randrange(6)
     if kind == 0:
-        return "".join(rng.choice(string.printable + "éü€\u2028\"\\") for _ in range(rng.randrange(12)))
+        return _random_text(rng)
     if kind == 1:
         return rng.randrange(-(10**20), 10**20)
     if kind == 2:
