@@ -55,6 +55,7 @@ DEFAULT_LEASE = 30.0
 DEFAULT_RETENTION = timedelta(days=7)
 _UNSET: Any = object()
 _active_claim: contextvars.ContextVar[_Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
+_REPLAYING_MAX = 4096  # tasks remembered as replaying (see Guard._begin)
 _MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
 
 
@@ -143,8 +144,9 @@ class _Call:
 
     @property
     def arg_hashes_json(self) -> str:
-        if self._hashes_json is None:  # (a flat call has it already, from its identity)
-            self._hashes_json = hashes_json(self.arg_hashes)
+        if self._hashes_json is None:
+            flat = self.flat
+            self._hashes_json = hashes_json(self.arg_hashes) if flat is None else flat[0].hashes_json(flat[1])
         return self._hashes_json
 
 
@@ -299,6 +301,9 @@ class Guard:
         self._resumable: dict[str, Callable[..., Any]] = {}
         self._beats: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Heartbeat] = weakref.WeakKeyDictionary()
         self._beat: _Heartbeat | None = None
+        # Tasks whose last call through this guard was a replay (a resumed agent replaying its history):
+        # their next call is read with a plain SELECT first (see _begin). Advisory, bounded.
+        self._replaying: dict[tuple[str, str], None] = {}
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -456,8 +461,29 @@ class Guard:
                          claim.origin)
             self._cache.put(rec, started + self._retention)
 
+    def _replayed(self, call: _Call, rec: Record) -> _Replay:
+        """A terminal record with our fingerprint, read from the store: replay it (and remember the task)."""
+        self._emit("replayed", call, rec.attempts)
+        self._cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
+        if self._store.read_is_cheaper:
+            replaying = self._replaying
+            if len(replaying) >= _REPLAYING_MAX:
+                replaying.clear()
+            replaying[(call.scope, call.task_id)] = None
+        return _Replay(call, rec)
+
     async def _begin(self, call: _Call) -> _Claim | _Replay:
         store = self._store
+        if store.read_is_cheaper and (call.scope, call.task_id) in self._replaying:
+            # The task's previous call here was a replay, so this one likely is too: a plain SELECT costs
+            # less than the claim statement (Postgres). Only a completed record is acted on; anything else
+            # (none, running, released, past retention) goes to the claim below, which decides.
+            rec = await store.read(call.scope, call.key)
+            if rec is not None and rec.state in (SUCCEEDED, FAILED) and not rec.expired:
+                if rec.fingerprint != call.fingerprint:
+                    raise self._reuse_error(call, rec)
+                return self._replayed(call, rec)
+            self._replaying.pop((call.scope, call.task_id), None)
         owner = f"{_owner_prefix}{next(_owner_count):x}"  # an owner token (see _owner_prefix)
         params: dict[str, Any] = {
             "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
@@ -499,9 +525,7 @@ class Guard:
                 if rec.fingerprint != call.fingerprint:
                     raise self._reuse_error(call, rec)
                 if rec.state in (SUCCEEDED, FAILED):
-                    self._emit("replayed", call, rec.attempts)
-                    self._cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
-                    return _Replay(call, rec)
+                    return self._replayed(call, rec)
             if stale or not rec.live:
                 try:
                     took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
@@ -685,10 +709,10 @@ class Guard:
         if info is None:
             raise _no_task(flat.tool)
         scope, task_id = info.scope, info.task_id
-        operation, key, fp, hashes = flat.identity(scope, task_id, values)
+        operation, key, fp = flat.identity(scope, task_id, values)
         return _Call(
             scope, task_id, operation, key, arguments, fp, codec, cache_errors, self._on_conflict,
-            self._wait_timeout, flat.tool, None, None, None, hashes, (flat, values),
+            self._wait_timeout, flat.tool, None, None, None, None, (flat, values),
         )
 
     # -- public entry points --------------------------------------------------------------------------

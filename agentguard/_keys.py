@@ -135,7 +135,7 @@ class FlatSignature:
         self._fp = tuple(_unicode(n) + ":" for n in ordered)
         self._hash = tuple(_ascii(n) + ':"' for n in ordered)
         self._key = tuple((index[k], f"{k}=") for k in sorted(set(key_fields)))  # every key field is a name
-        self._memo: dict[tuple[str, str, str], tuple[str, str, str, str]] = {}
+        self._memo: dict[tuple[str, str, str], tuple[str, str, str]] = {}
 
     def values(self, arguments: Mapping[str, Any]) -> list[str] | None:
         """Each argument's canonical JSON, in name order; None when one needs the general path."""
@@ -143,20 +143,19 @@ class FlatSignature:
             return None
         return _flat_texts(map(arguments.__getitem__, self.names))
 
-    def identity(self, scope: str, task_id: str, values: Sequence[str]) -> tuple[str, str, str, str]:
-        """``(operation, key, fingerprint, argument hashes as JSON)`` of a call in a task. Each is a pure
-        function of the scope, the task id and the arguments' canonical JSON, so a repeat of the same call is
-        served from a small memo. The four digests are taken together: measured under real I/O, a digest
-        right after another costs a fraction of one taken cold."""
+    def identity(self, scope: str, task_id: str, values: Sequence[str]) -> tuple[str, str, str]:
+        """``(operation, key, fingerprint)`` of a call in a task. Each is a pure function of the scope, the
+        task id and the arguments' canonical JSON, so a repeat of the same call is served from a small memo.
+        (The per-argument hashes are left to ``hashes_json``: only a claim or a reuse error needs them.)"""
         text = "{" + ",".join([p + v for p, v in zip(self._fp, values, strict=True)]) + "}"
         memo = self._memo
         found = memo.get((scope, task_id, text))
         if found is None:
             operation = self.operation(values)
-            found = (operation, derive_key(scope, task_id, operation), _sha(text), self.hashes_json(values))
+            found = (operation, derive_key(scope, task_id, operation), _sha(text))
             if len(text) <= self.MEMO_TEXT:
                 if len(memo) >= self.MEMO:
-                    memo.clear()  # (a memo, not a cache of outcomes: forgetting costs four digests)
+                    memo.clear()  # (a memo, not a cache of outcomes: forgetting costs two digests)
                 memo[(scope, task_id, text)] = found
         return found
 

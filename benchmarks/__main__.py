@@ -132,7 +132,7 @@ class Run:
         stats, notes = await _sqlite.sequential(path, obs, n=c.sqlite_n, reps=c.reps, warmup=c.warmup, log=_log)
         self.add("sqlite.sequential", f"SQLite WAL, synchronous=OFF, one caller ({c.sqlite_n} calls × {c.reps} reps,"
                  " medians; × floor = per-rep ratio to the raw aiosqlite floor of the same kind)", stats, notes,
-                 statements={"first_call": [_verb(s) for s in obs.first], "replay": [_verb(s) for s in obs.replay]})
+                 statements=_statements(obs))
 
     @contextlib.asynccontextmanager
     async def pg_database(self) -> AsyncIterator[tuple[str, str]]:
@@ -197,8 +197,7 @@ class Run:
             self.add("postgres.sequential", f"PostgreSQL {settings.get('server_version', '').split()[0]},"
                      f" synchronous_commit=off, one caller ({c.pg_n} calls × {c.reps} reps, medians; × floor ="
                      " per-rep ratio to the raw asyncpg floor of the same kind)", stats, notes,
-                     statements={"first_call": [_verb(s) for s in obs.first],
-                                 "replay": [_verb(s) for s in obs.replay]})
+                     statements=_statements(obs))
             _log(f"== Postgres, {c.callers} callers ({c.conc_n} calls × {c.reps} reps)")
             stats, notes = await _pg.concurrent(url, n=c.conc_n, reps=c.reps, warmup=c.warmup, callers=c.callers,
                                                 log=_log)
@@ -266,6 +265,8 @@ class Run:
                   "agentguard: first call", "raw asyncpg: claim + complete", 1.5),
                 R("pg_replay", "Postgres, one caller: replay / one raw SELECT", pg,
                   "agentguard: replay", "raw asyncpg: SELECT", 1.5),
+                R("pg_lone_replay", "Postgres: first replay of a task / raw SELECT (stricter)", pg,
+                  "agentguard: replay, first of its task", "raw asyncpg: SELECT", 1.5),
             ]
         if sq is not None:
             out += [
@@ -323,6 +324,7 @@ class Run:
         spots = {
             "pg_first": ("postgres.sequential", "agentguard: first call"),
             "pg_replay": ("postgres.sequential", "agentguard: replay"),
+            "pg_lone_replay": ("postgres.sequential", "agentguard: replay, first of its task"),
             "sqlite_first": ("sqlite.sequential", "agentguard: first call"),
             "sqlite_replay": ("sqlite.sequential", "agentguard: replay"),
             "cached_sqlite": ("sqlite.sequential", "agentguard: cached replay"),
@@ -346,12 +348,16 @@ class Run:
             extra = list(notes)
             if key in ("sqlite.sequential", "postgres.sequential"):
                 gap_f = rpt.cpu_gap(stats, "agentguard: first call", "store only (SQLStore): claim + complete")
-                gap_r = rpt.cpu_gap(stats, "agentguard: replay", "store only (SQLStore): claim, existing key")
+                st = self.doc["groups"][key].get("statements", {})
+                bare = ("store only (SQLStore): SELECT" if st.get("replay_next") == ["SELECT (read)"]
+                        else "store only (SQLStore): claim, existing key")  # what the replay asks of the store
+                gap_r = rpt.cpu_gap(stats, "agentguard: replay", bare)
                 extra.append(f"client CPU the Guard adds over the bare store: first call {rpt._fmt(gap_f)} µs,"
                              f" replay {rpt._fmt(gap_r)} µs")
-                st = self.doc["groups"][key].get("statements", {})
                 extra.append(f"statements per first call: {' + '.join(st.get('first_call', [])) or '?'};"
-                             f" per replay (cache miss): {' + '.join(st.get('replay', [])) or '?'}")
+                             f" per replay (cache miss), the first of its task:"
+                             f" {' + '.join(st.get('replay', [])) or '?'}; after a replay in the same task:"
+                             f" {' + '.join(st.get('replay_next', [])) or '?'}")
             parts.append(rpt.group_table(title, stats, concurrent=concurrent, targets=by_variant.get(key),
                                          notes=extra))
         counts = self.doc.get("postgres_counts")
@@ -406,6 +412,11 @@ def _verb(sql: str) -> str:
     from ._common import verb
 
     return verb(sql)
+
+
+def _statements(obs: Any) -> dict[str, list[str]]:
+    return {"first_call": [_verb(s) for s in obs.first], "replay": [_verb(s) for s in obs.replay],
+            "replay_next": [_verb(s) for s in obs.replay_next]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,14 +128,16 @@ class RawParams:
 
 @dataclass
 class Observed:
-    """What one guarded first call and one replay (by a guard that has not seen the key) sent to the store."""
+    """What one guarded first call and its replays (by a guard that has not seen the keys) sent to the store."""
 
     params: RawParams
     first: list[str]  # the statements, in order
-    replay: list[str]
+    replay: list[str]  # the first replay of a task
+    replay_next: list[str]  # a replay right after a replay in the same task (a resumed agent's history)
 
 
-def _spy(g: Guard, log: list[tuple[str, dict[str, Any]]]) -> None:
+def _spy(g: Guard, logs: list[list[tuple[str, dict[str, Any]]]]) -> None:
+    """Log each statement into ``logs[-1]`` (append a new list to start another call's log)."""
     store = getattr(g, "_store", None)
     one = getattr(store, "_one", None)
     if one is None:
@@ -146,24 +148,30 @@ def _spy(g: Guard, log: list[tuple[str, dict[str, Any]]]) -> None:
         then = kw.get("then")
         if then is not None:  # SQLite: a read, and an insert only if it found nothing, in one thread hop
             sql += " ;THEN " + " ".join(str(getattr(then, "text", then)).split())
-        log.append((sql, dict(params)))
+        logs[-1].append((sql, dict(params)))
         return await one(what, stmt, params, **kw)
 
     store._one = one_spy  # type: ignore[union-attr]
 
 
 async def observe(url: str, **guard_kw: Any) -> Observed:
-    """Run one guarded call and its replay with the store's statement executor observed: the raw floor
-    then binds exactly the parameters the guard binds, and the report can list the statements."""
+    """Run two guarded calls of one task, then replay both with another guard, with the store's statement
+    executor observed: the raw floor then binds exactly the parameters the guard binds, and the report can
+    list the statements of each path."""
     first: list[tuple[str, dict[str, Any]]] = []
     replay: list[tuple[str, dict[str, Any]]] = []
+    replay_next: list[tuple[str, dict[str, Any]]] = []
     tid = f"observe-{run_id()}"
-    for log in (first, replay):
+    for logs in ([first, []], [replay, replay_next]):
         g = Guard(url, **guard_kw)
-        _spy(g, log)
+        current = [logs[0]]
+        _spy(g, current)
         try:
+            tool = guarded(g, Body())
             with task(tid):
-                await guarded(g, Body())("o-observe", AMOUNT)
+                await tool("o-observe", AMOUNT)
+                current.append(logs[1])
+                await tool("o-observe-2", AMOUNT)
         finally:
             await g.aclose()
     claim = next((p for _, p in first if "owner" in p and "fence" in p), None)
@@ -171,7 +179,8 @@ async def observe(url: str, **guard_kw: Any) -> Observed:
     if claim is None or complete is None:
         raise SystemExit("benchmarks: could not recognise the claim/complete parameters; update "
                          "benchmarks/_common.observe")
-    return Observed(RawParams(claim, complete), [s for s, _ in first], [s for s, _ in replay])
+    return Observed(RawParams(claim, complete), [s for s, _ in first], [s for s, _ in replay],
+                    [s for s, _ in replay_next])
 
 
 def verb(sql: str) -> str:

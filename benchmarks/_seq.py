@@ -2,8 +2,9 @@
 
 First-call group: unguarded call; the raw drivers doing the store's own claim + complete; the store alone
 (``SQLStore`` as the guard drives it, without the Guard); agentguard. Replay group: the raw drivers' SELECT
-of the record (the floor) and claim-miss + SELECT; the store's SELECT alone; an agentguard replay that
-misses any in-process cache (a Guard instance that has not seen the keys); a replay served from the cache.
+of the record (the floor) and claim-miss + SELECT; the store's SELECT alone; agentguard replays that miss any
+in-process cache (Guard instances that have not seen the keys), both as the calls of one task (a resumed
+agent replaying its history) and each in a task of its own; a replay served from the cache.
 """
 
 from __future__ import annotations
@@ -161,6 +162,19 @@ async def sequential(
         with task(tids["replay"]):
             await replay_tool(orders[i], c.AMOUNT)
 
+    lone_body = c.Body()
+    lone_tool = c.guarded(guard(), lone_body)  # another instance again: it has seen no key and no task
+
+    async def lone_prepare(rep: int, k: int) -> None:
+        tids["lone"] = tid = f"bench-{rid}-lone-{rep}"
+        for i in range(k):
+            with task(f"{tid}-{i}"):
+                await pop_tool(orders[i], c.AMOUNT)
+
+    async def guard_lone_replay(i: int) -> None:
+        with task(f"{tids['lone']}-{i}"):
+            await lone_tool(orders[i], c.AMOUNT)
+
     cache_body = c.Body()
     cache_guard = guard(**c.cache_kwargs())
     cache_tool = c.guarded(cache_guard, cache_body)
@@ -224,7 +238,10 @@ async def sequential(
         Variant("store only (SQLStore): SELECT", store_read, populated("ssel"), ref=replay_ref),
         Variant("store only (SQLStore): claim, existing key", store_claim_hit, populated("shit"),
                 "what a guard replay asks of the store", ref=replay_ref),
-        Variant("agentguard: replay", guard_replay, replay_prepare, "misses the in-process cache", ref=replay_ref),
+        Variant("agentguard: replay", guard_replay, replay_prepare,
+                "misses the in-process cache; the calls of one task, as a resumed agent replays", ref=replay_ref),
+        Variant("agentguard: replay, first of its task", guard_lone_replay, lone_prepare,
+                "misses the cache; every call in its own task", ref=replay_ref),
         Variant("agentguard: cached replay", guard_cached, cached_prepare, ref=replay_ref),
     ]
     try:
@@ -234,5 +251,6 @@ async def sequential(
             await close()
     check_runs(stats, notes, first_body, "agentguard: first call", warmup + n * reps)
     check_runs(stats, notes, replay_body, "agentguard: replay", 0)
+    check_runs(stats, notes, lone_body, "agentguard: replay, first of its task", 0)
     check_runs(stats, notes, cache_body, "agentguard: cached replay", 0)
     return stats, notes

@@ -137,6 +137,9 @@ async def test_each_step_is_one_round_trip(store_url: str) -> None:
             await charge(1)
             await logged()
             replay, statements[:] = list(statements), []
+            await charge(1)
+            await logged()
+            replay_next, statements[:] = list(statements), []
             with pytest.raises(ConnectionError):
                 await flaky(1)
             await logged()
@@ -147,7 +150,10 @@ async def test_each_step_is_one_round_trip(store_url: str) -> None:
             retried = list(statements)
     assert first == ["CLAIM", "UPDATE"]  # read-or-claim, complete
     assert replay == ["CLAIM"]  # read-or-claim finds the completed record (in-process cache off)
-    assert failed == ["CLAIM", "UPDATE"]  # claim, release
+    # The task is replaying now: its next call reads first, with a plain SELECT, which serves a replay ...
+    assert replay_next == ["SELECT"]
+    # ... and costs a first call one extra read, once: the miss ends the task's replaying.
+    assert failed == ["SELECT", "CLAIM", "UPDATE"]  # read, claim, release
     assert retried == ["CLAIM", "UPDATE", "UPDATE"]  # read-or-claim, take over, release
 
 

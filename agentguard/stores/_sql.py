@@ -433,6 +433,9 @@ class SQLStore:
         # SQLite: a claim reads and (if nothing is there) inserts in one hop to aiosqlite's thread, through
         # the queue every aiosqlite method uses; on an aiosqlite without it, two hops (insert, then read).
         self._one_hop = self.backend == "sqlite" and _aiosqlite_runs_functions()
+        # Postgres: a plain SELECT of the record costs less than the claim statement (a function), so a call
+        # that is likely a replay may read first. SQLite's claim reads first already, in the same hop.
+        self.read_is_cheaper = self.sql.claim_or_fetch is not None
         self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
             weakref.WeakKeyDictionary()
         )
@@ -754,7 +757,7 @@ class SQLStore:
 
     async def read(self, scope: str, key: str) -> Record | None:
         row = await self._one("reading the record", self.sql.read, {"scope": scope, "key": key})
-        return None if row is None else _record(scope, key, tuple(row))
+        return None if row is None else _record(scope, key, row)
 
     async def take_over(self, params: dict[str, Any]) -> tuple[int, int] | None:
         """Returns (fence, origin) if we took the claim over."""
