@@ -983,6 +983,8 @@ class _Spec:
         self.pos_names = tuple(n for n, p in self.public_sig.parameters.items()
                                if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
         self.all_names = tuple(self.public_sig.parameters)
+        # (-1: never; some parameter is keyword-only, *args or **kwargs)
+        self.n_positional = len(self.pos_names) if self.simple and len(self.pos_names) == len(self.all_names) else -1
         self.name_set = frozenset(self.all_names)
         self.defaults = {n: p.default for n, p in self.public_sig.parameters.items()
                          if p.default is not inspect.Parameter.empty}
@@ -1039,6 +1041,8 @@ class _Spec:
         return {n: self.arg_codecs[n].decode(v) for n, v in json.loads(text).items()}
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if not kwargs and len(args) == self.n_positional:  # every parameter passed by position
+            return dict(zip(self.pos_names, args, strict=True))
         if self.simple and len(args) <= len(self.pos_names):
             arguments = dict(zip(self.pos_names, args, strict=False))
             ok = True
