@@ -27,18 +27,22 @@ class ReplayCache:
     def get(self, scope: str, key: str) -> Record | None:
         if not self.maxsize:
             return None
+        # No lock on a hit: each dict operation is atomic, and an entry evicted meanwhile by another
+        # thread's put was a valid terminal record when it was read.
         k = (scope, key)
-        if k not in self._entries:  # a miss (every first call) needs no lock
+        entry = self._entries.get(k)
+        if entry is None:  # a miss (every first call)
             return None
-        with self._lock:
-            entry = self._entries.get(k)
-            if entry is None:
-                return None
-            if entry[0] <= time.monotonic():
-                del self._entries[k]
-                return None
+        if entry[0] <= time.monotonic():
+            with self._lock:
+                if self._entries.get(k) is entry:
+                    del self._entries[k]
+            return None
+        try:  # noqa: SIM105 - a bare try costs nothing; contextlib.suppress costs a context manager per hit
             self._entries.move_to_end(k)
-            return entry[1]
+        except KeyError:
+            pass
+        return entry[1]
 
     def put(self, record: Record, deadline: float) -> None:
         """``deadline``: a ``time.monotonic()`` instant no later than the record's expiry (one already past
