@@ -55,6 +55,7 @@ DEFAULT_LEASE = 30.0
 DEFAULT_RETENTION = timedelta(days=7)
 _UNSET: Any = object()
 _active_claim: contextvars.ContextVar[_Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
+_new = tuple.__new__  # builds a Record without its NamedTuple's Python-level __new__ (hot path)
 _REPLAYING_MAX = 4096  # tasks remembered as replaying (see Guard._begin)
 _MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
 
@@ -241,15 +242,15 @@ async def _uncancellable(aw: Awaitable[T]) -> T:
     return result
 
 
-async def _recorded(make: Callable[[], Awaitable[T]]) -> T:
+async def _recorded(step: Callable[[Any, Any], Awaitable[T]], claim: Any, arg: Any) -> T:
     """Run a recording step (complete, release) directly — no task, no shield on the happy path. If we
     are cancelled while it runs, its statement may or may not have committed: run it again to completion
     (every write is fenced, so a second attempt is harmless), then deliver the cancellation."""
     try:
-        return await make()
+        return await step(claim, arg)
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):
-            await _uncancellable(make())
+            await _uncancellable(step(claim, arg))
         raise
 
 
@@ -456,9 +457,9 @@ class Guard:
     def _remember(self, claim: _Claim, state: str, stored: str, started: float) -> None:
         call = claim.call
         if self._cache.maxsize:
-            rec = Record(call.scope, call.key, state, claim.fence, call.fingerprint, call.arg_hashes_json, stored,
-                         claim.attempt, None, call.task_id, call.operation, False, False, self._retention,
-                         claim.origin)
+            rec: Record = _new(Record, (call.scope, call.key, state, claim.fence, call.fingerprint,
+                                        call.arg_hashes_json, stored, claim.attempt, None, call.task_id,
+                                        call.operation, False, False, self._retention, claim.origin))
             self._cache.put(rec, started + self._retention)
 
     def _replayed(self, call: _Call, rec: Record) -> _Replay:
@@ -624,21 +625,19 @@ class Guard:
         try:
             value = await body(call.key)
         except BaseException as exc:
-            await _recorded(self._on_store(memory, self._fail, claim, exc))
+            await _recorded(self._on_portal(self._fail) if memory else self._fail, claim, exc)
             raise
         finally:
             _key.reset(token)
             if claim_token is not None:
                 _active_claim.reset(claim_token)
-        return await _recorded(self._on_store(memory, self._succeed, claim, value)), False
+        return await _recorded(self._on_portal(self._succeed) if memory else self._succeed, claim, value), False
 
-    def _on_store(
-        self, memory: bool, step: Callable[[_Claim, Any], Coroutine[Any, Any, T]], claim: _Claim, arg: Any
-    ) -> Callable[[], Awaitable[T]]:
-        """A recording step, as a factory (``_recorded`` may run it twice), on the loop the store lives on."""
-        if memory:
-            return lambda: self._portal.arun(step(claim, arg))
-        return functools.partial(step, claim, arg)
+    def _on_portal(
+        self, step: Callable[[_Claim, Any], Coroutine[Any, Any, T]]
+    ) -> Callable[[_Claim, Any], Awaitable[T]]:
+        """A recording step run on the portal's loop, where an in-memory store lives."""
+        return lambda claim, arg: self._portal.arun(step(claim, arg))
 
     def _drive_sync(self, call: _Call, body: Callable[[str], T]) -> tuple[T, bool]:
         portal = self._portal
