@@ -78,13 +78,19 @@ async def sequential(
 
         return prepare
 
+    filler = c.Body()
+
     def populated(tag: str) -> Callable[[int, int], Awaitable[None]]:
+        """Completed rows for the raw and store-only replay variants, each holding the result the tool
+        returns (what a guard's replay reads and decodes), as a raw first call would have stored it."""
+
         async def prepare(rep: int, k: int) -> None:
             keys[tag] = ks = [c.fake_key(rid, tag, rep, i) for i in range(k)]
             for i, key in enumerate(ks):
                 fence = secrets.randbits(62)
+                value = await filler(orders[i], c.AMOUNT, key)
                 await floor.claim(rp.claim(key, orders[i], fence))
-                await floor.complete(rp.complete(key, fence, json.dumps({"order_id": orders[i]})))
+                await floor.complete(rp.complete(key, fence, json.dumps(value)))
 
         return prepare
 
