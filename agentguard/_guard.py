@@ -1041,7 +1041,7 @@ class _Spec:
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if not kwargs and len(args) == self.n_positional:  # every parameter passed by position
-            return dict(zip(self.pos_names, args, strict=True))
+            return dict(zip(self.pos_names, args))  # noqa: B905 - equal lengths, just checked (strict= costs)
         if self.simple and len(args) <= len(self.pos_names):
             arguments = dict(zip(self.pos_names, args, strict=False))
             ok = True

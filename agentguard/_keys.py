@@ -114,7 +114,7 @@ def _flat(arguments: Mapping[str, Any]) -> str | None:
     texts = _flat_texts(map(arguments.__getitem__, names))
     if texts is None:
         return None
-    return "{" + ",".join([_unicode(k) + ":" + t for k, t in zip(names, texts, strict=True)]) + "}"
+    return "{" + ",".join([_unicode(k) + ":" + t for k, t in zip(names, texts)]) + "}"  # noqa: B905 - one per name
 
 
 class FlatSignature:
@@ -122,7 +122,7 @@ class FlatSignature:
     built in one pass over names fixed at decoration: byte-identical to ``fingerprint``, ``operation_name``,
     ``argument_hashes`` and ``hashes_json``, which the general path (and the tests) use."""
 
-    __slots__ = ("_fp", "_hash", "_key", "_memo", "names", "tool")
+    __slots__ = ("_hash_text", "_key_index", "_memo", "_op_text", "_text", "names", "tool")
 
     MEMO = 1024  # identities remembered per tool: a repeated call (a replay) hashes nothing
     MEMO_TEXT = 2048  # arguments longer than this as JSON are not kept (their hashing is not the cost)
@@ -130,11 +130,15 @@ class FlatSignature:
     def __init__(self, tool: str, names: Sequence[str], key_fields: Sequence[str]) -> None:
         ordered = sorted(names)
         index = {n: i for i, n in enumerate(ordered)}
+        keys = sorted(set(key_fields))  # every key field is a name
         self.tool = tool
         self.names = tuple(ordered)
-        self._fp = tuple(_unicode(n) + ":" for n in ordered)
-        self._hash = tuple(_ascii(n) + ':"' for n in ordered)
-        self._key = tuple((index[k], f"{k}=") for k in sorted(set(key_fields)))  # every key field is a name
+        # %-templates of the canonical forms (one C call fills each; a name's own "%" is escaped):
+        # {"a":%s,"b":%s}, {"a":"%s","b":"%s"} for the hashes, and tool[k=%s] for the operation.
+        self._text = "{" + ",".join(_pct(_unicode(n) + ":") + "%s" for n in ordered) + "}"
+        self._hash_text = "{" + ",".join(_pct(_ascii(n) + ':"') + '%s"' for n in ordered) + "}"
+        self._key_index = tuple(index[k] for k in keys)
+        self._op_text = _pct(tool) + "[" + ",".join(_pct(f"{k}=") + "%s" for k in keys) + "]"
         self._memo: dict[tuple[str, str, str], tuple[str, str, str]] = {}
 
     def values(self, arguments: Mapping[str, Any]) -> list[str] | None:
@@ -147,7 +151,7 @@ class FlatSignature:
         """``(operation, key, fingerprint)`` of a call in a task. Each is a pure function of the scope, the
         task id and the arguments' canonical JSON, so a repeat of the same call is served from a small memo.
         (The per-argument hashes are left to ``hashes_json``: only a claim or a reuse error needs them.)"""
-        text = "{" + ",".join([p + v for p, v in zip(self._fp, values, strict=True)]) + "}"
+        text = self._text % tuple(values)
         memo = self._memo
         found = memo.get((scope, task_id, text))
         if found is None:
@@ -160,16 +164,23 @@ class FlatSignature:
         return found
 
     def operation(self, values: Sequence[str]) -> str:
-        if not self._key:
+        index = self._key_index
+        if not index:
             return self.tool
-        return self.tool + "[" + ",".join([p + values[i] for i, p in self._key]) + "]"
+        if len(index) == 1:
+            return self._op_text % (values[index[0]],)
+        return self._op_text % tuple([values[i] for i in index])
 
     def hashes(self, values: Sequence[str]) -> dict[str, str]:
         return {n: _sha(v)[:24] for n, v in zip(self.names, values, strict=True)}
 
     def hashes_json(self, values: Sequence[str]) -> str:
         """``hashes_json(self.hashes(values))``, without the dict: what a claim stores."""
-        return "{" + ",".join([p + _sha(v)[:24] + '"' for p, v in zip(self._hash, values, strict=True)]) + "}"
+        return self._hash_text % tuple([_sha(v)[:24] for v in values])
+
+
+def _pct(text: str) -> str:
+    return text.replace("%", "%%")
 
 
 def canonical_json(value: Any) -> str:
