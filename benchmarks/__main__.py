@@ -83,6 +83,7 @@ def _git() -> str:
 
 
 PIECES = ("piece: bind + fingerprint + key (_Spec.call)", "piece: codec encode + decode", "piece: with task(...)")
+HARNESS = "harness: an empty call"  # what timing one call costs the harness itself (a coroutine, two clocks)
 
 
 class Run:
@@ -285,11 +286,14 @@ class Run:
             # The list — fingerprint, codec, context — is the sum of the three timed pieces; the whole
             # decorated call without I/O (the state machine, events, cache and heartbeat too) is held to the
             # same 25 µs as a stricter target.
+            # Each piece is timed as one harness call; what the harness spends on a call that does nothing
+            # is the guard's work of none of them, so it is taken off each.
+            harness = rpt.us(ov, HARNESS) or 0.0
             pieces = [rpt.us(ov, n) for n in PIECES]
             missing = [n for n, v in zip(PIECES, pieces, strict=True) if v is None]
             out.append(T("python_pieces", "guard's own Python work: fingerprint + codec + context",
-                         None if missing else sum(v for v in pieces if v is not None), 25, "<=", "µs",
-                         f"not measured: {', '.join(missing)}" if missing else ""))
+                         None if missing else sum(max(0.0, v - harness) for v in pieces if v is not None), 25,
+                         "<=", "µs", f"not measured: {', '.join(missing)}" if missing else ""))
             for name in ("first call", "replay"):
                 s = ov.get(f"no-I/O guard: {name}")
                 out.append(T(f"python_{name.split()[0]}", f"whole guarded {name} without I/O (stricter)",

@@ -240,7 +240,11 @@ async def overhead(tmp: Path, *, n: int, reps: int, warmup: int, log: Log) -> tu
         ctx.run(task(f"pieces-{rep}").__enter__)
         piece_ctx[:] = [ctx]
 
+    async def empty(i: int) -> None:
+        return None
+
     variants = [
+        Variant("harness: an empty call", empty, note="the harness's own cost per call, taken off each piece"),
         Variant("unguarded call", unguarded),
         Variant("no-I/O guard: first call", first, stubbed("first"), "whole call, in-memory store"),
         Variant("no-I/O guard: replay", replay, stubbed("replay"), "whole call, cache miss"),

@@ -35,7 +35,16 @@ def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> No
     assert {t["result"] for t in doc["targets"]} <= {"PASS", "FAIL", "n/a"}
     group = doc["groups"][f"{BACKEND}.sequential"]
     names = {v["name"] for v in group["variants"]}
-    assert {"agentguard: first call", "agentguard: replay"} <= names
+    assert {"agentguard: first call", "agentguard: replay", "agentguard: replay, first of its task"} <= names
+    # The statements each path sent, as observed: a replay right after a replay in the same task reads with
+    # the plain SELECT on Postgres; on SQLite every claim reads first in its one hop.
+    statements = group["statements"]
+    assert len(statements["first_call"]) == 2 and len(statements["replay"]) == 1, statements
+    if BACKEND == "postgres":
+        assert statements["replay_next"] == ["SELECT (read)"], statements
+        assert statements["replay"] != statements["replay_next"], statements
+    else:
+        assert statements["replay_next"] == statements["replay"], statements
 
     if BACKEND == "postgres":
         counts = doc["postgres_counts"]
