@@ -162,18 +162,23 @@ async def observe(url: str, **guard_kw: Any) -> Observed:
     replay: list[tuple[str, dict[str, Any]]] = []
     replay_next: list[tuple[str, dict[str, Any]]] = []
     tid = f"observe-{run_id()}"
-    for logs in ([first, []], [replay, replay_next]):
+
+    async def two_calls(log1: list[tuple[str, dict[str, Any]]], log2: list[tuple[str, dict[str, Any]]]) -> None:
+        """Two calls of the task by a new guard, each call's statements into its own log."""
         g = Guard(url, **guard_kw)
-        current = [logs[0]]
+        current = [log1]
         _spy(g, current)
         try:
             tool = guarded(g, Body())
             with task(tid):
                 await tool("o-observe", AMOUNT)
-                current.append(logs[1])
+                current.append(log2)
                 await tool("o-observe-2", AMOUNT)
         finally:
             await g.aclose()
+
+    await two_calls(first, [])  # two first calls
+    await two_calls(replay, replay_next)  # the first replay of the task, then the replay after it
     claim = next((p for _, p in first if "owner" in p and "fence" in p), None)
     complete = next((p for _, p in first if "result" in p), None)
     if claim is None or complete is None:

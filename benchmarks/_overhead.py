@@ -235,6 +235,9 @@ async def overhead(tmp: Path, *, n: int, reps: int, warmup: int, log: Log) -> tu
                 spec.codec.decode(spec.codec.encode(value))
             except Exception as exc:
                 raise Unavailable(f"the decorator's spec changed shape: {exc!r}") from None
+
+    async def fresh_spec(rep: int, k: int) -> None:
+        await need_spec(rep, k)
         piece_orders[:] = [f"p-{rep}-{i}" for i in range(k)]
         ctx = contextvars.copy_context()
         ctx.run(task(f"pieces-{rep}").__enter__)
@@ -249,7 +252,7 @@ async def overhead(tmp: Path, *, n: int, reps: int, warmup: int, log: Log) -> tu
         Variant("no-I/O guard: first call", first, stubbed("first"), "whole call, in-memory store"),
         Variant("no-I/O guard: replay", replay, stubbed("replay"), "whole call, cache miss"),
         Variant("no-I/O guard: cached replay", cached, stubbed("cached")),
-        Variant("piece: bind + fingerprint + key (_Spec.call)", piece_spec, need_spec),
+        Variant("piece: bind + fingerprint + key (_Spec.call)", piece_spec, fresh_spec),
         Variant("piece: codec encode + decode", piece_codec, need_spec),
         Variant("piece: with task(...)", piece_task),
     ]

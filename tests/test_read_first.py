@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agentguard import Guard, InProgressError, KeyReuseError, task
+from agentguard import Guard, InProgressError, KeyReuseError, StoreError, task
 
 from conftest import BACKEND, raw_exec, tid
 
@@ -25,8 +25,10 @@ class CardDeclined(Exception):
     pass
 
 
-def reading(guard: Guard) -> list[str]:
-    """Switch the read-first path on (it is the default on Postgres) and log the keys it reads."""
+def reading_guard(make_guard: Callable[..., Guard], **kw: Any) -> tuple[Guard, list[str]]:
+    """A guard with no in-process cache (so replays read the store), its read-first path switched on (the
+    default on Postgres), and the list of keys that path reads."""
+    guard = make_guard(cache_size=0, **kw)
     store = guard._store
     assert store.read_is_cheaper is (BACKEND == "postgres")
     store.read_is_cheaper = True
@@ -38,7 +40,7 @@ def reading(guard: Guard) -> list[str]:
         return await read(scope, key)
 
     store.read = logged_read  # type: ignore[method-assign]
-    return reads
+    return guard, reads
 
 
 def tools(
@@ -66,8 +68,7 @@ async def test_a_replaying_task_reads_its_history_and_a_new_call_still_runs_once
 ) -> None:
     writer_runs: list[tuple[str, int]] = []
     writer = tools(make_guard(), writer_runs)
-    replayer_guard = make_guard(cache_size=0)
-    reads = reading(replayer_guard)
+    replayer_guard, reads = reading_guard(make_guard)
     runs: list[tuple[str, int]] = []
     replayer = tools(replayer_guard, runs)
     with task(tid()):
@@ -85,8 +86,7 @@ async def test_a_replaying_task_reads_its_history_and_a_new_call_still_runs_once
 
 async def test_reuse_with_other_arguments_is_refused_on_the_read(make_guard: Callable[..., Guard]) -> None:
     writer = tools(make_guard(), [])
-    guard = make_guard(cache_size=0)
-    reads = reading(guard)
+    guard, reads = reading_guard(make_guard)
     runs: list[tuple[str, int]] = []
     replayer = tools(guard, runs)
     with task(tid()):
@@ -100,8 +100,7 @@ async def test_reuse_with_other_arguments_is_refused_on_the_read(make_guard: Cal
 
 
 async def test_a_cached_error_replays_from_the_read(make_guard: Callable[..., Guard]) -> None:
-    guard = make_guard(cache_size=0)
-    reads = reading(guard)
+    guard, reads = reading_guard(make_guard)
     runs: list[tuple[str, int]] = []
 
     @guard.once(key=["order"], cache_errors=(CardDeclined,))
@@ -125,12 +124,10 @@ async def test_a_running_record_on_the_read_goes_to_the_claim(make_guard: Callab
     gate, started = asyncio.Event(), asyncio.Event()
     holder_runs: list[tuple[str, int]] = []
     holder = tools(make_guard(), holder_runs, gate, started)
-    guard = make_guard(cache_size=0, on_conflict="raise")
-    reads = reading(guard)
+    guard, reads = reading_guard(make_guard, on_conflict="raise")
     runs: list[tuple[str, int]] = []
     replayer = tools(guard, runs)
-    waiting_guard = make_guard(cache_size=0)
-    reading(waiting_guard)
+    waiting_guard, _ = reading_guard(make_guard)
     waiter = tools(waiting_guard, runs)
     t = tid()
     with task(t):
@@ -158,8 +155,7 @@ async def test_a_released_record_on_the_read_is_taken_over_with_the_same_key(
 ) -> None:
     writer_runs: list[tuple[str, int]] = []
     writer = tools(make_guard(), writer_runs)
-    guard = make_guard(cache_size=0)
-    reads = reading(guard)
+    guard, reads = reading_guard(make_guard)
     keys: list[str] = []
 
     @guard.once(key=["order"])
@@ -182,8 +178,7 @@ async def test_a_record_past_retention_or_deleted_is_claimed_anew(
     make_guard: Callable[..., Guard], store_url: str,
 ) -> None:
     writer = tools(make_guard(retention=0.5), [])
-    guard = make_guard(cache_size=0, retention=0.5)
-    reads = reading(guard)
+    guard, reads = reading_guard(make_guard, retention=0.5)
     runs: list[tuple[str, int]] = []
     replayer = tools(guard, runs)
     t = tid()
@@ -205,8 +200,7 @@ async def test_a_record_past_retention_or_deleted_is_claimed_anew(
 async def test_concurrent_callers_in_a_replaying_task_run_a_new_call_once(
     make_guard: Callable[..., Guard],
 ) -> None:
-    guard = make_guard(cache_size=0)
-    reading(guard)
+    guard, _ = reading_guard(make_guard)
     gate = asyncio.Event()
     runs: list[tuple[str, int]] = []
     charge = tools(guard, runs, gate)
@@ -221,3 +215,19 @@ async def test_concurrent_callers_in_a_replaying_task_run_a_new_call_once(
         results = await asyncio.gather(*calls)
     assert runs == [("o-1", 100), ("o-2", 200)]
     assert all(r == results[0] for r in results)
+
+
+async def test_an_unreachable_store_on_the_read_refuses_to_run_the_tool(
+    make_guard: Callable[..., Guard], store_url: str,
+) -> None:
+    guard, reads = reading_guard(make_guard)
+    runs: list[tuple[str, int]] = []
+    charge = tools(guard, runs)
+    with task(tid()):
+        await charge("o-1", 100)
+        await charge("o-1", 100)  # replaying now: the next call reads first
+        await raw_exec(store_url, "ALTER TABLE agentguard_calls RENAME TO agentguard_calls_away")
+        with pytest.raises(StoreError) as info:
+            await charge("o-2", 200)
+    assert not info.value.body_ran and "reading the record" in str(info.value) and "not run" in str(info.value)
+    assert runs == [("o-1", 100)] and len(reads) == 1
