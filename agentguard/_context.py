@@ -10,7 +10,7 @@ import contextvars
 from types import TracebackType
 from typing import NamedTuple
 
-from ._errors import GuardError
+from ._errors import GuardError, MissingTaskError
 
 DEFAULT_SCOPE = "default"
 
@@ -24,14 +24,59 @@ _task: contextvars.ContextVar[TaskInfo | None] = contextvars.ContextVar("agentgu
 _key: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentguard_key", default=None)
 
 
-def _check_id(value: object, what: str) -> str:
-    if type(value) is str and 0 < len(value) <= 1000 and not value.isspace():
-        return value
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
-    if len(value) > 1000:
-        raise ValueError(f"{what} is longer than 1000 characters")
-    return value
+MAX_TASK_ID = 1000
+MAX_SCOPE = 255  # the scope column is VARCHAR(255) on Postgres
+MAX_OPERATION = 255  # a tool's operation name, fixed at decoration
+
+
+def id_problem(value: object, what: str, limit: int) -> str | None:
+    """Why ``value`` cannot be a task id, scope or operation name, or None if it can.
+
+    The one rule for every entry point (``task()``, ``Guard.run``, decoration, the MCP proxy, native MCP tools
+    and every adapter): a non-blank ``str`` of at most ``limit`` characters, with no NUL and no lone surrogate,
+    so both stores accept exactly the same ids (Postgres text holds neither). Numbers are not converted:
+    ``42`` and ``"42"`` would be one task, and a bool or float rendered as text is a mistake, not an id.
+    """
+    if not isinstance(value, str):
+        return f"{what} must be a string, got {type(value).__name__} {_short(value)}"
+    if not value or value.isspace():
+        return f"{what} must be a non-blank string, got {value!r}"
+    if len(value) > limit:
+        return f"{what} is {len(value)} characters long; at most {limit} are allowed"
+    if "\x00" in value:
+        return f"{what} contains a NUL character, which no store can hold"
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return f"{what} contains a lone surrogate (not valid Unicode text): {_short(value)}"
+    return None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_id(value: object, what: str, limit: int) -> str:
+    """``value`` as a plain str if it follows :func:`id_problem`'s rule, else ValueError saying why."""
+    if type(value) is str and 0 < len(value) <= limit and value.isascii() and not value.isspace() \
+            and "\x00" not in value:
+        return value  # the common case, checked in one pass
+    problem = id_problem(value, what, limit)
+    if problem is not None:
+        raise ValueError(problem)
+    return str.__str__(value)  # type: ignore[arg-type,unused-ignore]  # a str subclass as the plain str
+
+
+def check_task_id(value: object, *, source: str, tool: str | None) -> str:
+    """A task id from ``source`` (an argument, a callable, a framework's context) or MissingTaskError
+    saying why it is unusable: never silently replaced by another source."""
+    problem = id_problem(value, f"the task id from {source}", MAX_TASK_ID)
+    if problem is not None:
+        target = f" for {tool!r}" if tool else ""
+        raise MissingTaskError(f"no usable task id{target}: {problem}; the tool was not run", operation=tool)
+    return str.__str__(value)  # type: ignore[arg-type,unused-ignore]
 
 
 class task:
@@ -43,7 +88,7 @@ class task:
     __slots__ = ("_info", "_token")
 
     def __init__(self, task_id: str, *, scope: str = DEFAULT_SCOPE) -> None:
-        self._info = TaskInfo(_check_id(task_id, "task id"), _check_id(scope, "scope"))
+        self._info = TaskInfo(check_id(task_id, "task id", MAX_TASK_ID), check_id(scope, "scope", MAX_SCOPE))
         self._token: contextvars.Token[TaskInfo | None] | None = None
 
     @property

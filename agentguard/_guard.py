@@ -29,7 +29,16 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from . import _codec
 from ._cache import ReplayCache
 from ._codec import Codec
-from ._context import _key, current_task
+from ._context import (
+    DEFAULT_SCOPE,
+    MAX_OPERATION,
+    MAX_SCOPE,
+    MAX_TASK_ID,
+    _key,
+    check_id,
+    check_task_id,
+    current_task,
+)
 from ._context import task as _task_ctx
 from ._errors import (
     GuardError,
@@ -680,15 +689,18 @@ class Guard:
         wait_timeout: float | None,
         audit: str | None = None,
     ) -> _Call:
+        if scope is not None:
+            scope = check_id(scope, "scope", MAX_SCOPE)
         if task_id is None:
             info = current_task()
             if info is None:
                 raise _no_task(tool)
             task_id, scope = info.task_id, scope or info.scope
-        elif not isinstance(task_id, str) or not task_id.strip():
-            raise MissingTaskError(f"the task id for {tool!r} must be a non-empty string, got {task_id!r}",
-                                   operation=tool)
-        scope = scope or "default"
+        else:
+            task_id = check_task_id(task_id, source="task_id=", tool=tool)
+        scope = scope or DEFAULT_SCOPE
+        if type(key_values) is str:  # (a key callable's result, or run(key="...")): stored in the operation
+            key_values = check_id(key_values, f"the key of {tool!r}", MAX_TASK_ID)
         fp = fingerprint(arguments)
         operation = operation_name(tool, key_values)
         # (positional: this is on every call's path)
@@ -721,6 +733,7 @@ class Guard:
         task_id: str | None, scope: str | None, returns: Any, cache_errors: tuple[type[BaseException], ...],
         on_conflict: str | None, wait_timeout: float | None, audit: Mapping[str, Any] | None,
     ) -> _Call:
+        _check_operation(operation)
         return self._make_call(
             operation, arguments or {}, key, task_id=task_id, scope=scope, codec=self._codec_for(returns),
             cache_errors=_check_errors(cache_errors), on_conflict=on_conflict, wait_timeout=wait_timeout,
@@ -818,6 +831,8 @@ class Guard:
         happen"), or ``"hold"`` it with ``OutcomeUnknownError`` until ``agentguard resolve``.
         ``resumable``: store the arguments so ``complete_stalled()`` can finish abandoned operations.
         """
+        if operation is not None:
+            _check_operation(operation)
         if on_unknown not in ("retry", "reconcile", "hold"):
             raise ValueError(f"on_unknown must be 'retry', 'reconcile' or 'hold', got {on_unknown!r}")
         if (on_unknown == "reconcile") != (reconcile is not None):
@@ -896,6 +911,14 @@ def _no_task(tool: str) -> MissingTaskError:
     )
 
 
+def _check_operation(operation: object) -> str:
+    """An operation (tool) name: a str (TypeError otherwise) that follows the id rule (ValueError)."""
+    if not isinstance(operation, str):
+        raise TypeError(f"operation must be a string naming the operation, got {type(operation).__name__} "
+                        f"{operation!r}")
+    return check_id(operation, "operation", MAX_OPERATION)
+
+
 def _check_errors(cache_errors: Any) -> tuple[type[BaseException], ...]:
     if isinstance(cache_errors, type):
         cache_errors = (cache_errors,)
@@ -950,7 +973,7 @@ class _Spec:
     ) -> None:
         _reject_framework_tool(fn)
         self.guard, self.fn = guard, fn
-        self.tool = operation or getattr(fn, "__name__", None) or type(fn).__name__
+        self.tool = _check_operation(operation or getattr(fn, "__name__", None) or type(fn).__name__)
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
         )

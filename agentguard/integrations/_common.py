@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
-from .._context import DEFAULT_SCOPE, TaskInfo, current_task, task
+from .._context import DEFAULT_SCOPE, MAX_SCOPE, TaskInfo, check_id, check_task_id, current_task, task
 from .._errors import (
     GuardError,
     InProgressError,
@@ -126,16 +126,6 @@ def refusal_message(exc: GuardError) -> str:
 # -- task id: one rule, everywhere ------------------------------------------------------------------------
 
 
-def _as_task_id(value: Any, source: str, tool: str) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or not value.strip():
-        raise MissingTaskError(
-            f"no usable task id for {tool!r}: {source} gave {value!r}; the tool was not run", operation=tool
-        )
-    return value
-
-
 def resolve_task(
     tool: str,
     *,
@@ -152,7 +142,7 @@ def resolve_task(
     """
     info = current_task()
     if explicit is not None:
-        tid = _as_task_id(explicit(context), "the task_id callable", tool)
+        tid = check_task_id(explicit(context), source="the task_id callable", tool=tool)
         return TaskInfo(tid, scope or (info.scope if info else DEFAULT_SCOPE))
     if info is not None:
         return info if scope is None else TaskInfo(info.task_id, scope)
@@ -163,7 +153,7 @@ def resolve_task(
             f"adapter, and {hint}; the tool was not run",
             operation=tool,
         )
-    return TaskInfo(_as_task_id(found, "the framework", tool), scope or DEFAULT_SCOPE)
+    return TaskInfo(check_task_id(found, source="the framework", tool=tool), scope or DEFAULT_SCOPE)
 
 
 def attribute_task_id(obj: Any, name: str = "task_id") -> Any:
@@ -258,6 +248,8 @@ def adapt(
     one rule, and refusals turned into the framework's tool-error convention."""
     if isinstance(ignore, str):
         ignore = (ignore,)
+    if scope is not None:
+        check_id(scope, "scope", MAX_SCOPE)  # at decoration, not on the first call
     core: Any = guard.once(
         operation=operation, key=key, ignore=[*ignore, *context_names], cache_errors=cache_errors, inject=inject
     )(fn)
