@@ -80,12 +80,16 @@ class OutcomeUnknownError(GuardError):
 class StoreError(GuardError):
     """The store was unreachable, its schema is wrong, or a write failed.
 
-    ``body_ran`` tells whether the tool body had already run when the store failed: if it had, the claim
-    is left held (fail closed) and a caller after the lease takes over with the same downstream key.
+    ``body_ran`` tells whether the tool body had already run when the store failed: if it had, the write was
+    retried for the guard's ``outage_window`` first, then the claim is left held (fail closed) and a caller
+    after the lease takes over with the same downstream key. ``transient`` tells whether the failure looked
+    like an outage (connection refused or lost, a timeout, a locked database) rather than a store that
+    cannot work as configured (a malformed URL, wrong credentials, a broken schema): retrying may help.
     """
 
     status = 503
 
-    def __init__(self, message: str, *, body_ran: bool = False, **kw: str | None) -> None:
+    def __init__(self, message: str, *, body_ran: bool = False, transient: bool = False, **kw: str | None) -> None:
         super().__init__(message, **kw)
         self.body_ran = body_ran
+        self.transient = transient

@@ -47,6 +47,7 @@ from ._errors import (
     LeaseLostError,
     MissingTaskError,
     OutcomeUnknownError,
+    StoreError,
 )
 from ._keys import FlatSignature, argument_hashes, derive_key, fingerprint, hashes_json, operation_name
 from ._operation import Operation, Reconcile
@@ -195,6 +196,13 @@ class _Heartbeat:
         if self.timer is None:
             self.timer = loop.call_later(self.guard._lease / 6, self._tick)
 
+    def resume(self, claim: _Claim, loop: asyncio.AbstractEventLoop) -> None:
+        """Renew ``claim`` again (while a write after its body is retried through an outage), keeping the
+        time of its last renewal."""
+        self.claims[claim] = None
+        if self.timer is None:
+            self.timer = loop.call_later(self.guard._lease / 6, self._tick)
+
     def _tick(self) -> None:
         self.timer = None
         if not self.claims:
@@ -292,10 +300,21 @@ class Guard:
         sqlite_synchronous: str = "FULL",
         pg_synchronous_commit: str | None = None,
         cache_size: int = 1024,
+        outage_window: float | timedelta | None = None,
     ) -> None:
         url = url or os.environ.get("AGENTGUARD_URL") or DEFAULT_URL
         self._lease = _seconds(lease, "lease")
         self._retention = _seconds(retention, "retention")
+        # How long a write after the body ran (completion, release, a step's result) is retried through a
+        # store outage before the claim is left to expire: half the lease unless told otherwise, so the write
+        # lands while the claim is still ours (the heartbeat renews it meanwhile when the store lets it).
+        if outage_window is None:
+            self._window = self._lease / 2
+        else:
+            self._window = 0.0 if outage_window in (0, timedelta(0)) else _seconds(outage_window, "outage_window")
+            if self._window > self._lease:
+                raise ValueError(f"outage_window ({self._window:g}s) must not exceed the lease ({self._lease:g}s): "
+                                 "past the lease another worker may take the claim over")
         if on_conflict not in ("wait", "raise"):
             raise ValueError(f"on_conflict must be 'wait' or 'raise', got {on_conflict!r}")
         self._on_conflict = on_conflict
@@ -332,6 +351,10 @@ class Guard:
     @property
     def retention(self) -> float:
         return self._retention
+
+    @property
+    def outage_window(self) -> float:
+        return self._window
 
     def __repr__(self) -> str:
         return f"Guard(backend={self.backend!r}, lease={self._lease}, on_conflict={self._on_conflict!r})"
@@ -422,6 +445,7 @@ class Guard:
             if not await self._store.renew(call.scope, call.key, claim.fence, self._lease):
                 self._emit("lease_lost", call, claim.attempt, "renewal found the claim taken over")
         except GuardError as exc:
+            claim.renewed = float("-inf")  # due again at the next tick, not a third of a lease later
             log.warning("could not renew the lease of %s: %s", call.operation, exc)
 
     @staticmethod
@@ -565,6 +589,49 @@ class Guard:
         with contextlib.suppress(Exception):
             await _uncancellable(self._store.release_owned(call.scope, call.key, owner, self._retention))
 
+    async def _settled(
+        self, claim: _Claim, what: str, write: Callable[[], Awaitable[T]], *, heartbeat: bool = True
+    ) -> T:
+        """A store write made after the body ran: the completion, a release, a step's result.
+
+        Each is fenced and idempotent for its fence, so through a short outage it is redone (each attempt
+        reconnecting, with backoff) until it lands or ``outage_window`` passes; giving up sooner would leave
+        the claim held and let a takeover run the body a second time. ``heartbeat``: the body is over and its
+        heartbeat stopped, so renew the lease while waiting (stopped again before each attempt, so a renewal
+        never races the write). Only a longer outage ends in ``StoreError(body_ran=True)``.
+        """
+        try:
+            return await write()
+        except StoreError as exc:
+            if not exc.transient or self._window <= 0:
+                raise
+            error = exc
+        call = claim.call
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._window
+        log.warning("the store failed while %s of %s (%s); retrying for up to %gs", what, call.operation,
+                    error, self._window)
+        delay = 0.05
+        while True:
+            if heartbeat and claim.beat is not None:
+                claim.beat.resume(claim, loop)
+            await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - loop.time(), 0.0)))
+            if heartbeat and (renewal := self._stop_heartbeat(claim)) is not None:
+                await renewal
+            try:
+                result = await write()
+            except StoreError as exc:
+                if not exc.transient or loop.time() >= deadline:
+                    raise StoreError(
+                        f"{exc} (retried for {self._window:g}s, the guard's outage_window)", body_ran=True,
+                        transient=exc.transient, key=call.key, task_id=call.task_id, operation=call.operation,
+                        scope=call.scope,
+                    ) from exc
+                delay = min(delay * 2, 1.0)
+                continue
+            log.info("%s of %s landed after the store came back", what.capitalize(), call.operation)
+            return result
+
     async def _succeed(self, claim: _Claim, value: Any) -> Any:
         call = claim.call
         if (renewal := self._stop_heartbeat(claim)) is not None:
@@ -580,7 +647,10 @@ class Guard:
                 key=call.key, task_id=call.task_id, operation=call.operation, scope=call.scope,
             ) from None
         started = time.monotonic()  # before the database computes expires_at: the cache entry dies first
-        if not await self._store.complete(call.scope, call.key, claim.fence, SUCCEEDED, encoded, self._retention):
+        store = self._store
+        if not await self._settled(claim, "storing the result", lambda: store.complete(
+            call.scope, call.key, claim.fence, SUCCEEDED, encoded, self._retention
+        )):
             raise self._lease_lost(call, claim)
         self._remember(claim, SUCCEEDED, encoded, started)
         self._emit("completed", call, claim.attempt)
@@ -601,14 +671,20 @@ class Guard:
         if isinstance(exc, Exception) and call.cache_errors and isinstance(exc, call.cache_errors):
             stored = _codec.encode_error(exc)
             started = time.monotonic()
-            if not await self._store.complete(call.scope, call.key, claim.fence, FAILED, stored, self._retention):
+            store = self._store
+            if not await self._settled(claim, "storing the cached error", lambda: store.complete(
+                call.scope, call.key, claim.fence, FAILED, stored, self._retention
+            )):
                 raise self._lease_lost(call, claim) from exc
             self._remember(claim, FAILED, stored, started)
             self._emit("completed", call, claim.attempt, f"cached error {type(exc).__name__}")
             return
         # Released in its own statement on a fresh connection, never inside a failed transaction.
+        store = self._store
         try:
-            released = await self._store.release(call.scope, call.key, claim.fence, self._retention)
+            released = await self._settled(claim, "releasing the claim", lambda: store.release(
+                call.scope, call.key, claim.fence, self._retention
+            ))
         except GuardError as store_exc:
             exc.add_note(f"agentguard: the claim could not be released ({store_exc}); it expires with its lease")
             return

@@ -177,14 +177,21 @@ class Operation:
             if inspect.isawaitable(value):
                 value = await value
         except BaseException:
-            await _uncancellable(self._clear(name))  # it raised: its outcome is known (it failed)
+            # It raised: its outcome is known (it failed). The mark is cleared through a short outage too.
+            await _uncancellable(self._guard._settled(
+                self._claim, f"clearing step {name!r}", lambda: self._clear(name), heartbeat=False
+            ))
             raise
         try:
             encoded = codec.encode(value)
         except (TypeError, ValueError) as exc:
             raise self._error(GuardError, f"the result of step {name!r} could not be stored ({exc}); the step ran, "
                                           "so its outcome stays unknown for the next attempt") from None
-        await _uncancellable(self._put(seq, name, DONE, encoded))
+        # The step ran: its result is recorded through a short store outage (fenced, so redoing it is
+        # harmless), or a takeover would find it started and apply on_unknown.
+        await _uncancellable(self._guard._settled(
+            self._claim, f"recording step {name!r}", lambda: self._put(seq, name, DONE, encoded), heartbeat=False
+        ))
         return codec.decode(encoded)
 
     async def _settle_unknown(self, name: str, seq: int, codec: Codec) -> tuple[Any] | None:

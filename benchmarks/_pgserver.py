@@ -1,7 +1,8 @@
 """A throwaway PostgreSQL cluster, started like ``scripts/test.sh`` does and removed on exit.
 
-Unlike the test cluster it keeps ``fsync`` on, so the WAL flushes that durability costs can be counted.
-Autovacuum is off so that nothing but the benchmark assigns transaction ids while they are counted.
+Unlike the test cluster it keeps ``fsync`` on by default, so the WAL flushes that durability costs can be
+counted. Autovacuum is off so that nothing but the benchmark assigns transaction ids while they are counted.
+The outage tests use it too, to stop and restart a real server under load.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ def _free_port() -> int:
 class PgServer:
     """``with PgServer() as url:`` yields ``postgresql+asyncpg://agentguard@127.0.0.1:PORT/postgres``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fsync: bool = True) -> None:
         self.tmp: Path | None = None
         self.bin: Path | None = None
         self._as: list[str] = []
+        self._fsync = fsync
 
     def _run(self, *args: str) -> None:
         assert self.bin is not None
@@ -63,8 +65,22 @@ class PgServer:
             f"-p {port} -k {self.tmp} -c listen_addresses=127.0.0.1 -c max_connections=300"
             " -c shared_buffers=256MB -c autovacuum=off"
         )
+        if not self._fsync:
+            opts += " -c fsync=off -c full_page_writes=off"
+        self._opts = opts
         self._run("pg_ctl", "-D", str(data), "-l", str(self.tmp / "log"), "-w", "-t", "60", "start", "-o", opts)
         return f"postgresql+asyncpg://agentguard@127.0.0.1:{port}/postgres"
+
+    def stop_server(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: disconnect every client, as a restart or failover does); keep its data."""
+        assert self.tmp is not None
+        self._run("pg_ctl", "-D", str(self.tmp / "data"), "-m", mode, "-w", "-t", "60", "stop")
+
+    def start_server(self) -> None:
+        """Start the stopped server again, on the same port with the same data."""
+        assert self.tmp is not None
+        self._run("pg_ctl", "-D", str(self.tmp / "data"), "-l", str(self.tmp / "log"), "-w", "-t", "60", "start",
+                  "-o", self._opts)
 
     def stop(self) -> None:
         if self.tmp is None:

@@ -44,3 +44,33 @@ def test_ls_and_sweep(store_url: str, tmp_path: Path) -> None:
 def test_bad_url_is_a_clear_error(tmp_path: Path) -> None:
     out = agentguard("ls", cwd=tmp_path, url="mysql://nope/db")
     assert out.returncode == 1 and "unsupported store URL" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://u:hunter2-secret@h/db",  # unsupported
+        "postgresql+psycopg://u:hunter2-secret@h/db",  # the wrong driver
+        "postgresql+asyncpg://u:hunter2-secret@127.0.0.1:1/db",  # nothing listens there
+        "postgresql+asyncpg://u@127.0.0.1:1/db?password=hunter2-secret",
+        "::u:hunter2-secret@@::",  # not a URL at all
+    ],
+)
+def test_a_store_urls_password_is_never_printed(tmp_path: Path, url: str) -> None:
+    for args in (("ls", "--url", url), ("sweep", "--url", url)):
+        out = agentguard(*args, cwd=tmp_path)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert "hunter2" not in out.stdout + out.stderr, out.stderr
+        if "mysql" in url or "psycopg" in url:
+            assert "u:***@h/db" in out.stderr, out.stderr  # the URL is echoed, redacted
+
+
+def test_redaction() -> None:
+    from agentguard._redact import redact_text, redact_url
+
+    assert redact_url("postgresql+asyncpg://u:p%40ss@h:5432/db") == "postgresql+asyncpg://u:***@h:5432/db"
+    assert redact_url("postgresql+asyncpg://u@h/db?sslmode=require&password=x") == (
+        "postgresql+asyncpg://u@h/db?password=***&sslmode=require"  # (SQLAlchemy sorts the query)
+    )
+    assert redact_url("sqlite+aiosqlite:///a/b.db") == "sqlite+aiosqlite:///a/b.db"
+    assert redact_text("failed for mysql://root:pw@db:3306/x; retry") == "failed for mysql://root:***@db:3306/x; retry"

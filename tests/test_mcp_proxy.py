@@ -384,7 +384,8 @@ async def test_mark_structured_marks_replays_and_the_schema(connect: Callable[..
 @one_era
 async def test_store_down_fails_closed(ledger: Path, hold: Path, mode: str, tmp_path: Path) -> None:
     touch(hold)
-    url = f"sqlite+aiosqlite:///{tmp_path / 'missing' / 'dir' / 'claims.db'}"
+    (tmp_path / "a-file").write_text("not a folder")
+    url = f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'dir' / 'claims.db'}"  # its folder cannot be made
     proxy = GuardingProxy(parse_config(config_text(url)), upstream=build_server(ledger), environ={})
     async with Client(proxy.server, mode=mode) as client:
         res = await client.call_tool("create_charge", {**CHARGE, "task_id": "t"})

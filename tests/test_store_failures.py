@@ -20,7 +20,8 @@ pytestmark = pytest.mark.anyio
 
 async def test_unreachable_store_refuses_before_the_body(tmp_path: Path) -> None:
     if BACKEND == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'a.db'}"
+        (tmp_path / "a-file").write_text("not a folder")
+        url = f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'dir' / 'a.db'}"  # its folder cannot be made
     else:
         url = "postgresql+asyncpg://agentguard@127.0.0.1:1/postgres"  # nothing listens on port 1
     runs = 0
@@ -36,6 +37,29 @@ async def test_unreachable_store_refuses_before_the_body(tmp_path: Path) -> None
             await charge(1)
     assert runs == 0 and not info.value.body_ran and "not run" in str(info.value)
     assert info.value.status == 503
+    if BACKEND == "sqlite":
+        assert "cannot create the SQLite file's folder" in str(info.value) and "Not a directory" in str(info.value)
+        assert not info.value.transient
+    else:
+        assert info.value.transient  # connection refused: an outage, not a misconfiguration
+
+
+async def test_a_sqlite_store_makes_its_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's `sqlite+aiosqlite:///.agentguard/claims.db` works from an empty folder."""
+    monkeypatch.chdir(tmp_path)
+    runs = 0
+    async with Guard("sqlite+aiosqlite:///.agentguard/claims.db") as guard:
+
+        @guard.once
+        async def charge(amount: int) -> int:
+            nonlocal runs
+            runs += 1
+            return amount
+
+        with task(tid()):
+            assert await charge(1) == 1
+            assert await charge(1) == 1
+    assert runs == 1 and (tmp_path / ".agentguard" / "claims.db").is_file()
 
 
 async def test_broken_schema_refuses_before_the_body(store_url: str) -> None:

@@ -14,6 +14,7 @@ import functools
 import logging
 import operator
 import os
+import sqlite3
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -36,10 +37,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.util import greenlet_spawn
 
 from .._errors import StoreError
+from .._redact import redact_text, redact_url
 from ._dialects import Dialect, dialect_for
 
 log = logging.getLogger("agentguard.store")
@@ -48,6 +51,12 @@ T = TypeVar("T")
 TABLE = "agentguard_calls"
 _IDLE_MAX = 2  # driver connections kept between hot statements, per event loop
 STEPS = "agentguard_steps"
+
+# SQLSTATE classes and codes of failures that may pass: connection exceptions, operator intervention (a
+# server shutting down or starting up), insufficient resources (too many connections), and conflicts that
+# a retry resolves.
+_TRANSIENT_CLASSES = frozenset({"08", "57", "53"})
+_TRANSIENT_STATES = frozenset({"40001", "40P01"})
 
 RUNNING, SUCCEEDED, FAILED, RELEASED = "running", "succeeded", "failed", "released"
 STARTED, DONE = "started", "done"  # step states
@@ -381,21 +390,36 @@ def _aiosqlite_runs_functions() -> bool:
     )
 
 
+_ACCEPTED = "sqlite+aiosqlite:///path/to/file.db, sqlite+aiosqlite:// (in memory) or postgresql+asyncpg://user:password@host:5432/db"
+
+
 def _backend(url: str) -> tuple[str, str]:
     try:
         u = make_url(url)
-    except Exception as exc:  # ArgumentError and ValueError both mean a malformed URL
-        raise ValueError(f"malformed store URL: {exc}") from None
+    except Exception:  # ArgumentError and ValueError both mean a malformed URL
+        raise ValueError(f"malformed store URL {redact_url(url)!r}: use {_ACCEPTED}") from None
     backend, _, driver = u.drivername.partition("+")
     if backend in ("postgres", "postgresql"):
         if driver not in ("", "asyncpg"):
-            raise ValueError(f"Postgres is supported through asyncpg only (postgresql+asyncpg://...), got {url!r}")
+            raise ValueError(f"Postgres is supported through asyncpg only (postgresql+asyncpg://...), got "
+                             f"{redact_url(url)!r}")
         return "postgresql", u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
     if backend == "sqlite":
         if driver not in ("", "aiosqlite"):
-            raise ValueError(f"SQLite is supported through aiosqlite only (sqlite+aiosqlite://...), got {url!r}")
+            raise ValueError(f"SQLite is supported through aiosqlite only (sqlite+aiosqlite://...), got "
+                             f"{redact_url(url)!r}")
         return "sqlite", u.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
-    raise ValueError(f"unsupported store URL {url!r}: use sqlite+aiosqlite:///path.db or postgresql+asyncpg://...")
+    raise ValueError(f"unsupported store URL {redact_url(url)!r}: use {_ACCEPTED}")
+
+
+def _asyncpg_connection_error(exc: BaseException) -> bool:
+    """The connection is gone or unusable: closed, killed (``pg_terminate_backend``, a server shutting down or
+    restarting), or left mid-protocol by a FATAL error that arrived while it sat idle (asyncpg then reports
+    "cannot switch to state ...; another operation is in progress" before it sees the socket close)."""
+    import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+    return isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError | asyncpg.PostgresConnectionError
+                      | asyncpg.AdminShutdownError | asyncpg.CrashShutdownError | asyncpg.CannotConnectNowError)
 
 
 def _is_memory(url: str) -> bool:
@@ -476,7 +500,7 @@ class SQLStore:
         try:
             engine = create_async_engine(self.url, **kw)
         except Exception as exc:  # missing driver, bad URL parts
-            raise StoreError(f"cannot create the store engine for {self.backend}: {exc}") from exc
+            raise StoreError(f"cannot create the store engine for {self.backend}: {redact_text(str(exc))}") from exc
         if self.backend == "sqlite":
             synchronous = self._sqlite_synchronous
             memory = self.memory
@@ -553,6 +577,8 @@ class SQLStore:
 
     def _error(self, what: str, exc: BaseException, body_ran: bool | None) -> StoreError:
         detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc) else type(exc).__name__
+        detail = redact_text(detail)
+        transient = self._transient(exc)
         if body_ran:
             msg = (
                 f"the store failed while recording the outcome ({what}: {detail}); the tool body already ran, "
@@ -563,7 +589,33 @@ class SQLStore:
             msg = f"the store failed ({what}: {detail})"
         else:
             msg = f"the store failed ({what}: {detail}); the tool was not run"
-        return StoreError(msg, body_ran=bool(body_ran))
+        return StoreError(msg, body_ran=bool(body_ran), transient=transient)
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` looks like an outage that may pass (connection refused or lost, a timeout, a
+        server restarting, a locked SQLite file) rather than a store that cannot work as configured."""
+        seen: set[int] = set()
+        stack: list[BaseException | None] = [exc]
+        while stack:
+            e = stack.pop()
+            if e is None or id(e) in seen:
+                continue
+            seen.add(id(e))
+            if isinstance(e, DBAPIError) and e.connection_invalidated:
+                return True
+            if isinstance(e, OSError | TimeoutError | PoolTimeout):
+                return True
+            state = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+            if isinstance(state, str) and (state[:2] in _TRANSIENT_CLASSES or state in _TRANSIENT_STATES):
+                return True
+            if self.backend == "postgresql" and _asyncpg_connection_error(e):
+                return True
+            if isinstance(e, sqlite3.OperationalError) and any(w in str(e) for w in ("locked", "busy")):
+                return True
+            if isinstance(e, ValueError) and str(e) in ("no active connection", "Connection closed"):
+                return True  # aiosqlite's, for a connection closed under us
+            stack.extend((getattr(e, "orig", None), e.__cause__, e.__context__))
+        return False
 
     def _compiled(
         self, stmt: Any, engine: AsyncEngine
@@ -662,10 +714,7 @@ class SQLStore:
             return True
         drv = raw.driver_connection
         if self.backend == "postgresql":
-            import asyncpg  # type: ignore[import-untyped]
-
-            return isinstance(exc, asyncpg.InterfaceError | asyncpg.ConnectionDoesNotExistError
-                              | asyncpg.AdminShutdownError | asyncpg.CannotConnectNowError) or drv.is_closed()
+            return _asyncpg_connection_error(exc) or drv.is_closed()
         return isinstance(exc, ValueError)  # aiosqlite: "no active connection"
 
     async def ensure_schema(self) -> None:
@@ -694,10 +743,7 @@ class SQLStore:
         if self._schema_ready:
             return
         if self.backend == "sqlite" and not self.memory:
-            folder = os.path.dirname(os.path.abspath(make_url(self.url).database or ""))  # noqa: ASYNC240
-            if not os.path.isdir(folder):  # noqa: ASYNC240 - once, before the first connection
-                raise StoreError(f"the store failed (the SQLite file's folder {folder!r} does not exist); "
-                                 "the tool was not run")
+            self._make_folder()
         engine = self.engine()
         try:
             async with engine.connect() as conn:
@@ -705,6 +751,20 @@ class SQLStore:
         except (SQLAlchemyError, OSError) as exc:
             raise self._error("creating the schema", exc, False) from exc  # before any body
         self._schema_ready = True
+
+    def _make_folder(self) -> None:
+        """Create the SQLite file's folder (``.agentguard/claims.db`` works from an empty directory), or
+        say precisely why it cannot be: once, before the first connection."""
+        folder = os.path.dirname(os.path.abspath(make_url(self.url).database or ""))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+            raise StoreError(f"the store failed (cannot create the SQLite file's folder {folder!r}: {why}); "
+                             "the tool was not run") from exc
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StoreError(f"the store failed (the SQLite file's folder {folder!r} is not writable); "
+                             "the tool was not run")
 
     async def _create(self, conn: AsyncConnection) -> None:
         # The engine is in autocommit mode; DDL runs in one explicit transaction so the advisory lock
