@@ -148,7 +148,8 @@ def install(client: HttpClient) -> None:
     wrong: Any = idempotency_hook if is_async else async_idempotency_hook
     hooks = client.event_hooks
     if wrong in hooks["request"]:
-        # It would fail every request (an async client awaits a sync hook's None; a sync one never awaits).
+        # An async client awaits the sync hook's None and every request fails; a sync client calls the async
+        # hook without awaiting it, and no request is stamped: refuse both.
         raise TypeError(
             f"this {type(client).__name__} has downstream.{wrong.__name__} among its request hooks; "
             f"it needs downstream.{hook.__name__}: remove the wrong one"
