@@ -3,15 +3,21 @@ deduplicates like Stripe."""
 
 from __future__ import annotations
 
+import importlib
+import re
 import subprocess
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import httpx2
+import openai
 import pytest
 import stripe
 
 from agentguard import Guard, GuardError, current_key, downstream, sub_key, task
+from tests.conftest import tid
 from tests.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.anyio
@@ -96,6 +102,224 @@ async def test_async_hook_and_install(guard: Guard, provider: FakeProvider) -> N
             again = await charge("o-1", 500)
     assert first == again and len(provider.charges) == 1
     assert provider.keys() == [(await guard.records())[0].key]
+
+
+# -- every HTTP client family agent SDKs use: httpx and its successor httpx2, sync and async ---------------------
+
+
+def recording_client(family: str, is_async: bool, seen: list[Any]) -> Any:
+    """A client of ``family`` whose own MockTransport records every request it is sent (no network)."""
+    http = importlib.import_module(family)
+
+    def handler(request: Any) -> Any:
+        seen.append(request)
+        return http.Response(200, json={"ok": True})
+
+    cls = http.AsyncClient if is_async else http.Client
+    return cls(base_url="https://provider.test", transport=http.MockTransport(handler))
+
+
+# (method, path, request options): what a guarded tool sends, in this order
+REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", "/v1/charges", {}),  # the operation's key
+    ("POST", "/v1/fees", {"extensions": downstream.named("fee")}),  # a sub-key, by name
+    ("PUT", "/v1/charges/1", {"headers": {"idempotency-key": "mine"}}),  # the caller's own key wins (any case)
+    ("GET", "/v1/charges", {}),  # a safe method: never stamped
+    ("DELETE", "/v1/charges/2", {}),  # an unsafe one: stamped
+]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("family", ["httpx", "httpx2"])
+async def test_install_stamps_both_client_families_sync_and_async(guard: Guard, family: str, is_async: bool) -> None:
+    seen: list[Any] = []
+    client = recording_client(family, is_async, seen)
+    downstream.install(client)
+    downstream.install(client)  # once only
+    assert client.event_hooks["request"] == [
+        downstream.async_idempotency_hook if is_async else downstream.idempotency_hook
+    ]
+
+    if is_async:
+
+        @guard.once(key="order_id")
+        async def charge(order_id: str) -> str:
+            for method, path, options in REQUESTS:
+                await client.request(method, path, **options)
+            return current_key()
+
+        await client.post("/v1/charges", json={})  # outside a guarded call
+        with task(tid()):
+            key = await charge("o-1")
+        await client.aclose()
+    else:
+
+        @guard.once(key="order_id")
+        def sync_charge(order_id: str) -> str:
+            for method, path, options in REQUESTS:
+                client.request(method, path, **options)
+            return current_key()
+
+        client.post("/v1/charges", json={})
+        with task(tid()):
+            key = sync_charge("o-1")
+        client.close()
+
+    assert [type(r) for r in seen] == [importlib.import_module(family).Request] * 6
+    assert [r.headers.get("Idempotency-Key") for r in seen] == [None, key, sub_key(key, "fee"), "mine", None, key]
+    assert key.startswith("ag_")
+
+
+@pytest.mark.parametrize("family", ["httpx", "httpx2"])
+async def test_stamp_works_on_both_request_types(guard: Guard, family: str) -> None:
+    http = importlib.import_module(family)
+    url = "https://provider.test/v1/charges"
+
+    @guard.once()
+    def stamped() -> list[str | None]:
+        requests = [
+            http.Request("POST", url),
+            http.Request("POST", url, extensions=downstream.named("fee")),
+            http.Request("PATCH", url, headers={"Idempotency-Key": "mine"}),
+            http.Request("GET", url),
+        ]
+        for request in requests:
+            downstream.stamp(request)
+        return [current_key(), *(r.headers.get("Idempotency-Key") for r in requests)]
+
+    outside = http.Request("POST", url)
+    downstream.stamp(outside)
+    assert "Idempotency-Key" not in outside.headers
+    with task(tid()):
+        key, *headers = stamped()
+    assert headers == [key, sub_key(key or "", "fee"), "mine", None]
+
+
+@pytest.mark.parametrize(
+    "thing",
+    [
+        object(),
+        httpx.Request("POST", "https://provider.test"),
+        httpx2.Request("POST", "https://provider.test"),
+        openai.AsyncOpenAI(api_key="test", base_url="https://provider.test"),  # an SDK client, not an HTTP one
+        types.SimpleNamespace(event_hooks={"request": [], "response": []}),  # looks like a client, is not one
+    ],
+    ids=["object", "httpx.Request", "httpx2.Request", "AsyncOpenAI", "duck"],
+)
+def test_install_refuses_anything_but_a_client_of_either_family(thing: Any) -> None:
+    kind = f"{type(thing).__module__}.{type(thing).__qualname__}"
+    with pytest.raises(TypeError, match=re.escape(f"needs an httpx or httpx2 Client or AsyncClient, got {kind};")):
+        downstream.install(thing)
+
+
+@pytest.mark.parametrize("family", ["httpx", "httpx2"])
+def test_install_refuses_a_client_holding_the_wrong_flavour_of_hook(family: str) -> None:
+    http = importlib.import_module(family)
+    client = http.AsyncClient(event_hooks={"request": [downstream.idempotency_hook]})
+    wrong = r"has downstream\.idempotency_hook .* needs downstream\.async_idempotency_hook"
+    with pytest.raises(TypeError, match=wrong):
+        downstream.install(client)
+    sync_client = http.Client(event_hooks={"request": [downstream.async_idempotency_hook]})
+    with pytest.raises(TypeError, match=r"needs downstream\.idempotency_hook:"):
+        downstream.install(sync_client)
+
+
+def test_install_imports_no_client_family_and_needs_neither(python: str) -> None:
+    # sys.modules[name] = None makes `import name` fail as if the package were not installed.
+    code = (
+        "import sys\n"
+        "sys.modules['httpx'] = None\n"
+        "import httpx2\n"
+        "from agentguard import downstream\n"
+        "a, s = httpx2.AsyncClient(), httpx2.Client()\n"
+        "downstream.install(a); downstream.install(s)\n"
+        "print(a.event_hooks['request'] == [downstream.async_idempotency_hook],\n"
+        "      s.event_hooks['request'] == [downstream.idempotency_hook])\n"
+        "del sys.modules['httpx']\n"
+        "sys.modules['httpx2'] = None\n"
+        "import httpx\n"
+        "a, s = httpx.AsyncClient(), httpx.Client()\n"
+        "downstream.install(a); downstream.install(s)\n"
+        "print(a.event_hooks['request'] == [downstream.async_idempotency_hook],\n"
+        "      s.event_hooks['request'] == [downstream.idempotency_hook])\n"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"] * 4
+    # httpx2.alias_httpx() makes `import httpx` resolve to httpx2: one family under two names
+    code = (
+        "import httpx2; httpx2.alias_httpx()\n"
+        "import httpx\n"
+        "from agentguard import downstream\n"
+        "a = httpx.AsyncClient(); downstream.install(a)\n"
+        "print(httpx is httpx2, a.event_hooks['request'] == [downstream.async_idempotency_hook])\n"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def openai_client(is_async: bool, seen: list[httpx2.Request], sdk_key: bool = False) -> Any:
+    """The real openai SDK over an httpx2 client carrying the hook. ``sdk_key``: behave like the
+    Stainless-generated payment SDKs (same generated base client), which set ``_idempotency_header`` and so
+    put a made-up random key on every non-GET request."""
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        return httpx2.Response(200, json={"ok": True})
+
+    http: Any = (httpx2.AsyncClient if is_async else httpx2.Client)(transport=httpx2.MockTransport(handler))
+    downstream.install(http)
+    sdk: Any = (openai.AsyncOpenAI if is_async else openai.OpenAI)(
+        api_key="test", base_url="https://provider.test/v1", http_client=http, max_retries=0
+    )
+    if sdk_key:
+        sdk._idempotency_header = "Idempotency-Key"
+    return sdk
+
+
+@pytest.mark.parametrize("sdk_key", [False, True], ids=["plain", "sdk-made-key"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_an_sdk_client_built_on_httpx2_forwards_the_key(guard: Guard, is_async: bool, sdk_key: bool) -> None:
+    seen: list[httpx2.Request] = []
+    sdk = openai_client(is_async, seen, sdk_key)
+
+    def calls() -> list[tuple[str, dict[str, Any]]]:
+        return [("/charges", {}), ("/fees", {"options": {"idempotency_key": "mine"}})]
+
+    if is_async:
+
+        @guard.once(key="order_id")
+        async def charge(order_id: str) -> str:
+            for path, extra in calls():
+                await sdk.post(path, cast_to=httpx2.Response, body={"order_id": order_id}, **extra)
+            return current_key()
+
+        await sdk.post("/charges", cast_to=httpx2.Response, body={})  # outside a guarded call
+        with task(tid()):
+            key = await charge("o-1")
+        await sdk.close()
+    else:
+
+        @guard.once(key="order_id")
+        def sync_charge(order_id: str) -> str:
+            for path, extra in calls():
+                sdk.post(path, cast_to=httpx2.Response, body={"order_id": order_id}, **extra)
+            return current_key()
+
+        sdk.post("/charges", cast_to=httpx2.Response, body={})
+        with task(tid()):
+            key = sync_charge("o-1")
+        sdk.close()
+
+    outside, inside, own = (r.headers.get("Idempotency-Key") for r in seen)
+    if sdk_key:
+        assert outside is not None and outside.startswith("stainless-python-retry-")  # the SDK's own, left alone
+    else:
+        assert outside is None
+    assert inside == key  # inside a guarded call the guard's key, also instead of an SDK's made-up one
+    # idempotency_key= of a call: the SDK sends it where it has an idempotency header (the caller's key wins);
+    # an SDK without one ignores the option, and the hook stamps the guard's key
+    assert own == ("mine" if sdk_key else key)
 
 
 @pytest.fixture
@@ -195,7 +419,7 @@ def test_importing_agentguard_and_its_adapters_imports_no_framework(python: str)
         "import agentguard.integrations.pydantic_ai, agentguard.integrations.openai_agents\n"
         "import agentguard.integrations.langchain, agentguard.integrations.dbos, agentguard.integrations.temporal\n"
         "heavy = {'pydantic_ai', 'agents', 'langchain', 'langchain_core', 'langgraph', 'dbos', 'temporalio',\n"
-        "         'httpx', 'stripe', 'mcp'}\n"
+        "         'httpx', 'httpx2', 'stripe', 'mcp'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from agentguard import Guard, Outcome, current_key, task
+import httpx
+import httpx2
+
+from agentguard import Guard, Outcome, current_key, downstream, task
 
 guard = Guard("sqlite+aiosqlite://")
 
@@ -29,3 +32,10 @@ async def use() -> None:
         sent: bool = send("a@example.com")
         out: Outcome[dict[str, str]] = await guard.run("op", body, task_id="t")
         print(amount, sent, out.value["key"], out.replayed)
+
+
+def forwarding(modern: httpx2.AsyncClient, legacy: httpx.Client) -> None:
+    downstream.install(modern)
+    downstream.install(legacy)
+    downstream.stamp(httpx2.Request("POST", "https://provider.test", extensions=downstream.named("fee")))
+    downstream.stamp(httpx.Request("POST", "https://provider.test"))

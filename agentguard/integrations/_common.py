@@ -224,6 +224,59 @@ def subclass_of(value: Any, classes: tuple[type, ...]) -> bool:
     return (isinstance(value, type) and issubclass(value, classes)) or isinstance(value, classes)
 
 
+# -- decorator order ---------------------------------------------------------------------------------------
+
+# What a framework's tool decorator returns in place of the function: (package, class in the MRO) → the
+# decorator and its framework. Matched by name, so no framework is imported to tell.
+_TOOL_OBJECTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("agents", "FunctionTool"): ("@function_tool", "the OpenAI Agents SDK"),
+    ("langchain_core", "BaseTool"): ("@tool", "LangChain"),
+    ("anthropic", "BetaAsyncFunctionTool"): ("@beta_async_tool", "the Anthropic SDK"),
+    ("anthropic", "BaseFunctionTool"): ("@beta_tool", "the Anthropic SDK"),
+    ("pydantic_ai", "Tool"): ("Tool(...)", "pydantic-ai"),
+}
+
+
+def made_by(obj: Any) -> tuple[str, str] | None:
+    """``(decorator, framework)`` that made ``obj`` a tool object (``("@function_tool", ...)``), else None."""
+    for cls in type(obj).__mro__:
+        found = _TOOL_OBJECTS.get((cls.__module__.partition(".")[0], cls.__name__))
+        if found is not None:
+            return found
+    return None
+
+
+def order_error(adapter: str, decorator: str, what: str) -> TypeError:
+    """The one text for a guard placed on top of the framework's decorator instead of underneath it."""
+    return TypeError(
+        f"{adapter}.once(...) was placed on top of {what}; put it underneath instead, directly on the "
+        "function:\n"
+        f"    {decorator:<28}# the framework's decorator on top\n"
+        f"    {'@once(guard, ...)':<28}# agentguard right above the function\n"
+        "    def charge(...): ..."
+    )
+
+
+def check_function(
+    fn: Any, *, adapter: str, decorator: str, registered: Callable[[Any], str | None] | None = None
+) -> None:
+    """Refuse, before anything inspects it, what an adapter's ``once`` must not wrap: a framework's tool
+    object (the decorators turned round) or, through ``registered``, a function the adapter's framework has
+    already registered as it is (its decorator ran first and keeps the unguarded function).
+
+    ``adapter``: the adapter's module, for the message; ``decorator``: its framework's decorator, shown on top.
+    """
+    tool = made_by(fn)
+    if tool is not None:
+        made, framework = tool
+        top = made if made.startswith("@") else decorator  # pydantic-ai's Tool(...) is not a decorator
+        raise order_error(adapter, top, f"a {type(fn).__name__} made by {framework}'s {made}")
+    if not callable(fn):
+        raise TypeError(f"{adapter}.once(...) needs a function, got {type(fn).__name__}")
+    if registered is not None and (what := registered(fn)) is not None:
+        raise order_error(adapter, decorator, what)
+
+
 # -- the decorator shell -----------------------------------------------------------------------------------
 
 
@@ -340,9 +393,19 @@ class EngineOnce(Protocol):
     ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]: ...
 
 
-def engine_once(*, get_context: Callable[[], Any], fallback: Callable[[Any], Any], hint: str, doc: str) -> EngineOnce:
+def engine_once(
+    *,
+    get_context: Callable[[], Any],
+    fallback: Callable[[Any], Any],
+    hint: str,
+    doc: str,
+    adapter: str,
+    decorator: str,
+    registered: Callable[[Any], str | None] | None = None,
+) -> EngineOnce:
     """The ``once`` of a workflow engine (DBOS, Temporal): ``guard.once`` whose task id falls back to the
-    engine's stable workflow id, with refusals raised."""
+    engine's stable workflow id, with refusals raised. ``adapter``, ``decorator``, ``registered``: see
+    :func:`check_function`."""
 
     def once(
         guard: Guard,
@@ -356,6 +419,7 @@ def engine_once(*, get_context: Callable[[], Any], fallback: Callable[[Any], Any
         scope: str | None = None,
     ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
         def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+            check_function(fn, adapter=adapter, decorator=decorator, registered=registered)
             wrapped: Callable[_P, _R] = adapt(
                 guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors,
                 inject=inject, task_id=task_id, scope=scope, context_names=(),

@@ -31,11 +31,23 @@ def workflow_id(_context: Any = None) -> str | None:
         return None
 
 
+def registered(fn: Any) -> str | None:
+    """DBOS names every function it decorates (and the function it was given): one it has registered
+    already came through ``@DBOS.step()`` (or ``workflow``/``transaction``) before the guard did. On top of a
+    step the guard runs in the workflow's own code: on recovery it replays without calling the step, and the
+    workflow's later steps no longer line up with the ones DBOS recorded (DBOSUnexpectedStepError)."""
+    name = getattr(fn, "dbos_function_name", None)
+    return None if name is None else f"a function DBOS has already registered (as {name!r})"
+
+
 once = engine_once(
     get_context=lambda: None,
     fallback=workflow_id,
     hint="this is not running inside a DBOS workflow",
     doc="``guard.once`` whose task id falls back to the DBOS workflow id; place it under ``@DBOS.step()``.",
+    adapter=__name__,
+    decorator="@DBOS.step()",
+    registered=registered,
 )
 
 

@@ -31,6 +31,7 @@ from ._common import (
     KeyArg,
     ToolSpec,
     adapt,
+    check_function,
     context_params,
     refusal_message,
     subclass_of,
@@ -135,6 +136,7 @@ def once(
     """
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        check_function(fn, adapter=__name__, decorator="@tool")
         names = context_params(fn, is_injected, _INJECTED_NAMES)
         wrapped: Callable[P, R] = adapt(
             guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,

@@ -29,6 +29,7 @@ from ._common import (
     ToolSpec,
     adapt,
     attribute_task_id,
+    check_function,
     context_params,
     refusal_message,
     resolve_task,
@@ -67,6 +68,7 @@ def once(
     from agents import RunContextWrapper
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        check_function(fn, adapter=__name__, decorator="@function_tool")
         names = context_params(
             fn, lambda t: subclass_of(t, (RunContextWrapper,)), ["RunContextWrapper", "ToolContext"]
         )

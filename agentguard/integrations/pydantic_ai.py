@@ -8,8 +8,9 @@ guards named tools of an agent without touching their functions.
     agent = Agent(model, deps_type=Deps, capabilities=[GuardTools(guard, {"charge": "order_id"})])
 
 Order matters and pydantic-ai cannot tell you: ``@agent.tool`` registers the function it is given and
-returns it unchanged, so a guard placed *above* it wraps only the module-level name and the agent runs the
-unguarded function. Put the guard underneath, or use :class:`GuardTools`.
+returns it unchanged, so a guard placed *above* it would wrap only the module-level name and the agent would
+run the unguarded function. :func:`once` finds the agent's ``Tool`` holding the function and refuses with a
+``TypeError`` (the plain ``guard.once`` does not look). Put the guard underneath, or use :class:`GuardTools`.
 
 Task id: ``task_id=`` (a callable of the ``RunContext``) → ``with agentguard.task(...)`` → ``ctx.deps.task_id``
 → refused. Refusals are raised as pydantic-ai's ``ToolFailed``: the model sees the message as a failed tool
@@ -18,6 +19,7 @@ result, without retry instructions and without consuming the tool's retry budget
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
@@ -28,6 +30,7 @@ from ._common import (
     ToolSpec,
     adapt,
     attribute_task_id,
+    check_function,
     context_params,
     refusal_message,
     subclass_of,
@@ -65,6 +68,39 @@ def _run_context(arguments: Mapping[str, Any], names: Sequence[str]) -> Any:
     return get_current_run_context()
 
 
+def registered_tool(fn: Any) -> str | None:
+    """What holds ``fn`` as a pydantic-ai tool already, else None.
+
+    ``@agent.tool`` / ``@agent.tool_plain`` (and ``Agent(tools=[fn])``, ``@toolset.tool``) keep the function
+    in a ``Tool`` and return it unchanged: a guard put on top afterwards wraps only the module-level name, and
+    the agent runs the bare function. Nothing on the function says so; the objects referring to it do. That
+    search walks the process's objects once per decoration (tens of milliseconds in a large process, at
+    import time), and once more only after a hit.
+    """
+    from pydantic_ai import Tool
+
+    def holders() -> list[str]:
+        names = []
+        for ref in gc.get_referrers(fn):
+            if isinstance(ref, Tool) and ref.function is fn:
+                names.append(ref.name)
+            elif isinstance(ref, dict) and ref.get("function") is fn and "takes_ctx" in ref:  # a Tool's __dict__
+                names.append(str(ref.get("name")))
+        return names
+
+    if not holders():
+        return None
+    gc.collect()  # the Tool of an agent that is gone, but not collected yet, registers nothing
+    names = holders()
+    if not names:
+        return None
+    return (
+        f"a function that a pydantic-ai agent or toolset already holds, unguarded, as its tool {names[0]!r} "
+        "(@agent.tool and @agent.tool_plain return the function unchanged, so the agent would run it without "
+        "the guard; if the agent guards it with GuardTools, do not also put once on it)"
+    )
+
+
 def once(
     guard: Guard,
     *,
@@ -83,6 +119,7 @@ def once(
     from pydantic_ai import RunContext
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        check_function(fn, adapter=__name__, decorator="@agent.tool", registered=registered_tool)
         names = context_params(fn, lambda t: subclass_of(t, (RunContext,)), ["RunContext"])
         wrapped: Callable[P, R] = adapt(
             guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,

@@ -43,6 +43,8 @@ once = engine_once(
     fallback=workflow_id,
     hint="this is not running inside a Temporal activity",
     doc="``guard.once`` whose task id falls back to the Temporal workflow id; place it under ``@activity.defn``.",
+    adapter=__name__,
+    decorator="@activity.defn",
 )
 
 
