@@ -49,6 +49,7 @@ from ._errors import (
     OutcomeUnknownError,
     StoreError,
 )
+from ._frameworks import made_by
 from ._keys import FlatSignature, argument_hashes, derive_key, fingerprint, hashes_json, operation_name
 from ._operation import Operation, Reconcile
 from ._portal import Portal
@@ -1005,27 +1006,20 @@ def _check_errors(cache_errors: Any) -> tuple[type[BaseException], ...]:
     return tuple(cache_errors)
 
 
-_FRAMEWORK_TOOLS = {
-    "FunctionTool": "agents.function_tool (OpenAI Agents SDK)",
-    "StructuredTool": "langchain_core.tools.tool",
-    "BaseTool": "langchain_core.tools.tool",
-    "Tool": "the framework's tool decorator",
-    "BetaFunctionTool": "anthropic's beta_tool",
-}
-
-
 def _reject_framework_tool(fn: Any) -> None:
     if inspect.isfunction(fn) or inspect.ismethod(fn) or isinstance(fn, functools.partial):
         return
-    for cls in type(fn).__mro__:
-        if cls.__name__ in _FRAMEWORK_TOOLS and not cls.__module__.startswith("builtins"):
-            raise TypeError(
-                f"@guard.once was placed on top of a {type(fn).__name__} made by {_FRAMEWORK_TOOLS[cls.__name__]}; "
-                "put it underneath instead, directly on the function:\n"
-                "    @tool            # the framework decorator on top\n"
-                "    @guard.once(...) # agentguard right above the function\n"
-                "    def charge(...): ..."
-            )
+    tool = made_by(fn)
+    if tool is not None:
+        made, framework = tool
+        top = made if made.startswith("@") else "@agent.tool"
+        raise TypeError(
+            f"@guard.once was placed on top of a {type(fn).__name__} made by {framework}'s {made}; put it "
+            "underneath instead, directly on the function:\n"
+            f"    {top:<20}# the framework's decorator on top\n"
+            f"    {'@guard.once(...)':<20}# agentguard right above the function\n"
+            "    def charge(...): ..."
+        )
     if not callable(fn):
         raise TypeError(f"@guard.once needs a function, got {type(fn).__name__}")
 

@@ -22,6 +22,7 @@ from .._errors import (
     OutcomeUnknownError,
     StoreError,
 )
+from .._frameworks import made_by
 from .._guard import Guard
 
 T = TypeVar("T")
@@ -225,26 +226,6 @@ def subclass_of(value: Any, classes: tuple[type, ...]) -> bool:
 
 
 # -- decorator order ---------------------------------------------------------------------------------------
-
-# What a framework's tool decorator returns in place of the function: (package, class in the MRO) → the
-# decorator and its framework. Matched by name, so no framework is imported to tell.
-_TOOL_OBJECTS: dict[tuple[str, str], tuple[str, str]] = {
-    ("agents", "FunctionTool"): ("@function_tool", "the OpenAI Agents SDK"),
-    ("langchain_core", "BaseTool"): ("@tool", "LangChain"),
-    ("anthropic", "BetaAsyncFunctionTool"): ("@beta_async_tool", "the Anthropic SDK"),
-    ("anthropic", "BaseFunctionTool"): ("@beta_tool", "the Anthropic SDK"),
-    ("pydantic_ai", "Tool"): ("Tool(...)", "pydantic-ai"),
-}
-
-
-def made_by(obj: Any) -> tuple[str, str] | None:
-    """``(decorator, framework)`` that made ``obj`` a tool object (``("@function_tool", ...)``), else None."""
-    for cls in type(obj).__mro__:
-        found = _TOOL_OBJECTS.get((cls.__module__.partition(".")[0], cls.__name__))
-        if found is not None:
-            return found
-    return None
-
 
 def order_error(adapter: str, decorator: str, what: str) -> TypeError:
     """The one text for a guard placed on top of the framework's decorator instead of underneath it."""
