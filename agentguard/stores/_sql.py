@@ -422,6 +422,17 @@ def _asyncpg_connection_error(exc: BaseException) -> bool:
                       | asyncpg.AdminShutdownError | asyncpg.CrashShutdownError | asyncpg.CannotConnectNowError)
 
 
+def _thread_alive(drv: Any) -> bool:
+    """Whether an aiosqlite connection's worker thread still runs (it ends after the connection stops)."""
+    thread = getattr(drv, "_thread", None)
+    return thread is not None and thread.is_alive()
+
+
+def _thread_started(drv: Any) -> bool:
+    thread = getattr(drv, "_thread", None)
+    return thread is not None and thread.ident is not None
+
+
 def _is_memory(url: str) -> bool:
     db = make_url(url).database
     return db in (None, "", ":memory:") or "mode=memory" in url
@@ -474,6 +485,8 @@ class SQLStore:
         self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[tuple[Any, Any]]] = (
             weakref.WeakKeyDictionary()
         )
+        # The aiosqlite connections opened on each loop, to close and join when it is disposed.
+        self._drivers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
         # Test seam: awaited between a claim that found an existing row and acting on that row.
         self.after_claim_miss: Callable[[], Awaitable[None]] | None = None
         self._schema_tasks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
@@ -496,7 +509,7 @@ class SQLStore:
                 connect_args={"timeout": self._connect_timeout, "server_settings": settings},
             )
         else:
-            kw["connect_args"] = {"timeout": 30.0}
+            kw["async_creator"] = self._sqlite_connector()
         try:
             engine = create_async_engine(self.url, **kw)
         except Exception as exc:  # missing driver, bad URL parts
@@ -515,6 +528,26 @@ class SQLStore:
                 cur.close()
 
         return engine
+
+    def _sqlite_connector(self) -> Callable[[], Any]:
+        """Opens aiosqlite connections as SQLAlchemy would (same arguments), but knows each from its start:
+        the worker thread of every connection opened on a loop is joined before that loop is let go."""
+        import aiosqlite
+        from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
+
+        cargs, cparams = SQLiteDialect_aiosqlite().create_connect_args(make_url(self.url))
+        cparams.setdefault("timeout", 30.0)
+        drivers = self._drivers
+
+        def connect() -> Any:
+            conn = aiosqlite.connect(*cargs, **cparams)
+            conn._thread.daemon = True  # as SQLAlchemy's own connect does: never keeps the process alive
+            opened = drivers.setdefault(asyncio.get_running_loop(), [])
+            opened[:] = [d for d in opened if _thread_alive(d) or not _thread_started(d)]
+            opened.append(conn)
+            return conn  # awaited by SQLAlchemy, which starts the thread and connects
+
+        return connect
 
     def engine(self) -> AsyncEngine:
         loop = asyncio.get_running_loop()
@@ -550,6 +583,30 @@ class SQLStore:
         engine = self._engines.pop(loop, None)
         if engine is not None:
             await engine.dispose()
+        await self._join_drivers(loop)
+
+    async def _join_drivers(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close every aiosqlite connection opened on this loop and wait for its thread to end.
+
+        aiosqlite runs each connection on a thread that reports back with ``loop.call_soon_threadsafe``. A
+        connect or statement abandoned by a cancelled caller (aiosqlite then stops the connection without
+        waiting) still reports when it finishes: if the loop has closed by then, the thread dies with "Event
+        loop is closed". So the loop is let go only once every thread opened on it has ended.
+        """
+        drivers = self._drivers.pop(loop, None) or []
+        for _ in range(2000):  # ~10 s at most; each pass takes no time unless a thread is still busy
+            busy = False
+            for drv in drivers:
+                if not _thread_alive(drv):
+                    continue
+                if getattr(drv, "_connection", None) is not None and getattr(drv, "_running", False):
+                    with contextlib.suppress(Exception):
+                        await drv.close()  # queued behind whatever it still runs; ends its thread
+                busy = busy or _thread_alive(drv)
+            if not busy:
+                return
+            await asyncio.sleep(0.005)  # a connect still opening: its thread stops by itself once done
+        log.warning("aiosqlite threads still running while their event loop is let go")
 
     # -- execution ----------------------------------------------------------------------------------
 
