@@ -41,14 +41,15 @@ naming the argument. The documented equivalences are exactly these: tuple and li
 -0.0 and 0.0, Decimals that compare equal (scale is not kept), set and frozenset, bytes and bytearray, dict
 insertion order, set iteration order. Flat str/int/bool/None arguments have the form they always had.
 
-An operation name (``charge[order_id="o-1"]``, from which the key is derived) writes its key values in this
-form too, except that a UUID is written as its string and an Enum member as its value, as they were before
-they had tags: the key of a call in flight across an upgrade stays the same.
+An operation name (``charge[order_id="o-1"]``, from which the key is derived) checks its key values with this
+form but writes them as the release before the tags did (a UUID as its string, an Enum member as its value,
+a set as a list...), so that no key changes: see ``operation_name``.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import decimal
@@ -421,9 +422,7 @@ def hashes_json(hashes: Mapping[str, str]) -> str:
 def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str:
     """The readable operation: ``charge`` or ``charge[order_id="o-1"]``, from which the key is derived.
 
-    Key values are written in canonical JSON, except that a UUID is written as its string and an Enum member
-    as its value, as before the canonical form tagged them: the key of a call in flight across an upgrade
-    does not change. (The fingerprint, which holds the key fields unless they are ignored, tells them apart.)
+    Raises TypeError naming a key field whose value has no canonical form.
     """
     if key_values is None:
         return tool
@@ -434,18 +433,72 @@ def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str
     parts = []
     for name in sorted(key_values):
         value = key_values[name]
-        if isinstance(value, uuid.UUID):
-            value = str(value)
-        elif isinstance(value, enum.Enum):
-            value = value.value
         try:
-            text = canonical_json(value)
+            text = canonical_json(value)  # (also the check: depth, self-reference, types)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"key field {name!r} of {tool!r} cannot be canonicalised: {exc}") from None
+        if type(value) not in _FLAT:
+            # (a value the release before could not name keeps its canonical form: no record has an old name)
+            with contextlib.suppress(TypeError, ValueError, ArithmeticError, RecursionError):
+                text = _legacy_text(value)
         if not _encodes(text):
             raise TypeError(f"key field {name!r} of {tool!r} cannot be canonicalised: {_SURROGATE}")
         parts.append(f"{name}={text}")
     return f"{tool}[{','.join(parts)}]"
+
+
+# -- operation names keep the text key values had before the tagged form ---------------------------------
+# A key is derived from the operation name, and a changed key meets no record: a call completed before an
+# upgrade and retried after it would run again, under a new downstream key the provider cannot match. So
+# a key value is named as it always was. That text is not injective (a UUID and its string, {1, 2} and
+# ["1", "2"] read alike); the fingerprint, which holds the key fields unless they are ignored, tells such
+# calls apart: a KeyReuseError, never a silent replay.
+
+_FLAT = (str, int, bool, type(None))
+
+
+def _legacy_default(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return _legacy_normalise(obj.model_dump(mode="json"))
+    if isinstance(obj, decimal.Decimal):
+        return {"$decimal": str(obj.normalize())}
+    if isinstance(obj, dt.datetime):
+        return {"$datetime": obj.isoformat()}
+    if isinstance(obj, dt.date):
+        return {"$date": obj.isoformat()}
+    if isinstance(obj, dt.time):
+        return {"$time": obj.isoformat()}
+    if isinstance(obj, dt.timedelta):
+        return {"$timedelta": obj.total_seconds()}
+    if isinstance(obj, uuid.UUID):
+        return str(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, bytes | bytearray):
+        return {"$bytes": base64.b64encode(bytes(obj)).decode()}
+    if isinstance(obj, set | frozenset):
+        return sorted(_legacy_text(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _legacy_normalise(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    raise TypeError(f"cannot canonicalise a value of type {type(obj).__qualname__}")  # pragma: no cover
+
+
+def _legacy_normalise(value: Any) -> Any:
+    t = type(value)
+    if t is float:
+        return int(value) if value.is_integer() else value
+    if t is dict:
+        return {k: _legacy_normalise(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [_legacy_normalise(v) for v in value]
+    return value
+
+
+_legacy = encoder(sort_keys=True, allow_nan=False, default=_legacy_default)
+
+
+def _legacy_text(value: Any) -> str:
+    return _legacy(_legacy_normalise(value))
 
 
 def derive_key(scope: str, task_id: str, operation: str) -> str:

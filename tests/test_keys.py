@@ -256,12 +256,32 @@ def test_values_that_needed_no_tag_keep_their_fingerprints() -> None:
         assert fingerprint({"a": value}) == digest, value
 
 
+# Operation names the release before the tagged form gave these key values: the key is derived from the name,
+# so a call completed before an upgrade and retried after it meets its record instead of running again.
+OPERATION_NAMES: list[tuple[Any, str]] = [
+    (uuid.UUID(int=5), '"00000000-0000-0000-0000-000000000005"'),
+    (Currency.EUR, '"eur"'),
+    (http.HTTPStatus.OK, "200"),
+    ({3, "a", 1.5}, '["\\"a\\"","1.5","3"]'),
+    (Parcel(1200, True), '{"fragile":true,"weight_g":1200}'),
+    (Payee(iban="DE02", amount=Decimal("5.00")), '{"amount":"5.00","iban":"DE02"}'),
+    (dt.timedelta(seconds=90), '{"$timedelta":90.0}'),
+    ({1: "a", 2: "c"}, '{"1":"a","2":"c"}'),
+    ({"$gt": 5}, '{"$gt":5}'),
+    (Decimal("12.30"), '{"$decimal":"12.3"}'),
+    (dt.date(2026, 1, 2), '{"$date":"2026-01-02"}'),
+    (1.0, "1"),
+    (("a", [1, 2.5]), '["a",[1,2.5]]'),
+    (b"x", '{"$bytes":"eA=="}'),
+]
+
+
 def test_key_fields_keep_the_operation_names_they_had() -> None:
-    # A UUID or an Enum in a key field is written as before (its string, its value): the key of a call in
-    # flight across the upgrade is the same, so it meets its record rather than running again.
-    op = operation_name("charge", {"order": uuid.UUID(int=5), "c": Currency.EUR, "status": http.HTTPStatus.OK})
-    assert op == 'charge[c="eur",order="00000000-0000-0000-0000-000000000005",status=200]'
-    assert operation_name("charge", {"at": dt.date(2026, 1, 2), "n": 1.0}) == 'charge[at={"$date":"2026-01-02"},n=1]'
+    for value, text in OPERATION_NAMES:
+        assert operation_name("charge", {"k": value}) == f"charge[k={text}]", value
+    # A value the release before could not name (its keys did not sort) has no old record: the tagged form.
+    assert operation_name("charge", {"k": {1: "a", None: "c"}}) == 'charge[k={"$map":[[1,"a"],[null,"c"]]}]'
+    assert operation_name("charge", {"b": "x", "a": 1}) == 'charge[a=1,b="x"]'
 
 
 def _nested(levels: int) -> list[Any]:
