@@ -9,6 +9,7 @@ and ``()`` as a tuple rather than as a string or a list.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import decimal
 import enum
@@ -18,7 +19,7 @@ import json.scanner
 import math
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, PydanticUserError, TypeAdapter
@@ -133,11 +134,76 @@ def _decode(text: str) -> Any:
 _plain = encoder(allow_nan=False)
 
 
+def _children(value: Any) -> Iterable[Any]:
+    """What a walk of ``value`` descends into (the fingerprint's walk and the codec's alike)."""
+    if isinstance(value, dict):
+        return [*value, *value.values()]
+    if isinstance(value, list | tuple | set | frozenset):
+        return value
+    if isinstance(value, BaseModel):
+        return [*value.__dict__.values(), *(value.__pydantic_extra__ or {}).values()]
+    if isinstance(value, enum.Enum):
+        return (value.value,)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    return ()
+
+
+_LEAVES = (str, int, float, bool, type(None))
+
+
+def refers_to_itself(value: Any) -> bool:
+    """Whether ``value`` contains itself (a list holding itself, a dict holding its parent): what tells a
+    walk that ran out of depth on a cycle from one that met deep nesting. An explicit stack, each container
+    once: linear in the containers, and no recursion of its own."""
+    path = {id(value)}
+    done: set[int] = set()
+    stack = [(value, iter(_children(value)))]
+    while stack:
+        node, items = stack[-1]
+        for child in items:
+            if type(child) in _LEAVES:
+                continue
+            ident = id(child)
+            if ident in path:
+                return True
+            if ident not in done:
+                path.add(ident)
+                stack.append((child, iter(_children(child))))
+                break
+        else:
+            stack.pop()
+            path.discard(id(node))
+            done.add(id(node))
+    return False
+
+
+def _too_deep(value: Any) -> ValueError:
+    if refers_to_itself(value):
+        return ValueError("the value refers to itself, so it cannot be stored")
+    return ValueError("the value is nested too deeply to be stored")
+
+
+_SURROGATE = "the value contains a lone surrogate (not valid Unicode text), which no store can hold"
+
+
+def _check_text(text: str) -> str:
+    """``text`` if both stores can hold it (ASCII is checked in O(1)); else ValueError."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise ValueError(_SURROGATE) from None
+    return text
+
+
 def dumps(obj: Any, *, typed: bool = False) -> str:
+    """Our stored JSON of ``obj``. Raises TypeError/ValueError when it cannot be stored."""
     try:
-        return _encode(_tag(obj, typed=typed))
+        text = _encode(_tag(obj, typed=typed))
     except RecursionError:
-        raise ValueError("the value is too deeply nested (or refers to itself) to be stored") from None
+        raise _too_deep(obj) from None
+    return _check_text(text)
 
 
 def loads(text: str) -> Any:
@@ -206,9 +272,11 @@ class Codec:
         try:
             text = _plain(value)
             raw = _decode(text)
+            same = raw == value
         except (TypeError, ValueError, KeyError, RecursionError):
-            raw = text = None
-        if text is not None and raw == value:
+            same = False
+        if same:
+            _check_text(text)
             if self._adapter is None or type(raw) is self._unchanged:
                 return text, raw
             try:
@@ -216,14 +284,17 @@ class Codec:
             except Exception:  # not of the annotated type: the general path coerces it, or says why not
                 pass
         text = self.encode(value)
-        return text, self.decode(text)
+        try:
+            return text, self.decode(text)
+        except RecursionError:  # (its tags nest deeper than the value itself)
+            raise _too_deep(value) from None
 
 
 def encode_error(exc: BaseException) -> str:
     cls = type(exc)
     try:
         args: Any = _tag(list(exc.args), typed=False)
-    except TypeError:
+    except (TypeError, RecursionError):
         args = None
     return json.dumps({"type": f"{cls.__module__}:{cls.__qualname__}", "message": str(exc), "args": args})
 

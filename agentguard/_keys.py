@@ -3,24 +3,67 @@
 The key is derived from (scope, task, operation) and never from the attempt, so every re-invocation of the
 same operation in the same task meets the same record. Keys and fingerprints are hashes: no personal data
 reaches the key column or the provider.
+
+The canonical form
+------------------
+A fingerprint is the SHA-256 of the UTF-8 of the arguments' canonical JSON: one object mapping each argument
+name (as it is: the top level is always the arguments, never a tag) to its value's canonical form, with keys
+sorted by code point, no whitespace, non-ASCII text as itself. Equal canonical forms mean equal values, so a
+value of each type that JSON lacks carries a tag, and user data that could read as a tag is escaped:
+
+- ``None``, ``bool``, ``str``, ``int``: themselves (``true`` is never ``1``).
+- ``float``: finite only; a whole number is written as that int (``1.0`` is ``1``, ``-0.0`` is ``0``), any
+  other value as its shortest repr.
+- ``list``, ``tuple``: an array.
+- ``dict`` whose keys are all ``str``: an object. A key starting with ``$`` gets one more ``$`` in front
+  (``"$x"`` is written ``"$$x"``), so a user key never starts with a single ``$``.
+- every other type: a *tag*, an object with one key, ``$`` and the type's name (a single ``$``)::
+
+    {"$decimal": "1.5"}              Decimal, finite, exact: trailing zeros dropped ("1.50" -> "1.5",
+                                     "100" -> "1E+2", "-0" -> "0"), never rounded to a context's precision
+    {"$datetime": "2026-01-02T03:04:05+01:00"}   datetime.isoformat(): wall time and UTC offset (none if naive)
+    {"$date": "2026-01-02"}   {"$time": "03:04:05"}   isoformat()
+    {"$timedelta": 90000000}         whole microseconds
+    {"$uuid": "…"}                   the UUID's canonical text
+    {"$bytes": "eA=="}               base64; bytes and bytearray alike
+    {"$set": [...]}                  set and frozenset alike: the elements' canonical forms, sorted by their
+                                     canonical JSON, each once
+    {"$map": [[key, value], ...]}    a dict with any key that is not a str: its pairs sorted by their canonical
+                                     JSON (so {1: "a"}, {"1": "a"} and {True: "a"} are three values)
+    {"$enum": ["mod.Class", value]}  an Enum member (IntEnum and StrEnum too): its class and its value
+    {"$dataclass": ["mod.Class", {"field": value, ...}]}
+    {"$model": ["mod.Class", {"field": value, ...}]}   a pydantic model: its fields and extra fields
+
+A subclass of str, int or float that is not an Enum is its plain value; a dict, list or tuple subclass
+(OrderedDict, a NamedTuple) is its base. Any other type, a non-finite float or Decimal, a lone surrogate,
+containers nested more than ``MAX_DEPTH`` deep and a value that refers to itself are refused with a TypeError
+naming the argument. The documented equivalences are exactly these: tuple and list, a whole float and its int,
+-0.0 and 0.0, Decimals that compare equal (scale is not kept), set and frozenset, bytes and bytearray, dict
+insertion order, set iteration order. Flat str/int/bool/None arguments have the form they always had.
+
+An operation name (``charge[order_id="o-1"]``, from which the key is derived) checks its key values with this
+form but writes them as the release before the tags did (a UUID as its string, an Enum member as its value,
+a set as a list...), so that no key changes: see ``operation_name``.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import decimal
 import enum
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
-from ._codec import encoder
+from ._codec import encoder, refers_to_itself
 
 # CPython's own SHA-256 (``_sha2`` from 3.12, ``_sha256`` before): the same digest as hashlib's OpenSSL one,
 # with far less set-up per digest. A call takes four (key, fingerprint, one per argument), and measured
@@ -33,51 +76,148 @@ except ImportError:  # pragma: no cover - depends on the Python version
     except ImportError:
         _sha256 = hashlib.sha256
 
-
-def _default(obj: Any) -> Any:
-    # Only called for values json cannot encode natively; each branch yields a stable, typed form.
-    if isinstance(obj, BaseModel):
-        return _normalise(obj.model_dump(mode="json"))
-    if isinstance(obj, decimal.Decimal):
-        if not obj.is_finite():
-            raise TypeError(f"non-finite Decimal {obj!r} has no canonical form")
-        return {"$decimal": str(obj.normalize())}
-    if isinstance(obj, dt.datetime):
-        return {"$datetime": obj.isoformat()}
-    if isinstance(obj, dt.date):
-        return {"$date": obj.isoformat()}
-    if isinstance(obj, dt.time):
-        return {"$time": obj.isoformat()}
-    if isinstance(obj, dt.timedelta):
-        return {"$timedelta": obj.total_seconds()}
-    if isinstance(obj, uuid.UUID):
-        return str(obj)
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, bytes | bytearray):
-        return {"$bytes": base64.b64encode(bytes(obj)).decode()}
-    if isinstance(obj, set | frozenset):
-        return sorted(canonical_json(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _normalise(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    raise TypeError(f"cannot canonicalise a value of type {type(obj).__qualname__}")
+MAX_DEPTH = 100  # containers within containers: far beyond any tool's arguments, far below the stack's limit
 
 
-def _normalise(value: Any) -> Any:
-    # json renders 1.0 and 1 differently; a fingerprint must not. Containers are walked (cheaply: the
-    # common flat str/int arguments fall straight through).
+class _TooDeep(Exception):
+    """A container past ``MAX_DEPTH``; the caller says whether the value is deep or refers to itself."""
+
+
+def _tree(value: Any, depth: int) -> Any:
+    """The canonical form of ``value`` as plain JSON values (see the module docstring), ``depth`` being the
+    level of ``value`` itself (1 for an argument). Each container checks its own depth on entry."""
     t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return value
     if t is float:
-        return int(value) if value.is_integer() else value
+        return _float(value)
     if t is dict:
-        return {k: _normalise(v) for k, v in value.items()}
+        return _object(value, depth)
     if t is list or t is tuple:
-        return [_normalise(v) for v in value]
+        return _array(value, depth)
+    return _other(value, depth)
+
+
+def _array(value: Iterable[Any], depth: int) -> list[Any]:
+    if depth > MAX_DEPTH:
+        raise _TooDeep
+    depth += 1
+    return [_tree(v, depth) for v in value]
+
+
+def _float(value: float) -> int | float:
+    # json renders 1.0 and 1 differently; a fingerprint must not (nor -0.0 and 0.0, both whole).
+    if value.is_integer():
+        return int(value)
+    if not math.isfinite(value):
+        raise TypeError(f"non-finite float {value!r} has no canonical form")
     return value
 
 
-# Encoders built once: json.dumps(..., **options) builds a new encoder on every call.
-_canonical = encoder(sort_keys=True, allow_nan=False, default=_default)
+def _object(value: Mapping[Any, Any], depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise _TooDeep
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if type(k) is not str:
+            if not isinstance(k, str) or isinstance(k, enum.Enum):
+                return _map(value, depth)
+            k = str.__str__(k)
+        if k[:1] == "$":
+            k = "$" + k  # escaped: a user key never starts with the single "$" of a tag
+        out[k] = _tree(v, depth + 1)
+    return out
+
+
+def _map(value: Mapping[Any, Any], depth: int) -> Any:
+    depth += 1  # (its depth was checked by _object)
+    pairs = {}
+    for k, v in value.items():
+        pair = [_tree(k, depth), _tree(v, depth)]
+        pairs[_canonical(pair)] = pair
+    return {"$map": [pairs[text] for text in sorted(pairs)]}
+
+
+def _path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _other(value: Any, depth: int) -> Any:
+    # The types JSON lacks, each with its tag; subclasses of JSON's own types after Enums (IntEnum is an int).
+    if isinstance(value, enum.Enum):
+        return {"$enum": [_path(type(value)), _tree(value.value, depth + 1)]}
+    if isinstance(value, dict):
+        return _object(value, depth)
+    if isinstance(value, list | tuple):
+        return _array(value, depth)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return _float(float.__float__(value))
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": _decimal(value)}
+    if isinstance(value, dt.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, dt.timedelta):
+        return {"$timedelta": (value.days * 86400 + value.seconds) * 1_000_000 + value.microseconds}
+    if isinstance(value, uuid.UUID):
+        return {"$uuid": str(value)}
+    if isinstance(value, bytes | bytearray):
+        return {"$bytes": base64.b64encode(value).decode()}
+    if isinstance(value, set | frozenset):
+        if depth > MAX_DEPTH:
+            raise _TooDeep
+        depth += 1
+        items = {}
+        for v in value:
+            item = _tree(v, depth)
+            items[_canonical(item)] = item
+        return {"$set": [items[text] for text in sorted(items)]}
+    if isinstance(value, BaseModel):
+        fields = {**value.__dict__, **(value.__pydantic_extra__ or {})}
+        return {"$model": [_path(type(value)), _object(fields, depth + 1)]}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        try:
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        except AttributeError as exc:
+            raise TypeError(f"{type(value).__qualname__} has an unset field ({exc})") from None
+        return {"$dataclass": [_path(type(value)), _object(fields, depth + 1)]}
+    raise TypeError(f"cannot canonicalise a value of type {type(value).__qualname__}")
+
+
+def _decimal(value: decimal.Decimal) -> str:
+    """The text of a finite Decimal without trailing zeros, exactly: ``normalize()`` would round to the
+    context's 28 digits (two unequal values, one text) and overflow past its exponent range."""
+    if not value.is_finite():
+        raise TypeError(f"non-finite Decimal {value!r} has no canonical form")
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    end = len(digits)
+    while end > 1 and digits[end - 1] == 0:
+        end -= 1
+    if end == 1 and digits[0] == 0:
+        return "0"  # -0 and 0E+5 are 0
+    return str(decimal.Decimal((sign, digits[:end], exponent + len(digits) - end)))
+
+
+def _nested_too_deeply(value: Any) -> TypeError:
+    if refers_to_itself(value):
+        return TypeError("it refers to itself")
+    return TypeError(f"it is nested more than {MAX_DEPTH} levels deep (the limit)")
+
+
+_SURROGATE = "it contains a lone surrogate (not valid Unicode text)"
+
+
+# Encoders built once: json.dumps(..., **options) builds a new encoder on every call. (No default: the walk
+# above leaves only JSON's own types.)
+_canonical = encoder(sort_keys=True, allow_nan=False)
 _compact = encoder(sort_keys=True, ensure_ascii=True)
 
 
@@ -155,13 +295,23 @@ class FlatSignature:
         memo = self._memo
         found = memo.get((scope, task_id, text))
         if found is None:
+            try:
+                fp = _sha(text)
+            except UnicodeEncodeError:  # (a lone surrogate, which a model's JSON can carry)
+                raise self._unencodable(values) from None
             operation = self.operation(values)
-            found = (operation, derive_key(scope, task_id, operation), _sha(text))
+            found = (operation, derive_key(scope, task_id, operation), fp)
             if len(text) <= self.MEMO_TEXT:
                 if len(memo) >= self.MEMO:
                     memo.clear()  # (a memo, not a cache of outcomes: forgetting costs two digests)
                 memo[(scope, task_id, text)] = found
         return found
+
+    def _unencodable(self, values: Sequence[str]) -> TypeError:
+        for name, text in zip(self.names, values, strict=True):
+            if not _encodes(text):
+                return _argument_error(name, _SURROGATE)
+        raise AssertionError("some argument failed to encode")  # pragma: no cover - identity's text is theirs
 
     def operation(self, values: Sequence[str]) -> str:
         index = self._key_index
@@ -184,18 +334,49 @@ def _pct(text: str) -> str:
 
 
 def canonical_json(value: Any) -> str:
-    """The canonical JSON form used for fingerprints: sorted keys, no whitespace, typed extras."""
+    """The canonical JSON form of one value (see the module docstring).
+
+    Raises TypeError (or ValueError for an int too long to write) saying why a value has none.
+    """
     t = type(value)
     if t is str:
         return _unicode(value)  # what the encoder writes for a str
     if t is int or t is bool or value is None:
         return "null" if value is None else ("true" if value is True else "false") if t is bool else str(value)
-    return _canonical(_normalise(value))
+    try:
+        return _canonical(_tree(value, 1))
+    except (_TooDeep, RecursionError):
+        raise _nested_too_deeply(value) from None
+
+
+def _general(arguments: Mapping[str, Any]) -> str:
+    """The canonical JSON of the arguments whatever their values: what ``_flat`` builds for flat ones."""
+    tree = {}
+    for name, value in arguments.items():
+        if not isinstance(name, str):
+            raise TypeError(f"argument names must be strings, got {type(name).__name__} {name!r}")
+        tree[name] = _tree(value, 1)  # (names as they are: the top level is never a tag)
+    return _canonical(tree)
 
 
 def _sha(text: str) -> str:
     digest: str = _sha256(text.encode()).hexdigest()
     return digest
+
+
+def _encodes(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogate). ASCII is checked in O(1)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _argument_error(name: str, why: str) -> TypeError:
+    return TypeError(f"argument {name!r} cannot be fingerprinted: {why}")
 
 
 def argument_hashes(arguments: Mapping[str, Any]) -> dict[str, str]:
@@ -205,12 +386,18 @@ def argument_hashes(arguments: Mapping[str, Any]) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     for name, value in arguments.items():
+        if not isinstance(name, str):
+            raise TypeError(f"argument names must be strings, got {type(name).__name__} {name!r}")
+        if not _encodes(name):
+            raise TypeError(f"argument name {name!r} cannot be fingerprinted: {_SURROGATE}")
         try:
-            out[name] = _sha(canonical_json(value))[:24]
-        except RecursionError:
-            raise TypeError(f"argument {name!r} cannot be fingerprinted: it refers to itself") from None
+            text = canonical_json(value)
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"argument {name!r} cannot be fingerprinted: {exc}") from None
+            raise _argument_error(name, str(exc)) from None
+        try:
+            out[name] = _sha(text)[:24]
+        except UnicodeEncodeError:
+            raise _argument_error(name, _SURROGATE) from None
     return out
 
 
@@ -219,14 +406,12 @@ def fingerprint(arguments: Mapping[str, Any]) -> str:
 
     Raises TypeError naming the argument that has no canonical form.
     """
-    flat = _flat(arguments)
-    if flat is not None:
-        return _sha(flat)
     try:
-        return _sha(_canonical(_normalise(dict(arguments))))
-    except (TypeError, ValueError, RecursionError):
+        flat = _flat(arguments)
+        return _sha(_general(arguments) if flat is None else flat)
+    except (TypeError, ValueError, RecursionError, _TooDeep) as exc:  # (UnicodeEncodeError is a ValueError)
         argument_hashes(arguments)  # names the culprit
-        raise
+        raise TypeError(f"the arguments cannot be fingerprinted: {exc}") from None  # pragma: no cover
 
 
 def hashes_json(hashes: Mapping[str, str]) -> str:
@@ -235,18 +420,85 @@ def hashes_json(hashes: Mapping[str, str]) -> str:
 
 
 def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str:
-    """The readable operation: ``charge`` or ``charge[order_id="o-1"]``. Stored for audit only."""
+    """The readable operation: ``charge`` or ``charge[order_id="o-1"]``, from which the key is derived.
+
+    Raises TypeError naming a key field whose value has no canonical form.
+    """
     if key_values is None:
         return tool
     if isinstance(key_values, str):
         return f"{tool}[{key_values}]"
     if not key_values:
         return tool
-    try:
-        inner = ",".join(f"{k}={canonical_json(v)}" for k, v in sorted(key_values.items()))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"key field of {tool!r} cannot be canonicalised: {exc}") from None
-    return f"{tool}[{inner}]"
+    parts = []
+    for name in sorted(key_values):
+        value = key_values[name]
+        try:
+            text = canonical_json(value)  # (also the check: depth, self-reference, types)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"key field {name!r} of {tool!r} cannot be canonicalised: {exc}") from None
+        if type(value) not in _FLAT:
+            # (a value the release before could not name keeps its canonical form: no record has an old name)
+            with contextlib.suppress(TypeError, ValueError, ArithmeticError, RecursionError):
+                text = _legacy_text(value)
+        if not _encodes(text):
+            raise TypeError(f"key field {name!r} of {tool!r} cannot be canonicalised: {_SURROGATE}")
+        parts.append(f"{name}={text}")
+    return f"{tool}[{','.join(parts)}]"
+
+
+# -- operation names keep the text key values had before the tagged form ---------------------------------
+# A key is derived from the operation name, and a changed key meets no record: a call completed before an
+# upgrade and retried after it would run again, under a new downstream key the provider cannot match. So
+# a key value is named as it always was. That text is not injective (a UUID and its string, {1, 2} and
+# ["1", "2"] read alike); the fingerprint, which holds the key fields unless they are ignored, tells such
+# calls apart: a KeyReuseError, never a silent replay.
+
+_FLAT = (str, int, bool, type(None))
+
+
+def _legacy_default(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return _legacy_normalise(obj.model_dump(mode="json"))
+    if isinstance(obj, decimal.Decimal):
+        return {"$decimal": str(obj.normalize())}
+    if isinstance(obj, dt.datetime):
+        return {"$datetime": obj.isoformat()}
+    if isinstance(obj, dt.date):
+        return {"$date": obj.isoformat()}
+    if isinstance(obj, dt.time):
+        return {"$time": obj.isoformat()}
+    if isinstance(obj, dt.timedelta):
+        return {"$timedelta": obj.total_seconds()}
+    if isinstance(obj, uuid.UUID):
+        return str(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, bytes | bytearray):
+        return {"$bytes": base64.b64encode(bytes(obj)).decode()}
+    if isinstance(obj, set | frozenset):
+        return sorted(_legacy_text(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _legacy_normalise(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    raise TypeError(f"cannot canonicalise a value of type {type(obj).__qualname__}")  # pragma: no cover
+
+
+def _legacy_normalise(value: Any) -> Any:
+    t = type(value)
+    if t is float:
+        return int(value) if value.is_integer() else value
+    if t is dict:
+        return {k: _legacy_normalise(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [_legacy_normalise(v) for v in value]
+    return value
+
+
+_legacy = encoder(sort_keys=True, allow_nan=False, default=_legacy_default)
+
+
+def _legacy_text(value: Any) -> str:
+    return _legacy(_legacy_normalise(value))
 
 
 def derive_key(scope: str, task_id: str, operation: str) -> str:

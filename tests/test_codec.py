@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from typing_extensions import TypedDict
 
-from agentguard._codec import Codec, dumps
+from agentguard._codec import Codec, decode_error, dumps, encode_error
 
 
 class Colour(enum.IntEnum):
@@ -123,9 +123,25 @@ def test_values_that_cannot_be_stored_say_why() -> None:
     with pytest.raises(TypeError, match="does not fit"):
         Codec(int).store("not a number")
     loop: list[Any] = []
-    loop.append(loop)
-    with pytest.raises(ValueError, match="nested"):
-        Codec().store(loop)
+    loop.append({"again": loop})
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    for codec in (Codec(), Codec(list[Any]), Codec(Any)):
+        with pytest.raises(ValueError, match="refers to itself"):
+            codec.store(loop)
+        with pytest.raises(ValueError, match="nested too deeply"):
+            codec.store(deep)
+        for value in (["\ud800"], ["ok", {"k\udfff": 1}], [("\udc00",)]):  # plain JSON, a str key, a tag
+            with pytest.raises(ValueError, match="lone surrogate"):  # (no store can hold one: refused here)
+                codec.store(value)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        Codec(str).store("\ud800")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        dumps({"a": "\ud800"})
+    assert Codec(str).store("é\U0001f600") == ('"é\U0001f600"', "é\U0001f600")  # a surrogate pair's character
+    replayed = decode_error(encode_error(ValueError(loop, "\ud800")), (ValueError,))  # a cached error's args
+    assert type(replayed) is ValueError and "\\ud800" in str(replayed)
 
 
 def test_dict_and_list_annotations_skip_only_an_identity_validation() -> None:
