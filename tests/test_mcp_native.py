@@ -126,3 +126,55 @@ def test_demo_ledger_is_stripe_like(tmp_path: Path) -> None:
     assert len({a.id, c.id, d.id}) == 3 and count(tmp_path / "p.db") == 3
     r1 = ledger.refund(a.id, None, "r")
     assert ledger.refund(a.id, None, "r") == r1 and r1.amount_cents == 100
+
+
+BAD_TASK_IDS = [
+    pytest.param(["job-1"], id="list"), pytest.param({"id": "job-1"}, id="dict"), pytest.param(True, id="bool"),
+    pytest.param(42, id="int"), pytest.param(4.5, id="float"), pytest.param("", id="empty"),
+    pytest.param("   ", id="blank"), pytest.param(None, id="null"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", BAD_TASK_IDS)
+async def test_a_bad_task_id_is_refused_not_replaced(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: object
+) -> None:
+    # _meta and the environment both name task job-1, which already charged this order: falling back to
+    # them would replay job-1's charge as this call's outcome.
+    monkeypatch.setenv("AGENTGUARD_TASK_ID", "job-1")
+    first = await client.call_tool("create_charge", {**CHARGE, "task_id": "job-1"})
+    res = await client.call_tool("create_charge", {**CHARGE, "task_id": bad}, meta={META_TASK_ID: "job-1"})
+    assert not first.is_error
+    assert res.is_error and text(res).endswith("Nothing was executed.")
+    assert "the task id from the task_id argument must be" in text(res)
+    assert res.structured_content is None and not (res.meta or {}).get(META_REPLAYED)
+    assert count(tmp_path / "payments.db") == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", [pytest.param(42, id="int"), pytest.param("", id="empty")])
+async def test_a_bad_meta_task_id_is_refused_not_replaced(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: object
+) -> None:
+    monkeypatch.setenv("AGENTGUARD_TASK_ID", "job-1")
+    await client.call_tool("create_charge", {**CHARGE, "task_id": "job-1"})
+    res = await client.call_tool("create_charge", dict(CHARGE), meta={META_TASK_ID: bad})
+    assert res.is_error and text(res).endswith("Nothing was executed.")
+    assert "the task id from _meta['dev.agentguard/task_id'] must be" in text(res)
+    assert count(tmp_path / "payments.db") == 1
+
+
+@pytest.mark.anyio
+async def test_an_absent_task_id_falls_back_to_the_environment(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTGUARD_TASK_ID", "job-7")
+    a = await client.call_tool("create_charge", dict(CHARGE))
+    b = await client.call_tool("create_charge", {**CHARGE, "task_id": "job-7"})
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert not a.is_error and b.meta and b.meta[META_REPLAYED] is True
+    assert count(tmp_path / "payments.db") == 1
+    # The schema still asks for a string, with no default: what an absent one means is agentguard's rule.
+    prop = tools["create_charge"].input_schema["properties"]["task_id"]
+    assert prop["type"] == "string" and "default" not in prop and "reuse" in prop["description"].lower()

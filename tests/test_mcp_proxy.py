@@ -405,3 +405,49 @@ async def test_native_upstream_error_text_reaches_the_model(connect: Callable[..
     async with connect(tools=tools, upstream=server) as client:
         res = await client.call_tool("pay", {"order_id": "o", "task_id": "t"})
     assert res.is_error and "insufficient funds" in text(res)
+
+
+# -- the task id: one rule, never silently replaced -----------------------------------------------------------
+
+BAD_TASK_IDS = [
+    pytest.param(["job-1"], id="list"), pytest.param({"id": "job-1"}, id="dict"), pytest.param(True, id="bool"),
+    pytest.param(42, id="int"), pytest.param(4.5, id="float"), pytest.param("", id="empty"),
+    pytest.param("   ", id="blank"), pytest.param(None, id="null"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_TASK_IDS)
+async def test_a_bad_task_id_argument_is_refused_not_replaced(
+    connect: Callable[..., Any], ledger: Path, bad: object
+) -> None:
+    # _meta and the environment both name task job-1, which already charged this order: falling back to
+    # them would replay job-1's charge as this call's outcome.
+    async with connect(environ={"AGENTGUARD_TASK_ID": "job-1"}) as client:
+        first = await client.call_tool("create_charge", {**CHARGE, "task_id": "job-1"})
+        res = await client.call_tool("create_charge", {**CHARGE, "task_id": bad}, meta={META_TASK_ID: "job-1"})
+    assert not first.is_error
+    assert res.is_error and text(res).endswith("Nothing was executed.")
+    assert "the task id from the task_id argument must be" in text(res)
+    assert not (res.meta or {}).get(META_REPLAYED) and res.structured_content is None
+    assert len(charges(ledger)) == 1
+
+
+@pytest.mark.parametrize("bad", [pytest.param(42, id="int"), pytest.param("", id="empty"),
+                                 pytest.param(["job-1"], id="list")])
+async def test_a_bad_meta_task_id_is_refused_not_replaced(
+    connect: Callable[..., Any], ledger: Path, bad: object
+) -> None:
+    async with connect(environ={"AGENTGUARD_TASK_ID": "job-1"}) as client:
+        await client.call_tool("create_charge", {**CHARGE, "task_id": "job-1"})
+        res = await client.call_tool("create_charge", dict(CHARGE), meta={META_TASK_ID: bad})
+    assert res.is_error and text(res).endswith("Nothing was executed.")
+    assert "the task id from _meta['dev.agentguard/task_id'] must be" in text(res)
+    assert len(charges(ledger)) == 1
+
+
+@one_era
+async def test_a_blank_environment_task_id_is_refused(connect: Callable[..., Any], ledger: Path) -> None:
+    async with connect(environ={"AGENTGUARD_TASK_ID": " "}) as client:
+        res = await client.call_tool("create_charge", dict(CHARGE))
+    assert res.is_error and "$AGENTGUARD_TASK_ID" in text(res) and text(res).endswith("Nothing was executed.")
+    assert charges(ledger) == []

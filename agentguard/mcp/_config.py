@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-ENV_TASK_ID = "AGENTGUARD_TASK_ID"
 DEFAULT_STORE = "sqlite+aiosqlite:///agentguard.db"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")

@@ -8,11 +8,16 @@ upstream's transport stamps (its serverInfo) never leak through.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
+
+from .._context import check_task_id
+from .._errors import MissingTaskError
 
 META_TASK_ID = "dev.agentguard/task_id"
 META_KEY = "dev.agentguard/idempotency_key"
 META_REPLAYED = "dev.agentguard/replayed"
+
+ENV_TASK_ID = "AGENTGUARD_TASK_ID"
 
 _RESERVED_PREFIX = "io.modelcontextprotocol/"
 _TRANSPORT_KEYS = frozenset({"progressToken", "progress_token"})
@@ -24,6 +29,45 @@ TASK_ID_DESCRIPTION = (
 
 # Host call ids change on every re-invocation: kept for audit, never used in a key.
 _HOST_IDS = ("claudecode/toolUseId", "callId", "itemId", "threadId", "sessionId")
+
+
+class _Absent:
+    """The ``task_id`` argument was not sent (unlike ``null``, ``""`` or any other value, which were)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT: Final = _Absent()
+
+
+def resolve_task_id(
+    tool: str, argument: object, meta: Mapping[str, Any] | None, environ: Mapping[str, str]
+) -> str:
+    """The task id of a guarded MCP call, by the one rule of ``agentguard._context.check_task_id``.
+
+    The ``task_id`` argument if it was sent at all, else ``_meta["dev.agentguard/task_id"]`` if present, else
+    ``$AGENTGUARD_TASK_ID`` if set. A source that is present but unusable (a number, a list, ``""``, blank)
+    is refused, never skipped: falling through to the next source would run the call under another task's
+    id, and replay that task's outcome. Raises MissingTaskError (the tool was not run).
+    """
+    if argument is not ABSENT:
+        return check_task_id(argument, source="the task_id argument", tool=tool)
+    if meta is not None and META_TASK_ID in meta:
+        return check_task_id(meta[META_TASK_ID], source=f"_meta[{META_TASK_ID!r}]", tool=tool)
+    if ENV_TASK_ID in environ:
+        return check_task_id(environ[ENV_TASK_ID], source=f"${ENV_TASK_ID}", tool=tool)
+    raise MissingTaskError(f"no task id for {tool!r}; the tool was not run", operation=tool)
+
+
+def task_refusal(tool: str, exc: MissingTaskError) -> str:
+    """What the model reads when a guarded call has no usable task id: how to fix the call."""
+    how = (
+        "Pass the `task_id` argument: the id of the task you were given (the ticket, order, invoice or job id) "
+        f"as a string, and reuse exactly the same task_id on any retry of this call. (Programs may send "
+        f"_meta[{META_TASK_ID!r}] or set ${ENV_TASK_ID} instead of the argument.)"
+    )
+    return nothing_executed(f"agentguard refused to run {tool}: {exc}. {how}")
 
 
 def clean_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -9,8 +9,10 @@
 
 ``guarded_tool`` applies ``guard.once`` with the options given (``key``, ``ignore``, ``cache_errors``,
 ``inject``, ``operation``) and registers the tool. The tool schema gains a required ``task_id`` argument and
-never shows the injected key. The task id comes from that argument, else ``_meta["dev.agentguard/task_id"]``,
-else ``$AGENTGUARD_TASK_ID``; without one the call is refused. A replay carries
+never shows the injected key. The task id comes from that argument if it is sent, else
+``_meta["dev.agentguard/task_id"]``, else ``$AGENTGUARD_TASK_ID``; a value that is present but not a usable
+task id (a number, a list, ``""``) is refused, never replaced by the next source; without one the call is
+refused. A replay carries
 ``_meta["dev.agentguard/replayed"] = true`` and a leading text line saying it is a replay. Refusals are tool
 errors whose text says that nothing was executed.
 """
@@ -30,13 +32,21 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.func_metadata import func_metadata
-from pydantic import Field
+from pydantic import Field, PlainValidator
 
 from .._context import DEFAULT_SCOPE, current_key, task
-from .._errors import GuardError, InProgressError, KeyReuseError
+from .._errors import GuardError, InProgressError, KeyReuseError, MissingTaskError
 from .._guard import Guard
-from ._config import ENV_TASK_ID
-from ._meta import META_KEY, META_REPLAYED, META_TASK_ID, TASK_ID_DESCRIPTION, nothing_executed, replay_note
+from ._meta import (
+    ABSENT,
+    META_KEY,
+    META_REPLAYED,
+    TASK_ID_DESCRIPTION,
+    nothing_executed,
+    replay_note,
+    resolve_task_id,
+    task_refusal,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -51,11 +61,19 @@ def _is_context(annotation: Any) -> bool:
     return any(_is_context(a) for a in typing.get_args(annotation))
 
 
-def _resolve_task(argument: object, meta: Mapping[str, Any] | None) -> str | None:
-    for candidate in (argument, (meta or {}).get(META_TASK_ID), os.environ.get(ENV_TASK_ID)):
-        if isinstance(candidate, str) and candidate.strip():
-            return candidate
-    return None
+def _as_sent(value: object) -> object:
+    return value
+
+
+# The tool's ``task_id`` parameter: advertised as a string, but validated by agentguard's one rule, not by
+# pydantic (a number or a list is refused with that rule's message, and saying nothing was executed), and
+# absent when not sent (``ABSENT``, no default in the schema), so that only an absent argument falls back to
+# ``_meta`` and the environment. Annotated ``str``: MCPServer then passes a string such as "[1]" as sent.
+_TaskIdParam = Annotated[
+    str,
+    PlainValidator(_as_sent, json_schema_input_type=str),
+    Field(default_factory=lambda: ABSENT, description=TASK_ID_DESCRIPTION),
+]
 
 
 def _refusal(exc: GuardError) -> str:
@@ -140,10 +158,7 @@ def guarded_tool(
         # this module's globals by MCPServer, not in the tool's.
         params = [p.replace(annotation=hints.get(n, p.annotation)) for n, p in public.parameters.items()
                   if n != ctx_param]
-        params.append(inspect.Parameter(
-            "task_id", inspect.Parameter.KEYWORD_ONLY, default="",
-            annotation=Annotated[str, Field(description=TASK_ID_DESCRIPTION)],
-        ))
+        params.append(inspect.Parameter("task_id", inspect.Parameter.KEYWORD_ONLY, annotation=_TaskIdParam))
         params.append(inspect.Parameter(ctx_name, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
         tool_sig = public.replace(parameters=params, return_annotation=hints.get("return", public.empty))
         tool_annotations = {n: hints[n] for n in public.parameters if n in hints and n != ctx_param}
@@ -153,13 +168,11 @@ def guarded_tool(
 
         def prepare(kwargs: dict[str, Any]) -> tuple[str, Context, list[str]]:
             ctx: Context = kwargs.pop(ctx_name)
-            task_id = _resolve_task(kwargs.pop("task_id", ""), ctx.request_context.meta if _has_request(ctx) else None)
-            if task_id is None:
-                raise ToolError(nothing_executed(
-                    f"agentguard refused to run {tool_name}: no task id. Pass the `task_id` argument: the id of "
-                    "the task you were given (the ticket, order, invoice or job id), and reuse exactly the same "
-                    "task_id on any retry of this call."
-                ))
+            meta = ctx.request_context.meta if _has_request(ctx) else None
+            try:
+                task_id = resolve_task_id(tool_name, kwargs.pop("task_id", ABSENT), meta, os.environ)
+            except MissingTaskError as exc:
+                raise ToolError(task_refusal(tool_name, exc)) from None
             if ctx_param is not None:
                 kwargs[ctx_param] = ctx
             return task_id, ctx, []

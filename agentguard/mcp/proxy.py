@@ -35,16 +35,18 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from .. import _keys
 from .._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, MissingTaskError, StoreError
 from .._guard import Guard
-from ._config import ENV_TASK_ID, Config, ConfigError, ToolConfig, load_config
+from ._config import Config, ConfigError, ToolConfig, load_config
 from ._meta import (
+    ABSENT,
     META_KEY,
     META_REPLAYED,
-    META_TASK_ID,
     TASK_ID_DESCRIPTION,
     audit_ids,
     clean_meta,
     nothing_executed,
     replay_note,
+    resolve_task_id,
+    task_refusal,
 )
 
 log = logging.getLogger("agentguard.mcp")
@@ -294,7 +296,7 @@ class GuardingProxy:
         environ = os.environ if environ is None else environ
         self.config = config
         self._store_url = config.store_url(environ)
-        self._env_task = (environ.get(ENV_TASK_ID) or "").strip() or None
+        self._environ = environ
         self._target: TargetFactory = (
             (lambda _eof: upstream) if upstream is not None else self._config_target(environ)
         )
@@ -445,14 +447,6 @@ class GuardingProxy:
             return _text(f"the upstream server refused {name}: {exc.error.message}")
         return res.model_copy(update={"meta": clean_meta(res.meta) or None})
 
-    def _task_id(self, arguments: dict[str, Any], meta: Mapping[str, Any]) -> str | None:
-        for candidate in (arguments.pop("task_id", None), meta.get(META_TASK_ID), self._env_task):
-            if isinstance(candidate, str) and candidate.strip():
-                return candidate
-            if isinstance(candidate, int) and not isinstance(candidate, bool):
-                return str(candidate)
-        return None
-
     async def _guarded(
         self,
         ctx: ServerRequestContext[_Runtime],
@@ -463,20 +457,17 @@ class GuardingProxy:
         meta: dict[str, Any],
     ) -> types.CallToolResult:
         upstream_declares_task = self._upstream_has_param(rt, name, "task_id")
-        task_given = arguments.get("task_id")
-        task_id = self._task_id(arguments, meta)
-        if task_id is None:
-            return _text(nothing_executed(
-                f"agentguard refused to run {name}: no task id. Pass the `task_id` argument: the id of the task "
-                "you were given (the ticket, order, invoice or job id), and reuse exactly the same task_id on "
-                f"any retry of this call. (Programs may send _meta[{META_TASK_ID!r}] or set ${ENV_TASK_ID}.)"
-            ))
+        given = arguments.pop("task_id", ABSENT)
+        try:
+            task_id = resolve_task_id(name, given, meta, self._environ)
+        except MissingTaskError as exc:
+            return _text(task_refusal(name, exc))
         forward = cfg.forward_key_to
         if forward is not None:
             arguments.pop(forward, None)  # the proxy chooses the key, never the model
         upstream_args = dict(arguments)
-        if upstream_declares_task and task_given is not None:
-            upstream_args["task_id"] = task_given
+        if upstream_declares_task and given is not ABSENT:
+            upstream_args["task_id"] = task_id  # the upstream takes a task_id of its own: it gets the one sent
         fp_args = {k: v for k, v in arguments.items() if k not in cfg.ignore}
         key_values = {k: arguments.get(k) for k in cfg.key}
         scope = self.config.store.scope
