@@ -5,7 +5,9 @@
 Tools: ``create_charge``, ``create_refund``, ``list_charges``. Charges and refunds persist to the SQLite file
 at ``$PAYMENTS_DEMO_DB`` (default ``payments_demo.db`` in the working directory). Like Stripe, a request
 that repeats an ``idempotency_key`` with the same parameters returns the object the first request created,
-and one that repeats it with different parameters is refused. Without a key every call creates a new
+and one that repeats it with different parameters is refused. A charge's ``memo`` is a note kept with it,
+not one of those parameters: a repeat with a reworded memo is the same charge (which is why the README's
+proxy config lists ``memo`` under ``ignore``). Without a key every call creates a new
 object: this is the upstream that the agentguard proxy protects in the demo, the tests and the README.
 
 ``PAYMENTS_DEMO_HOLD_FILE`` (for tests): after a *new* charge is committed, the response is held back until
@@ -37,6 +39,7 @@ CREATE TABLE IF NOT EXISTS charges (
     currency TEXT NOT NULL,
     status TEXT NOT NULL,
     created REAL NOT NULL,
+    memo TEXT NOT NULL DEFAULT '',
     idempotency_key TEXT UNIQUE,
     params_hash TEXT
 );
@@ -58,6 +61,7 @@ class Charge(BaseModel):
     currency: str
     status: str
     created: float
+    memo: str = ""
 
 
 class Refund(BaseModel):
@@ -122,12 +126,13 @@ class Ledger:
             db.close()
 
     def charge(
-        self, order_id: str, amount_cents: int, currency: str, idempotency_key: str | None
+        self, order_id: str, amount_cents: int, currency: str, idempotency_key: str | None, memo: str = ""
     ) -> tuple[Charge, bool]:
         if amount_cents <= 0:
             raise ValueError("amount_cents must be positive")
         params = {"order_id": order_id, "amount_cents": amount_cents, "currency": currency.lower()}
-        row = {"id": "ch_" + secrets.token_hex(8), **params, "status": "succeeded", "created": time.time()}
+        row = {"id": "ch_" + secrets.token_hex(8), **params, "status": "succeeded", "created": time.time(),
+               "memo": memo}
         stored, new = self._idempotent_insert("charges", row, params, idempotency_key)
         return Charge(**stored), new
 
@@ -145,7 +150,7 @@ class Ledger:
     def charges(self) -> list[Charge]:
         with self._connect() as db:
             rows = db.execute(
-                "SELECT id, order_id, amount_cents, currency, status, created FROM charges ORDER BY created"
+                "SELECT id, order_id, amount_cents, currency, status, created, memo FROM charges ORDER BY created"
             ).fetchall()
         return [Charge(**dict(r)) for r in rows]
 
@@ -164,12 +169,13 @@ def build_server(db_path: str | os.PathLike[str], *, hold_file: str | None = Non
 
     @server.tool()
     async def create_charge(
-        order_id: str, amount_cents: int, currency: str = "usd", idempotency_key: str | None = None
+        order_id: str, amount_cents: int, currency: str = "usd", memo: str = "", idempotency_key: str | None = None
     ) -> Charge:
-        """Charge the customer for an order. Pass an idempotency_key to make retries safe."""
+        """Charge the customer for an order, with an optional memo (a note kept with the charge). Pass an
+        idempotency_key to make retries safe."""
         try:
             charge, new = await anyio.to_thread.run_sync(
-                ledger.charge, order_id, amount_cents, currency, idempotency_key
+                ledger.charge, order_id, amount_cents, currency, idempotency_key, memo
             )
         except (IdempotencyError, ValueError) as exc:
             raise ToolError(str(exc)) from None

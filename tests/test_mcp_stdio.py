@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -19,6 +20,8 @@ from mcp import Client, MCPError, StdioServerParameters
 
 import agentguard
 from agentguard.mcp import META_KEY, META_REPLAYED
+
+from conftest import BACKEND
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.skipif(
     not Path("/proc/self/cmdline").exists(), reason="finds the processes to signal through /proc"
@@ -249,3 +252,35 @@ async def test_guarded_native_server_over_stdio(setup: Setup) -> None:
     assert other.is_error and "amount_cents" in text(other) and "Nothing was executed." in text(other)
 
 
+def readme_config() -> str:
+    """The README's ``agentguard.toml``, as written."""
+    blocks = re.findall(r"```toml\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.DOTALL)
+    [block] = [b for b in blocks if b.startswith("# agentguard.toml")]
+    return block
+
+
+@pytest.mark.skipif(BACKEND != "sqlite", reason="the README's config names its own SQLite store")
+async def test_the_readme_config_works_from_an_empty_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    config = readme_config()
+    # Only the demo's path is rewritten: the README's config runs from a checkout, this test from anywhere.
+    assert config.count('"servers/payments_demo.py"') == 1
+    (folder / "agentguard.toml").write_text(
+        config.replace('"servers/payments_demo.py"', json.dumps(str(ROOT / "servers" / "payments_demo.py")))
+    )
+    assert [p.name for p in folder.iterdir()] == ["agentguard.toml"]
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "agentguard.cli", "mcp-proxy", "--config", "agentguard.toml"],
+        env={"PYTHONPATH": str(PACKAGE_ROOT)}, cwd=str(folder),
+    )
+    charge = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd", "task_id": "ticket-8812"}
+    async with Client(params) as client:
+        first = await client.call_tool("create_charge", {**charge, "memo": "Order o-1"})
+        second = await client.call_tool("create_charge", {**charge, "memo": "Order o-1, retried"})  # ignored
+    assert not first.is_error, text(first)
+    assert second.meta and second.meta[META_REPLAYED] is True and "REPLAY" in text(second)
+    assert second.structured_content == first.structured_content
+    with sqlite3.connect(folder / "payments.db") as conn:  # the README's PAYMENTS_DEMO_DB, in the folder
+        assert conn.execute("SELECT id, memo FROM charges").fetchall() == [(first.structured_content["id"],
+                                                                            "Order o-1")]
