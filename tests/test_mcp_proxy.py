@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import mcp_types as types
 import pytest
 from mcp import Client, MCPError
@@ -19,8 +20,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from agentguard.mcp import META_KEY, META_REPLAYED, META_TASK_ID, GuardingProxy, parse_config
 
+from conftest import raw_exec
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "servers"))
+import shifting_upstream  # noqa: E402
 from payments_demo import build_server  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -382,14 +386,11 @@ async def test_mark_structured_marks_replays_and_the_schema(connect: Callable[..
 
 
 @one_era
-async def test_store_down_fails_closed(ledger: Path, hold: Path, mode: str, tmp_path: Path) -> None:
-    touch(hold)
-    (tmp_path / "a-file").write_text("not a folder")
-    url = f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'dir' / 'claims.db'}"  # its folder cannot be made
-    proxy = GuardingProxy(parse_config(config_text(url)), upstream=build_server(ledger), environ={})
-    async with Client(proxy.server, mode=mode) as client:
+async def test_store_lost_after_startup_fails_closed(connect: Callable[..., Any], ledger: Path, store_url: str) -> None:
+    async with connect() as client:
+        await raw_exec(store_url, "ALTER TABLE agentguard_calls RENAME TO agentguard_calls_away")
         res = await client.call_tool("create_charge", {**CHARGE, "task_id": "t"})
-    assert res.is_error and "Nothing was executed." in text(res)
+    assert res.is_error and text(res).endswith("Nothing was executed.")
     assert charges(ledger) == []
 
 
@@ -451,3 +452,66 @@ async def test_a_blank_environment_task_id_is_refused(connect: Callable[..., Any
         res = await client.call_tool("create_charge", dict(CHARGE))
     assert res.is_error and "$AGENTGUARD_TASK_ID" in text(res) and text(res).endswith("Nothing was executed.")
     assert charges(ledger) == []
+
+
+# -- the upstream's tools change under the proxy -------------------------------------------------------------
+
+SHIFTING_TOOLS = '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
+
+
+@pytest.mark.parametrize("upstream_mode", ["legacy", "auto"])
+async def test_a_guarded_tool_the_upstream_changes_is_refused_and_not_listed(
+    store_url: str, tmp_path: Path, mode: str, upstream_mode: str
+) -> None:
+    """The upstream announces that its tools changed (on either era): once ``pay`` is gone, or has lost the
+    ``order_id`` the config keys on, a call to it is refused and never passed through unguarded, and
+    ``tools/list`` leaves it out; the host is told that the list changed. When the upstream offers ``pay`` as
+    configured again, it is guarded again."""
+    shape, log = tmp_path / "shape", tmp_path / "log.jsonl"
+    shifting_upstream.set_shape(shape, "ok")
+    config = parse_config(f'[store]\nurl = "{store_url}"\n\n[upstream]\ncommand = ["unused"]\n'
+                          f'mode = "{upstream_mode}"\n\n{SHIFTING_TOOLS}')
+    proxy = GuardingProxy(config, upstream=shifting_upstream.build_server(shape, log), environ={})
+    notified = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        nonlocal notified
+        if isinstance(message, types.ToolListChangedNotification):
+            notified.set()
+
+    async def reshape(client: Client, to: str) -> None:
+        nonlocal notified
+        notified = anyio.Event()
+        await client.call_tool("reshape", {"shape": to})
+        await notified.wait()  # the proxy has listed the upstream's tools again
+
+    def pay(order: str) -> dict[str, Any]:
+        return {"order_id": order, "amount_cents": 100, "task_id": "t"}
+
+    async with Client(proxy.server, mode=mode, message_handler=on_message) as client, \
+            anyio.create_task_group() as tg:
+        if mode != "legacy":  # the 2026-07-28 era: change notifications come on a listen stream
+
+            async def listen(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                async with client.listen(tools_list_changed=True) as events:
+                    task_status.started()
+                    async for _ in events:
+                        pass
+
+            await tg.start(listen)
+        first = await client.call_tool("pay", pay("o-1"))
+        for to in ("renamed", "gone"):
+            await reshape(client, to)
+            refused = await client.call_tool("pay", pay("o-2"))
+            assert refused.is_error and text(refused).endswith("Nothing was executed."), text(refused)
+            assert "no longer offers it" in text(refused)
+            assert "pay" not in {t.name for t in (await client.list_tools()).tools}
+        replay = await client.call_tool("pay", pay("o-1"))  # recorded before: still replayed, not re-run
+        await reshape(client, "ok")
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        again = await client.call_tool("pay", pay("o-2"))
+        tg.cancel_scope.cancel()
+    assert not first.is_error and not again.is_error and again.meta and again.meta[META_REPLAYED] is False
+    assert replay.meta and replay.meta[META_REPLAYED] is True
+    assert "task_id" in listed["pay"].input_schema["required"]
+    assert [e["args"]["order_id"] for e in shifting_upstream.events(log, "pay")] == ["o-1", "o-2"]

@@ -23,6 +23,9 @@ from agentguard.mcp import META_KEY, META_REPLAYED
 
 from conftest import BACKEND
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import shifting_upstream
+
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.skipif(
     not Path("/proc/self/cmdline").exists(), reason="finds the processes to signal through /proc"
 )]
@@ -250,6 +253,44 @@ async def test_guarded_native_server_over_stdio(setup: Setup) -> None:
     assert second.meta and second.meta[META_REPLAYED] is True and "REPLAY" in text(second)
     assert first.meta and first.meta[META_KEY] == upstream_key
     assert other.is_error and "amount_cents" in text(other) and "Nothing was executed." in text(other)
+
+
+async def test_an_upstream_restarted_with_other_tools_is_not_passed_through(setup: Setup) -> None:
+    """The upstream dies and the proxy reconnects to a new process that offers ``pay`` without the
+    ``order_id`` the config keys on: the call is refused (nothing runs upstream), ``tools/list`` leaves it
+    out, and the upstream was spawned once at startup (the connection checked is the one served), once after."""
+    shape, log = setup.tmp / "shape", setup.tmp / "log.jsonl"
+    shifting_upstream.set_shape(shape, "ok")
+    config = setup.tmp / "agentguard.toml"
+    config.write_text(
+        f'[store]\nurl = "{setup.store_url}"\n\n'
+        f'[upstream]\ncommand = ["python", "{ROOT / "tests" / "shifting_upstream.py"}"]\n'
+        f'env = {{ SHIFTING_SHAPE = "{shape}", SHIFTING_LOG = "{log}" }}\n\n'
+        '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
+    )
+    pay = {"order_id": "o-1", "amount_cents": 100, "task_id": "t"}
+    async with Client(setup.proxy(config), mode="legacy") as client:
+        first = await client.call_tool("pay", pay)
+        [started] = shifting_upstream.events(log, "start")
+        shifting_upstream.set_shape(shape, "renamed")  # what the upstream offers when it starts again
+        os.kill(started["pid"], signal.SIGKILL)
+        while started["pid"] in pids(f"SHIFTING_LOG={log}", "environ"):  # noqa: ASYNC110 - another process
+            await anyio.sleep(0.02)
+        # A call that meets the dead connection reports it; the proxy then reconnects.
+        for _ in range(100):
+            try:
+                listed = {t.name for t in (await client.list_tools()).tools}
+                break
+            except MCPError:
+                await anyio.sleep(0.02)
+        else:
+            pytest.fail("the proxy did not reconnect to the upstream")
+        refused = await client.call_tool("pay", {**pay, "order_id": "o-2"})
+    assert not first.is_error
+    assert "pay" not in listed and "reshape" in listed
+    assert refused.is_error and text(refused).endswith("Nothing was executed."), text(refused)
+    assert [e["args"]["order_id"] for e in shifting_upstream.events(log, "pay")] == ["o-1"]
+    assert len(shifting_upstream.events(log, "start")) == 2
 
 
 def readme_config() -> str:

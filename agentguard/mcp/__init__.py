@@ -9,7 +9,7 @@
 from ._config import Config, ConfigError, load_config, parse_config
 from ._meta import META_KEY, META_REPLAYED, META_TASK_ID
 from .native import guarded_tool
-from .proxy import GuardingProxy
+from .proxy import GuardingProxy, StartupError
 
 __all__ = [
     "META_KEY",
@@ -18,6 +18,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "GuardingProxy",
+    "StartupError",
     "guarded_tool",
     "load_config",
     "parse_config",

@@ -1,12 +1,15 @@
-"""The proxy's TOML configuration, validated with pydantic.
+"""The proxy's TOML configuration, validated with pydantic, then against the upstream's tools.
 
 Every mistake is collected and reported with its field (and its line, where it can be found) before the
-proxy serves anything. Relative paths (a SQLite store, the upstream's working directory) are relative to
-the directory of the config file, so a config works the same whichever directory a host starts it from.
+proxy serves anything: first the file itself (:func:`parse_config`), then, once the upstream is connected,
+every ``[tools.NAME]`` against the tools it offers (:func:`tool_problems`). Relative paths (a SQLite store,
+the upstream's working directory) are relative to the directory of the config file, so a config works the
+same whichever directory a host starts it from.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
@@ -18,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 DEFAULT_STORE = "sqlite+aiosqlite:///agentguard.db"
+ENV_URL = "AGENTGUARD_URL"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 PositiveSeconds = Annotated[float, Field(gt=0)]
@@ -33,6 +37,10 @@ class StoreConfig(_Model):
     scope: str = Field(default="default", min_length=1, max_length=255)
     lease: PositiveSeconds = 30.0
     retention: PositiveSeconds = 7 * 86400.0
+    startup_wait: Annotated[float, Field(ge=0)] = 10.0
+    """Seconds the proxy keeps retrying, at startup, a store it cannot reach (connection refused or timed
+    out) before it exits with status 2. A store that answers but cannot be used (bad credentials, no such
+    database, an unwritable SQLite folder) stops it at once."""
 
     @field_validator("url")
     @classmethod
@@ -133,11 +141,17 @@ class Config(_Model):
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
 
     _base_dir: Path = PrivateAttr(default_factory=lambda: Path("."))
+    _source: str = PrivateAttr(default="")
 
     @property
     def base_dir(self) -> Path:
         """The directory of the config file; relative paths are resolved against it."""
         return self._base_dir
+
+    def where(self, *loc: str) -> str:
+        """``loc`` as a field name with its line in the config file, as every problem is reported."""
+        line = _line_of(self._source, loc) if self._source else None
+        return ".".join(loc) + (f" (line {line})" if line else "")
 
     @field_validator("tools")
     @classmethod
@@ -151,7 +165,7 @@ class Config(_Model):
 
     def store_url(self, environ: Mapping[str, str] | None = None) -> str:
         environ = os.environ if environ is None else environ
-        url = self.store.url or environ.get("AGENTGUARD_URL") or DEFAULT_STORE
+        url = self.store.url or environ.get(ENV_URL) or DEFAULT_STORE
         prefix = "sqlite+aiosqlite:///"
         if url.startswith(prefix):
             path = url[len(prefix):]
@@ -214,6 +228,46 @@ def _line_of(text: str, loc: Sequence[str | int]) -> int | None:
     return best
 
 
+def _closest(name: str, offered: Sequence[str]) -> str:
+    match = difflib.get_close_matches(name, offered, n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _listing(names: Sequence[str]) -> str:
+    return ", ".join(sorted(names)) if names else "none"
+
+
+def tool_problems(config: Config, tools: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each ``[tools.NAME]`` that does not match the upstream's tools (NAME -> its input schema), with every
+    mismatch worded as a config problem: the field, its line, what the upstream offers and the closest name.
+
+    A guarded tool must be offered, and every name in ``key``, ``ignore`` and ``forward_key_to`` must be a
+    property of its input schema: a misspelt tool would pass through unguarded, a misspelt key field would
+    key every call on ``null``, and a misspelt ``forward_key_to`` would show ``idempotency_key`` to the model.
+    """
+    out: dict[str, list[str]] = {}
+    offered = sorted(tools)
+    for name, cfg in config.tools.items():
+        if name not in tools:
+            out[name] = [f"{config.where('tools', name)}: the upstream offers no tool named {name!r}"
+                         f"{_closest(name, offered)}; it offers: {_listing(offered)}"]
+            continue
+        schema = tools[name]
+        props = schema.get("properties") if isinstance(schema, Mapping) else None
+        args = sorted(props) if isinstance(props, Mapping) else []
+        problems = []
+        fields = (("key", cfg.key), ("ignore", cfg.ignore),
+                  ("forward_key_to", [cfg.forward_key_to] if cfg.forward_key_to is not None else []))
+        for field, names in fields:
+            for arg in names:
+                if arg not in args:
+                    problems.append(f"{config.where('tools', name, field)}: {arg!r} is not an argument of {name}"
+                                    f"{_closest(arg, args)}; its arguments are: {_listing(args)}")
+        if problems:
+            out[name] = problems
+    return out
+
+
 def _format(err: Mapping[str, Any]) -> tuple[Sequence[str | int], str]:
     loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
     msg = str(err["msg"])
@@ -242,6 +296,7 @@ def parse_config(text: str, *, path: str = "<config>", base_dir: Path | None = N
             problems.append(f"{field}{f' (line {line})' if line else ''}: {msg}")
         raise ConfigError(path, problems) from None
     config._base_dir = base_dir or Path(".")
+    config._source = text
     return config
 
 

@@ -12,15 +12,17 @@ Logs go to stderr only: stdout is the protocol.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
+import stat
 import sys
 import typing
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
@@ -29,13 +31,18 @@ import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client._transport import TransportStreams
 from mcp.server import MCPServer, Server, ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from .. import _keys
 from .._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, MissingTaskError, StoreError
 from .._guard import Guard
-from ._config import Config, ConfigError, ToolConfig, load_config
+from .._redact import redact_text, redact_url
+from ._config import ENV_URL, Config, ConfigError, ToolConfig, load_config, tool_problems
 from ._meta import (
     ABSENT,
     META_KEY,
@@ -77,6 +84,26 @@ class _FinalError(Exception):
         super().__init__(payload_json)
 
 
+class _NotGuarded(Exception):
+    """The upstream does not offer a guarded tool as configured (any more): the call is refused, not sent."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class StartupError(Exception):
+    """The proxy cannot serve: its store cannot be used or its config does not match the upstream.
+
+    ``problems`` lists each one (store URLs without their passwords); ``agentguard mcp-proxy`` prints them
+    on stderr and exits with status 2 before answering anything.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = [redact_text(p) for p in problems]
+        super().__init__("; ".join(self.problems))
+
+
 class _HeldUnknown(Exception):
     """The outcome is unknown and the tool's policy is ``hold``: recorded, never run again."""
 
@@ -87,11 +114,24 @@ class _HeldUnknown(Exception):
 # -- the upstream connection ---------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class _Connection:
     client: Client
-    tools: list[types.Tool]
     stop: anyio.Event
+    tools: list[types.Tool] = field(default_factory=list)
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    """Guarded tools that this upstream does not offer as configured: refused, never passed through."""
+    stale: bool = False
+    """The upstream said its tools changed and they were not listed again since."""
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    def tool(self, name: str) -> types.Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+Checker = Callable[[list[types.Tool]], dict[str, list[str]]]
+"""Which guarded tools a tool list breaks, and how (``_config.tool_problems`` over the tools' schemas)."""
 
 
 TargetFactory = Callable[[anyio.Event], Any]
@@ -145,33 +185,51 @@ class Upstream:
     """One upstream ``Client`` at a time, held open by a task of the proxy's task group.
 
     A client is entered and exited in the same task, so each connection lives in its own holder task.
-    When the upstream dies, the connection is dropped and the next call reconnects.
+    When the upstream dies, the connection is dropped and the next call reconnects. Every connection lists
+    the upstream's tools and checks them against the config; so does every change the upstream announces
+    (``notifications/tools/list_changed``, or a ``subscriptions/listen`` event on the 2026-07-28 era). A
+    guarded tool the current tools break is refused, never passed through.
     """
 
-    def __init__(self, tg: anyio.abc.TaskGroup, target: TargetFactory, *, mode: str, timeout: float) -> None:
+    def __init__(
+        self, tg: anyio.abc.TaskGroup, target: TargetFactory, *, mode: str, timeout: float, check: Checker,
+        on_change: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
         self._tg = tg
         self._target = target
         self._mode = mode
         self.timeout = timeout
+        self._check = check
+        self._on_change = on_change
         self._lock = anyio.Lock()
         self._conn: _Connection | None = None
+        self._seen: tuple[str, dict[str, list[str]]] | None = None  # the last tools listed, and their problems
 
     async def _hold(self, ready: anyio.Event, box: dict[str, Any]) -> None:
         conn: _Connection | None = None
         stop = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification) and conn is not None:
+                conn.stale = True  # at once: a guarded call arriving before the relist lists again first
+                conn.changed.set()
+
         try:
-            async with Client(self._target(stop), mode=self._mode, raise_exceptions=False) as client:
-                tools: list[types.Tool] = []
-                cursor: str | None = None
-                while True:
-                    page = await client.list_tools(cursor=cursor)
-                    tools.extend(page.tools)
-                    cursor = page.next_cursor
-                    if not cursor:
-                        break
-                conn = box["conn"] = _Connection(client, tools, stop)
-                ready.set()
-                await stop.wait()
+            # The timeout bounds the handshake, each listing and a subscription's acknowledgment too: an
+            # upstream that never answers fails the startup (or the reconnection) instead of hanging it.
+            async with Client(self._target(stop), mode=self._mode, raise_exceptions=False,
+                              read_timeout_seconds=self.timeout, message_handler=on_message, cache=None) as client:
+                conn = _Connection(client, stop)
+                async with anyio.create_task_group() as tg:
+                    # Subscribed before the first listing, so no change can fall between the two.
+                    await tg.start(self._listen, conn)
+                    tg.start_soon(self._follow, conn)
+                    async with conn.lock:
+                        await self._list(conn)
+                    box["conn"] = conn
+                    ready.set()
+                    await stop.wait()
+                    tg.cancel_scope.cancel()
         except Exception as exc:
             box.setdefault("error", exc)
             if conn is not None:
@@ -183,6 +241,76 @@ class Upstream:
             ready.set()
         if conn is not None:
             log.info("the upstream connection closed; the next call reconnects")
+
+    async def _listen(self, conn: _Connection, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        # On the 2026-07-28 era change notifications come only on a subscriptions/listen stream (the
+        # handshake era sends them unasked). Its events reach on_message too.
+        caps = conn.client.server_capabilities.tools
+        if conn.client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS or caps is None or not caps.list_changed:
+            task_status.started()
+            return
+        started = False
+        try:
+            async with conn.client.listen(tools_list_changed=True) as events:
+                task_status.started()
+                started = True
+                async for _event in events:
+                    conn.stale = True
+                    conn.changed.set()
+        except Exception as exc:  # the connection ended, or the upstream refused the stream
+            if not started:
+                log.warning("the upstream does not send its tool changes (%s): they are seen when a host lists "
+                            "the tools or the proxy reconnects", _describe(exc))
+                task_status.started()
+            else:
+                log.debug("the upstream's change notifications ended: %s", _describe(exc))
+
+    async def _follow(self, conn: _Connection) -> None:
+        while True:
+            await conn.changed.wait()
+            conn.changed = anyio.Event()
+            try:
+                await self.refresh(conn)
+            except _Unavailable as exc:
+                log.warning("could not list the upstream's tools after it announced a change: %s", exc)
+
+    async def _list(self, conn: _Connection, *, announce: bool = True) -> None:
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        while True:
+            page = await conn.client.list_tools(cursor=cursor)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        problems = self._check(tools)
+        conn.tools, conn.problems = tools, problems
+        listed = json.dumps([t.model_dump(mode="json", by_alias=True) for t in tools], sort_keys=True)
+        seen, self._seen = self._seen, (listed, problems)
+        if seen is None:
+            return  # the first listing: checked by the proxy's startup, which refuses to serve on a problem
+        if problems != seen[1]:
+            for name in sorted(problems):
+                log.error("%s is not guarded any more, so every call to it is refused: %s", name,
+                          "; ".join(problems[name]))
+            for name in sorted(set(seen[1]) - set(problems)):
+                log.warning("%s matches the config again: it is guarded", name)
+        if announce and listed != seen[0] and self._on_change is not None:
+            self._tg.start_soon(self._on_change)
+
+    async def refresh(self, conn: _Connection, *, announce: bool = True) -> None:
+        """List the upstream's tools again (and check them); ``announce``: tell the host if they changed.
+        Raises _Unavailable if the connection failed."""
+        async with conn.lock:
+            conn.stale = False  # a change announced while listing marks it stale again
+            try:
+                await self._list(conn, announce=announce)
+            except Exception as exc:
+                conn.stale = True
+                if isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED:
+                    raise _Unavailable(f"it failed to list its tools ({exc.error.message})") from exc
+                self.drop(conn)
+                raise _Unavailable(f"the connection ended while listing its tools ({_describe(exc)})") from exc
 
     async def connect(self) -> _Connection:
         conn = self._conn
@@ -201,6 +329,17 @@ class Upstream:
             log.info("connected to the upstream (%d tools)", len(box["conn"].tools))
             return self._conn
 
+    async def ready_for(self, name: str) -> _Connection:
+        """The connection to call guarded tool ``name`` on, its tools current. Raises _Unavailable or
+        _NotGuarded: either way nothing was sent."""
+        conn = await self.connect()
+        if conn.stale:
+            await self.refresh(conn)
+        problems = conn.problems.get(name)
+        if problems:
+            raise _NotGuarded(problems)
+        return conn
+
     def drop(self, conn: _Connection) -> None:
         conn.stop.set()
         if self._conn is conn:
@@ -210,9 +349,12 @@ class Upstream:
         if self._conn is not None:
             self.drop(self._conn)
 
-    async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> types.CallToolResult:
-        """Call upstream. Raises _Unavailable (not sent), _OutcomeUnknown (sent, no answer) or MCPError."""
-        conn = await self.connect()
+    async def call(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any], conn: _Connection | None = None
+    ) -> types.CallToolResult:
+        """Call upstream (on ``conn`` if given). Raises _Unavailable (not sent), _OutcomeUnknown (sent, no
+        answer) or MCPError."""
+        conn = conn if conn is not None else await self.connect()
         try:
             return await conn.client.call_tool(
                 name, arguments, read_timeout_seconds=self.timeout, meta=meta  # type: ignore[arg-type]
@@ -288,6 +430,8 @@ class GuardingProxy:
     """Build with a :class:`Config`; serve ``proxy.server`` (a low-level MCP ``Server``).
 
     ``upstream`` overrides the config's upstream with any ``Client`` target (an in-process server in tests).
+    The store and the upstream are opened, and the config checked against the upstream's tools, before
+    anything is served (:meth:`running`); a problem raises :class:`StartupError`.
     """
 
     def __init__(
@@ -296,6 +440,7 @@ class GuardingProxy:
         environ = os.environ if environ is None else environ
         self.config = config
         self._store_url = config.store_url(environ)
+        self._store_from_env = config.store.url is None
         self._environ = environ
         self._target: TargetFactory = (
             (lambda _eof: upstream) if upstream is not None else self._config_target(environ)
@@ -304,9 +449,16 @@ class GuardingProxy:
         self._idle = anyio.Event()
         self._idle.set()
         self.draining = False
+        self._serving: _Runtime | None = None
+        # The host is told when the tools the proxy offers change: on its connection (handshake era; the
+        # session of its latest request sends on the connection's own channel, and over stdio the proxy has
+        # one host) and on its subscriptions/listen streams (2026-07-28).
+        self._host: ServerSession | None = None
+        self._bus = InMemorySubscriptionBus()
         self.server: Server[_Runtime] = Server(
             config.proxy.name, version=_version(), lifespan=self._lifespan,
             on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+            on_subscriptions_listen=ListenHandler(self._bus),
         )
 
     def _config_target(self, environ: Mapping[str, str]) -> TargetFactory:
@@ -320,36 +472,117 @@ class GuardingProxy:
         )
         return lambda eof: _watched(stdio_client(params), eof)
 
+    def _check(self, tools: list[types.Tool]) -> dict[str, list[str]]:
+        return tool_problems(self.config, {t.name: t.input_schema for t in tools})
+
     @asynccontextmanager
-    async def _lifespan(self, _server: Server[_Runtime]) -> AsyncIterator[_Runtime]:
+    async def running(self) -> AsyncIterator[_Runtime]:
+        """Open the store and connect the upstream, check every guarded tool against the upstream's tools,
+        then yield what the server runs on; closed (after the calls in flight) on exit.
+
+        Raises :class:`StartupError` with every problem found, before anything is served: a guard that is
+        not in place must not start. The upstream connection made to check the tools is the one served.
+        """
         cfg = self.config
-        guard = Guard(self._store_url, lease=cfg.store.lease, retention=cfg.store.retention,
-                      wait_timeout=cfg.proxy.wait_timeout)
-        async with anyio.create_task_group() as tg:
-            upstream = Upstream(tg, self._target, mode=cfg.upstream.mode, timeout=cfg.upstream.timeout)
-            runtime = _Runtime(guard, upstream)
-            tg.start_soon(self._warm, runtime)
-            try:
-                yield runtime
-            finally:
-                # Calls in flight finish (or the process exits without releasing their claims) before
-                # the upstream is closed under them.
-                with anyio.CancelScope(shield=True):
-                    await self.wait_idle(cfg.proxy.grace)
+        try:
+            guard = Guard(self._store_url, lease=cfg.store.lease, retention=cfg.store.retention,
+                          wait_timeout=cfg.proxy.wait_timeout)
+        except (ValueError, TypeError, GuardError) as exc:
+            raise StartupError([f"{self._store_field()}: cannot use {redact_url(self._store_url)}: {exc}"]) from None
+        problems: list[str] = []
+        try:
+            async with anyio.create_task_group() as tg:
+                upstream = Upstream(tg, self._target, mode=cfg.upstream.mode, timeout=cfg.upstream.timeout,
+                                    check=self._check, on_change=self._tools_changed)
+                problems = await self._start(guard, upstream)
+                if problems:
                     upstream.close()
                     tg.cancel_scope.cancel()
-                    await guard.aclose()
+                else:
+                    try:
+                        yield _Runtime(guard, upstream)
+                    finally:
+                        # Calls in flight finish (or the process exits without releasing their claims)
+                        # before the upstream is closed under them.
+                        with anyio.CancelScope(shield=True):
+                            await self.wait_idle(cfg.proxy.grace)
+                            upstream.close()
+                            tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await guard.aclose()
+        if problems:
+            raise StartupError(problems)
 
-    async def _warm(self, rt: _Runtime) -> None:
-        # Start fast: the handshake is answered at once; the store and the upstream are prepared meanwhile.
-        try:
-            await rt.guard.ensure_schema()
-        except GuardError as exc:
-            log.error("the store is not usable yet (%s); guarded calls will be refused until it is", exc)
-        try:
-            await rt.upstream.connect()
-        except _Unavailable as exc:
-            log.error("cannot reach the upstream server: %s", exc)
+    async def _start(self, guard: Guard, upstream: Upstream) -> list[str]:
+        """Every startup problem: the store's and the upstream's, checked side by side."""
+        store: list[str] = []
+        tools: list[str] = []
+
+        async def open_store() -> None:
+            problem = await self._open_store(guard)
+            if problem is not None:
+                store.append(problem)
+
+        async def check_upstream() -> None:
+            try:
+                conn = await upstream.connect()
+            except _Unavailable as exc:
+                tools.append(f"upstream: the upstream server could not be started or reached: {exc}")
+                return
+            for problems in conn.problems.values():  # in the config's order
+                tools.extend(problems)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(open_store)
+            tg.start_soon(check_upstream)
+        if not store and not tools:
+            log.info("serving: the store is ready and the upstream offers every guarded tool (%s)",
+                     ", ".join(sorted(self.config.tools)) or "none")
+        return store + tools
+
+    def _store_field(self) -> str:
+        return f"store.url (from ${ENV_URL})" if self._store_from_env else self.config.where("store", "url")
+
+    async def _open_store(self, guard: Guard) -> str | None:
+        """None once the store is ready, else why it cannot be used. A store that cannot be reached
+        (connection refused, timed out) is retried for ``store.startup_wait`` seconds first."""
+        wait = self.config.store.startup_wait
+        deadline = anyio.current_time() + wait
+        delay = 0.1
+        url = redact_url(self._store_url)
+        while True:
+            try:
+                await guard.ensure_schema()
+                return None
+            except GuardError as exc:
+                reason = redact_text(str(exc).removesuffix("; the tool was not run"))
+                left = deadline - anyio.current_time()
+                if not (isinstance(exc, StoreError) and exc.transient):
+                    return f"{self._store_field()}: cannot use the store {url}: {reason}"
+                if left <= 0:
+                    waited = f" (retried for {wait:g}s: store.startup_wait)" if wait else ""
+                    return f"{self._store_field()}: cannot reach the store {url}: {reason}{waited}"
+                if delay == 0.1:
+                    log.warning("cannot reach the store %s yet (%s); retrying for up to %gs (store.startup_wait)",
+                                url, reason, wait)
+                await anyio.sleep(min(delay, left))
+                delay = min(delay * 2, 2.0)
+
+    @asynccontextmanager
+    async def _lifespan(self, _server: Server[_Runtime]) -> AsyncIterator[_Runtime]:
+        if self._serving is not None:  # `agentguard mcp-proxy`: started, and checked, before the handshake
+            yield self._serving
+            return
+        async with self.running() as runtime:  # in-process use (tests): started with each connection
+            yield runtime
+
+    async def _tools_changed(self) -> None:
+        """Tell the hosts that the proxy's tools changed, so they list them again."""
+        await self._bus.publish(ToolsListChanged())
+        if self._host is not None:
+            with contextlib.suppress(Exception):  # a host that hung up
+                await self._host.send_tool_list_changed()
 
     async def wait_idle(self, grace: float) -> bool:
         with anyio.move_on_after(grace):
@@ -361,14 +594,17 @@ class GuardingProxy:
     async def _list_tools(
         self, ctx: ServerRequestContext[_Runtime], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        self._host = ctx.session
+        upstream = ctx.lifespan_context.upstream
         try:
-            conn = await ctx.lifespan_context.upstream.connect()
+            conn = await upstream.connect()
+            # The upstream's tools as they are now, checked again. The host is not told about a change it is
+            # being sent right now (a tool list that differs at every listing must not loop).
+            await upstream.refresh(conn, announce=False)
         except _Unavailable as exc:
             raise MCPError(INTERNAL_ERROR, f"agentguard proxy: the upstream server is not available ({exc})") from None
-        names = {t.name for t in conn.tools}
-        for missing in sorted(set(self.config.tools) - names):
-            log.warning("the config guards %r, which the upstream does not offer", missing)
-        return types.ListToolsResult(tools=[self._relay_tool(t) for t in conn.tools])
+        # A guarded tool the upstream no longer offers as configured is left out: calls to it are refused.
+        return types.ListToolsResult(tools=[self._relay_tool(t) for t in conn.tools if t.name not in conn.problems])
 
     def _relay_tool(self, tool: types.Tool) -> types.Tool:
         cfg = self.config.tools.get(tool.name)
@@ -402,6 +638,7 @@ class GuardingProxy:
         self, ctx: ServerRequestContext[_Runtime], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         rt = ctx.lifespan_context
+        self._host = ctx.session
         meta = dict(ctx.meta or {})
         cfg = self.config.tools.get(params.name)
         if cfg is None:
@@ -456,7 +693,6 @@ class GuardingProxy:
         arguments: dict[str, Any],
         meta: dict[str, Any],
     ) -> types.CallToolResult:
-        upstream_declares_task = self._upstream_has_param(rt, name, "task_id")
         given = arguments.pop("task_id", ABSENT)
         try:
             task_id = resolve_task_id(name, given, meta, self._environ)
@@ -465,9 +701,6 @@ class GuardingProxy:
         forward = cfg.forward_key_to
         if forward is not None:
             arguments.pop(forward, None)  # the proxy chooses the key, never the model
-        upstream_args = dict(arguments)
-        if upstream_declares_task and given is not ABSENT:
-            upstream_args["task_id"] = task_id  # the upstream takes a task_id of its own: it gets the one sent
         fp_args = {k: v for k, v in arguments.items() if k not in cfg.ignore}
         key_values = {k: arguments.get(k) for k in cfg.key}
         scope = self.config.store.scope
@@ -478,10 +711,18 @@ class GuardingProxy:
 
         async def body(downstream_key: str) -> dict[str, Any]:
             nonlocal ran
+            # Checked on the connection the call goes out on (it may be new, or its tools may have changed):
+            # a tool the upstream no longer offers as configured is refused, never sent unguarded.
+            conn = await rt.upstream.ready_for(name)
+            send = dict(arguments)
+            tool = conn.tool(name)
+            if given is not ABSENT and tool is not None and "task_id" in (tool.input_schema.get("properties") or {}):
+                send["task_id"] = task_id  # the upstream takes a task_id of its own: it gets the one sent
+            if forward:
+                send[forward] = downstream_key
             ran = True
-            send = {**upstream_args, forward: downstream_key} if forward else upstream_args
             try:
-                res = await rt.upstream.call(name, send, {**clean_meta(meta), META_KEY: downstream_key})
+                res = await rt.upstream.call(name, send, {**clean_meta(meta), META_KEY: downstream_key}, conn)
             except _OutcomeUnknown as exc:
                 if policy == "hold":
                     raise _HeldUnknown(
@@ -527,21 +768,18 @@ class GuardingProxy:
         except _Unavailable as exc:
             return _text(nothing_executed(f"the upstream server is not available ({exc}), so {name} was not run. "
                                           "Retry the same call shortly."))
+        except _NotGuarded as exc:
+            return _text(nothing_executed(
+                f"agentguard refused to run {name}: the upstream server no longer offers it as the proxy's config "
+                f"describes it ({exc}), so the call cannot be guarded. It is refused until the upstream offers it "
+                "again as configured."
+            ))
         except GuardError as exc:
-            return _text(_refusal(exc, ran))
+            return _text(redact_text(_refusal(exc, ran)))
         if outcome.replayed:
             return _result(outcome.value, key=outcome.key, replayed=True,
                            note=replay_note(operation, task_id), mark=cfg.mark_structured)
         return _result(outcome.value, key=outcome.key, replayed=False)
-
-    def _upstream_has_param(self, rt: _Runtime, name: str, param: str) -> bool:
-        conn = rt.upstream._conn
-        if conn is None:
-            return False
-        for tool in conn.tools:
-            if tool.name == name:
-                return param in (tool.input_schema.get("properties") or {})
-        return False
 
 
 def _refusal(exc: GuardError, ran: bool) -> str:
@@ -587,10 +825,17 @@ def _version() -> str:
 # -- the command -------------------------------------------------------------------------------------------
 
 
+class _RedactingFormatter(logging.Formatter):
+    """Every line the proxy logs, tracebacks included, without a store (or upstream) password."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
 def _configure_logging() -> None:
     level = os.environ.get("AGENTGUARD_LOG", "INFO").upper()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("agentguard-proxy %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_RedactingFormatter("agentguard-proxy %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("agentguard")
     root.addHandler(handler)
     root.setLevel(getattr(logging, level, logging.INFO))
@@ -610,11 +855,16 @@ class _Stdin:
     @classmethod
     async def open(cls) -> _Stdin | None:
         loop = asyncio.get_running_loop()
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty()):
+            # A regular file or a device such as /dev/null: the event loop cannot watch it (asyncio accepts
+            # a device, then never reads it), so the SDK's reader thread reads it.
+            return None
         reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
         pipe = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
         try:
             await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-        except (OSError, ValueError):  # a regular file: only pipes, sockets and terminals can be watched
+        except (OSError, ValueError):  # only pipes, sockets and terminals can be watched
             pipe.close()
             return None
         return cls(reader)
@@ -633,6 +883,16 @@ class _Stdin:
 
 
 async def _serve(proxy: GuardingProxy) -> None:
+    # Checked first, served second: a StartupError leaves before a byte is written on stdout.
+    async with proxy.running() as runtime:
+        proxy._serving = runtime
+        try:
+            await _serve_stdio(proxy)
+        finally:
+            proxy._serving = None
+
+
+async def _serve_stdio(proxy: GuardingProxy) -> None:
     from mcp.server.stdio import stdio_server
 
     stdin = await _Stdin.open()
@@ -664,7 +924,8 @@ async def _serve(proxy: GuardingProxy) -> None:
         tg.start_soon(on_signals)
         async with stdio_server(stdin=typing.cast("anyio.AsyncFile[str] | None", stdin)) as (read, write):
             try:
-                await proxy.server.run(read, write, proxy.server.create_initialization_options())
+                options = proxy.server.create_initialization_options(NotificationOptions(tools_changed=True))
+                await proxy.server.run(read, write, options)
             finally:
                 if proxy.draining and stdin is None:
                     # The SDK's stdin thread stays blocked in read() until the host closes the pipe.
@@ -679,23 +940,34 @@ def _hard_exit(code: int) -> None:
 
 
 def main(config_path: str) -> int:
-    """Entry of ``agentguard mcp-proxy --config FILE``: validate, then serve over stdio. Returns the exit code."""
+    """Entry of ``agentguard mcp-proxy --config FILE``: validate, then serve over stdio. Returns the exit code.
+
+    Exits with 2, having printed every problem on stderr and nothing on stdout, when the config is invalid,
+    the store cannot be used, or a guarded tool does not match what the upstream offers.
+    """
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        print(f"agentguard mcp-proxy: invalid config {exc.path}:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        print("nothing was served; fix the config and start again.", file=sys.stderr)
+        _print_problems(f"invalid config {exc.path}", exc.problems)
         return 2
     _configure_logging()
     try:
         proxy = GuardingProxy(config)
     except (ValueError, TypeError) as exc:
-        print(f"agentguard mcp-proxy: {exc}", file=sys.stderr)
+        print(redact_text(f"agentguard mcp-proxy: {exc}"), file=sys.stderr)
         return 2
     try:
         anyio.run(_serve, proxy)
+    except StartupError as exc:
+        _print_problems(f"cannot serve with {config_path}", exc.problems)
+        return 2
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _print_problems(what: str, problems: Sequence[str]) -> None:
+    print(f"agentguard mcp-proxy: {what}:", file=sys.stderr)
+    for problem in problems:
+        print(redact_text(f"  - {problem}"), file=sys.stderr)
+    print("nothing was served; fix the config (or the store, or the upstream) and start again.", file=sys.stderr)
