@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-_CREDENTIALS = re.compile(r"//(?P<user>[^:/?#@\s]*):[^@\s]*@")
+# Up to the last "@" of the authority: a password may carry a raw "@" that SQLAlchemy reads as the host's.
+_CREDENTIALS = re.compile(r"//(?P<user>[^:/?#@\s]*):[^\s]*@(?=[^@\s]*$|[^@\s]*[\s/?#])")
 _USERINFO = re.compile(r":[^:@/\s]*@")
 _SECRET_PARAM = re.compile(r"(?P<name>[?&][^=&#\s]*(?:password|passwd|secret|token|sslkey)[^=&#\s]*=)[^&#\s]*",
                            re.IGNORECASE)

@@ -73,4 +73,5 @@ def test_redaction() -> None:
         "postgresql+asyncpg://u@h/db?password=***&sslmode=require"  # (SQLAlchemy sorts the query)
     )
     assert redact_url("sqlite+aiosqlite:///a/b.db") == "sqlite+aiosqlite:///a/b.db"
+    assert redact_url("postgresql+asyncpg://u:p@ss@host/db") == "postgresql+asyncpg://u:***@host/db"  # a raw "@"
     assert redact_text("failed for mysql://root:pw@db:3306/x; retry") == "failed for mysql://root:***@db:3306/x; retry"

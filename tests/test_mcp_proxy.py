@@ -32,6 +32,13 @@ pytestmark = pytest.mark.anyio
 CHARGE = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd"}
 
 
+def _nested(depth: int) -> Any:
+    value: Any = "usd"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def config_text(store_url: str, tools: str | None = None, extra: str = "") -> str:
     tools = tools if tools is not None else (
         '[tools.create_charge]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
@@ -160,6 +167,27 @@ async def test_same_order_other_amount_is_refused_and_not_run(connect: Callable[
         new = await client.call_tool("create_charge", {**CHARGE, "order_id": "o-2", "task_id": "ticket-2"})
         assert not new.is_error
     assert len(charges(ledger)) == 2
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {**CHARGE, "order_id": "o-\ud800"},  # a key field (the operation's name)
+        {**CHARGE, "currency": "us\udfffd"},  # a fingerprinted argument
+        {**CHARGE, "currency": _nested(150)},  # nested past the limit
+    ],
+    ids=["surrogate-in-key", "surrogate-in-argument", "too-deep"],
+)
+async def test_arguments_without_a_canonical_form_are_refused_up_front(
+    connect: Callable[..., Any], ledger: Path, arguments: dict[str, Any]
+) -> None:
+    """A model's JSON can carry a lone surrogate (a "\\ud800" escape): refused as nothing executed, never an
+    "unexpected failure ... outcome unknown"."""
+    async with connect() as client:
+        res = await client.call_tool("create_charge", {**arguments, "task_id": "t-1"})
+    assert res.is_error and "Nothing was executed." in text(res), text(res)
+    assert "unexpected" not in text(res)
+    assert charges(ledger) == []
 
 
 async def test_missing_task_id_is_refused_and_not_run(connect: Callable[..., Any], ledger: Path) -> None:

@@ -704,7 +704,10 @@ class GuardingProxy:
         fp_args = {k: v for k, v in arguments.items() if k not in cfg.ignore}
         key_values = {k: arguments.get(k) for k in cfg.key}
         scope = self.config.store.scope
-        operation = _keys.operation_name(name, key_values or None)
+        try:
+            operation = _keys.operation_name(name, key_values or None)
+        except (TypeError, ValueError) as exc:  # a key value with no canonical form (a lone surrogate)
+            return _text(nothing_executed(f"agentguard refused to run {name}: {exc}."))
         key = _keys.derive_key(scope, task_id, operation)
         policy = cfg.unknown_policy
         ran = False
@@ -776,6 +779,11 @@ class GuardingProxy:
             ))
         except GuardError as exc:
             return _text(redact_text(_refusal(exc, ran)))
+        except (TypeError, ValueError) as exc:
+            if ran:
+                raise
+            # Arguments without a canonical form (a lone surrogate, nesting past the limit): refused up front.
+            return _text(nothing_executed(f"agentguard refused to run {name}: {exc}."))
         if outcome.replayed:
             return _result(outcome.value, key=outcome.key, replayed=True,
                            note=replay_note(operation, task_id), mark=cfg.mark_structured)
