@@ -12,6 +12,7 @@
 
 import logging
 
+from ._calls import Outcome
 from ._context import current_key, current_task, task
 from ._errors import (
     GuardError,
@@ -20,11 +21,13 @@ from ._errors import (
     LeaseLostError,
     MissingTaskError,
     OutcomeUnknownError,
+    StepOrderError,
     StoreError,
 )
-from ._guard import Guard, GuardEvent, Outcome
+from ._events import GuardEvent
+from ._guard import Guard
 from ._keys import sub_key
-from ._operation import Operation, StepOrderError
+from ._operation import Operation
 
 __version__ = "0.1.0"
 

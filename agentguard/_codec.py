@@ -15,7 +15,6 @@ import decimal
 import enum
 import importlib
 import json
-import json.scanner
 import math
 import typing
 import uuid
@@ -23,6 +22,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, PydanticUserError, TypeAdapter
+
+from ._speedups import encoder, scan_plain
 
 _TAG = "$ag"
 
@@ -87,32 +88,8 @@ def _hook(d: dict[str, Any]) -> Any:
     return _UNTAG[tag](d["v"])
 
 
-def encoder(*, sort_keys: bool = False, ensure_ascii: bool = False, allow_nan: bool = True,
-            default: Callable[[Any], Any] | None = None) -> Callable[[Any], str]:
-    """A compact JSON encoder built once: ``json.JSONEncoder.encode`` builds its C encoder on every call,
-    which costs more than encoding a small value. No circular-reference check (a self-referring value
-    raises RecursionError instead of ValueError)."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return json.JSONEncoder(separators=(",", ":"), sort_keys=sort_keys, ensure_ascii=ensure_ascii,
-                                allow_nan=allow_nan, default=default).encode
-
-    def refuse(obj: Any) -> Any:
-        raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
-
-    strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
-    c_encode = make(None, default or refuse, strings, None, ":", ",", sort_keys, False, allow_nan)
-    join = "".join
-
-    def encode(obj: Any) -> str:
-        return join(c_encode(obj, 0))
-
-    return encode
-
-
 _encode = encoder()
 _decode_tagged = json.JSONDecoder(object_hook=_hook).decode
-_scan_plain = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed: a decoder is what it takes
 _TAG_KEY = f'"{_TAG}"'
 
 
@@ -121,7 +98,7 @@ def _decode(text: str) -> Any:
     literally): the C scanner alone reads it, without a hook call per object."""
     if _TAG_KEY not in text:
         try:
-            value, end = _scan_plain(text, 0)
+            value, end = scan_plain(text, 0)
         except StopIteration:
             pass
         else:

@@ -21,7 +21,8 @@ from pydantic import BaseModel
 
 from ._context import task
 from ._errors import GuardError, KeyReuseError
-from ._guard import Guard, GuardEvent
+from ._events import GuardEvent
+from ._guard import Guard
 
 LEASE = 2.0
 

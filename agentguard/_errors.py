@@ -6,6 +6,7 @@
     ├── InProgressError           409  another caller holds the claim: not run
     ├── LeaseLostError            409  our lease expired and another worker took over: result refused
     ├── OutcomeUnknownError       409  a step's outcome is unknown and the policy is "hold"
+    ├── StepOrderError            409  a retry called an operation's steps in another order: not run
     └── StoreError                503  the store could not be used; says whether the body ran
 """
 
@@ -75,6 +76,12 @@ class OutcomeUnknownError(GuardError):
     def __init__(self, message: str, *, step: str | None = None, **kw: str | None) -> None:
         super().__init__(message, **kw)
         self.step = step
+
+
+class StepOrderError(GuardError):
+    """A retry called the operation's steps in another order (or one step twice); nothing was run."""
+
+    status = 409
 
 
 class StoreError(GuardError):

@@ -54,27 +54,17 @@ import dataclasses
 import datetime as dt
 import decimal
 import enum
-import hashlib
 import json
 import math
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
-from ._codec import encoder, refers_to_itself
-
-# CPython's own SHA-256 (``_sha2`` from 3.12, ``_sha256`` before): the same digest as hashlib's OpenSSL one,
-# with far less set-up per digest. A call takes four (key, fingerprint, one per argument), and measured
-# under real I/O that set-up was a tenth of the guard's own time. OpenSSL's where neither is built in.
-try:
-    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - depends on the Python version
-    try:
-        from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
-    except ImportError:
-        _sha256 = hashlib.sha256
+from ._codec import refers_to_itself
+from ._speedups import encoder
+from ._speedups import sha256 as _sha256
 
 MAX_DEPTH = 100  # containers within containers: far beyond any tool's arguments, far below the stack's limit
 
@@ -212,7 +202,7 @@ def _nested_too_deeply(value: Any) -> TypeError:
     return TypeError(f"it is nested more than {MAX_DEPTH} levels deep (the limit)")
 
 
-_SURROGATE = "it contains a lone surrogate (not valid Unicode text)"
+SURROGATE = "it contains a lone surrogate (not valid Unicode text)"
 
 
 # Encoders built once: json.dumps(..., **options) builds a new encoder on every call. (No default: the walk
@@ -223,114 +213,6 @@ _compact = encoder(sort_keys=True, ensure_ascii=True)
 
 _ascii = json.encoder.encode_basestring_ascii
 _unicode = json.encoder.encode_basestring
-
-
-def _flat_texts(values: Iterable[Any]) -> list[str] | None:
-    """Each value's canonical JSON if every one is a str/int/bool/None (what ``canonical_json`` gives), else
-    None: the general encoder is needed."""
-    out = []
-    try:
-        for v in values:
-            t = type(v)
-            if t is str:
-                out.append(_unicode(v))
-            elif t is int:
-                out.append(int.__repr__(v))
-            elif v is None:
-                out.append("null")
-            elif t is bool:
-                out.append("true" if v else "false")
-            else:
-                return None
-    except ValueError:  # more digits than int -> str allows: the general path names the argument
-        return None
-    return out
-
-
-def _flat(arguments: Mapping[str, Any]) -> str | None:
-    """The canonical JSON of a flat mapping of str/int/bool/None values, built directly (byte-identical
-    to ``canonical_json``), or None when a value needs the general encoder."""
-    names = sorted(arguments)
-    texts = _flat_texts(map(arguments.__getitem__, names))
-    if texts is None:
-        return None
-    return "{" + ",".join([_unicode(k) + ":" + t for k, t in zip(names, texts)]) + "}"  # noqa: B905 - one per name
-
-
-class FlatSignature:
-    """The identity of calls to one tool whose arguments are all str/int/bool/None — the common case —
-    built in one pass over names fixed at decoration: byte-identical to ``fingerprint``, ``operation_name``,
-    ``argument_hashes`` and ``hashes_json``, which the general path (and the tests) use."""
-
-    __slots__ = ("_hash_text", "_key_index", "_memo", "_op_text", "_text", "names", "tool")
-
-    MEMO = 1024  # identities remembered per tool: a repeated call (a replay) hashes nothing
-    MEMO_TEXT = 2048  # arguments longer than this as JSON are not kept (their hashing is not the cost)
-
-    def __init__(self, tool: str, names: Sequence[str], key_fields: Sequence[str]) -> None:
-        ordered = sorted(names)
-        index = {n: i for i, n in enumerate(ordered)}
-        keys = sorted(set(key_fields))  # every key field is a name
-        self.tool = tool
-        self.names = tuple(ordered)
-        # %-templates of the canonical forms (one C call fills each; a name's own "%" is escaped):
-        # {"a":%s,"b":%s}, {"a":"%s","b":"%s"} for the hashes, and tool[k=%s] for the operation.
-        self._text = "{" + ",".join(_pct(_unicode(n) + ":") + "%s" for n in ordered) + "}"
-        self._hash_text = "{" + ",".join(_pct(_ascii(n) + ':"') + '%s"' for n in ordered) + "}"
-        self._key_index = tuple(index[k] for k in keys)
-        self._op_text = _pct(tool) + "[" + ",".join(_pct(f"{k}=") + "%s" for k in keys) + "]"
-        self._memo: dict[tuple[str, str, str], tuple[str, str, str]] = {}
-
-    def values(self, arguments: Mapping[str, Any]) -> list[str] | None:
-        """Each argument's canonical JSON, in name order; None when one needs the general path."""
-        if len(arguments) != len(self.names):
-            return None
-        return _flat_texts(map(arguments.__getitem__, self.names))
-
-    def identity(self, scope: str, task_id: str, values: Sequence[str]) -> tuple[str, str, str]:
-        """``(operation, key, fingerprint)`` of a call in a task. Each is a pure function of the scope, the
-        task id and the arguments' canonical JSON, so a repeat of the same call is served from a small memo.
-        (The per-argument hashes are left to ``hashes_json``: only a claim or a reuse error needs them.)"""
-        text = self._text % tuple(values)
-        memo = self._memo
-        found = memo.get((scope, task_id, text))
-        if found is None:
-            try:
-                fp = _sha(text)
-            except UnicodeEncodeError:  # (a lone surrogate, which a model's JSON can carry)
-                raise self._unencodable(values) from None
-            operation = self.operation(values)
-            found = (operation, derive_key(scope, task_id, operation), fp)
-            if len(text) <= self.MEMO_TEXT:
-                if len(memo) >= self.MEMO:
-                    memo.clear()  # (a memo, not a cache of outcomes: forgetting costs two digests)
-                memo[(scope, task_id, text)] = found
-        return found
-
-    def _unencodable(self, values: Sequence[str]) -> TypeError:
-        for name, text in zip(self.names, values, strict=True):
-            if not _encodes(text):
-                return _argument_error(name, _SURROGATE)
-        raise AssertionError("some argument failed to encode")  # pragma: no cover - identity's text is theirs
-
-    def operation(self, values: Sequence[str]) -> str:
-        index = self._key_index
-        if not index:
-            return self.tool
-        if len(index) == 1:
-            return self._op_text % (values[index[0]],)
-        return self._op_text % tuple([values[i] for i in index])
-
-    def hashes(self, values: Sequence[str]) -> dict[str, str]:
-        return {n: _sha(v)[:24] for n, v in zip(self.names, values, strict=True)}
-
-    def hashes_json(self, values: Sequence[str]) -> str:
-        """``hashes_json(self.hashes(values))``, without the dict: what a claim stores."""
-        return self._hash_text % tuple([_sha(v)[:24] for v in values])
-
-
-def _pct(text: str) -> str:
-    return text.replace("%", "%%")
 
 
 def canonical_json(value: Any) -> str:
@@ -350,7 +232,7 @@ def canonical_json(value: Any) -> str:
 
 
 def _general(arguments: Mapping[str, Any]) -> str:
-    """The canonical JSON of the arguments whatever their values: what ``_flat`` builds for flat ones."""
+    """The canonical JSON of the arguments (what ``agentguard._flat`` builds for flat ones in one pass)."""
     tree = {}
     for name, value in arguments.items():
         if not isinstance(name, str):
@@ -359,12 +241,12 @@ def _general(arguments: Mapping[str, Any]) -> str:
     return _canonical(tree)
 
 
-def _sha(text: str) -> str:
+def sha(text: str) -> str:
     digest: str = _sha256(text.encode()).hexdigest()
     return digest
 
 
-def _encodes(text: str) -> bool:
+def encodes(text: str) -> bool:
     """Whether ``text`` has a UTF-8 form (no lone surrogate). ASCII is checked in O(1)."""
     if text.isascii():
         return True
@@ -375,7 +257,7 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def _argument_error(name: str, why: str) -> TypeError:
+def argument_error(name: str, why: str) -> TypeError:
     return TypeError(f"argument {name!r} cannot be fingerprinted: {why}")
 
 
@@ -388,16 +270,16 @@ def argument_hashes(arguments: Mapping[str, Any]) -> dict[str, str]:
     for name, value in arguments.items():
         if not isinstance(name, str):
             raise TypeError(f"argument names must be strings, got {type(name).__name__} {name!r}")
-        if not _encodes(name):
-            raise TypeError(f"argument name {name!r} cannot be fingerprinted: {_SURROGATE}")
+        if not encodes(name):
+            raise TypeError(f"argument name {name!r} cannot be fingerprinted: {SURROGATE}")
         try:
             text = canonical_json(value)
         except (TypeError, ValueError) as exc:
-            raise _argument_error(name, str(exc)) from None
+            raise argument_error(name, str(exc)) from None
         try:
-            out[name] = _sha(text)[:24]
+            out[name] = sha(text)[:24]
         except UnicodeEncodeError:
-            raise _argument_error(name, _SURROGATE) from None
+            raise argument_error(name, SURROGATE) from None
     return out
 
 
@@ -407,8 +289,7 @@ def fingerprint(arguments: Mapping[str, Any]) -> str:
     Raises TypeError naming the argument that has no canonical form.
     """
     try:
-        flat = _flat(arguments)
-        return _sha(_general(arguments) if flat is None else flat)
+        return sha(_general(arguments))
     except (TypeError, ValueError, RecursionError, _TooDeep) as exc:  # (UnicodeEncodeError is a ValueError)
         argument_hashes(arguments)  # names the culprit
         raise TypeError(f"the arguments cannot be fingerprinted: {exc}") from None  # pragma: no cover
@@ -441,8 +322,8 @@ def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str
             # (a value the release before could not name keeps its canonical form: no record has an old name)
             with contextlib.suppress(TypeError, ValueError, ArithmeticError, RecursionError):
                 text = _legacy_text(value)
-        if not _encodes(text):
-            raise TypeError(f"key field {name!r} of {tool!r} cannot be canonicalised: {_SURROGATE}")
+        if not encodes(text):
+            raise TypeError(f"key field {name!r} of {tool!r} cannot be canonicalised: {SURROGATE}")
         parts.append(f"{name}={text}")
     return f"{tool}[{','.join(parts)}]"
 
@@ -504,9 +385,9 @@ def _legacy_text(value: Any) -> str:
 def derive_key(scope: str, task_id: str, operation: str) -> str:
     """The record key and downstream key: a fixed-length opaque hash of (scope, task, operation)."""
     # == _compact([scope, task_id, operation]), without building an encoder
-    return "ag_" + _sha(f"[{_ascii(scope)},{_ascii(task_id)},{_ascii(operation)}]")[:48]
+    return "ag_" + sha(f"[{_ascii(scope)},{_ascii(task_id)},{_ascii(operation)}]")[:48]
 
 
 def sub_key(key: str, name: str) -> str:
     """A sub-key for one of several foreign calls inside one operation; stable across attempts."""
-    return "ag_" + _sha(json.dumps([key, name], separators=(",", ":")))[:48]
+    return "ag_" + sha(json.dumps([key, name], separators=(",", ":")))[:48]

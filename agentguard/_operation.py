@@ -12,22 +12,22 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._codec import Codec
-from ._errors import GuardError, OutcomeUnknownError
+from ._errors import GuardError, OutcomeUnknownError, StepOrderError
 from ._keys import sub_key
 from .stores import DONE, STARTED
 
-if TYPE_CHECKING:
-    from ._guard import Guard, _Claim
+__all__ = ["Operation", "Reconcile", "StepLog", "StepOrderError"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 Reconcile = Callable[["Operation", str, str], Awaitable[Any]]
+Row = tuple[str, int, str, "str | None"]  # a recorded step: name, position, state, result
 
 
 def _return_hint(fn: Any) -> Any:
@@ -37,18 +37,53 @@ def _return_hint(fn: Any) -> Any:
         return Any
 
 
-class StepOrderError(GuardError):
-    """A retry called the operation's steps in another order (or one step twice); nothing was run."""
+class StepLog(Protocol):
+    """What an ``Operation`` needs of the claim it runs under: its identity and its recorded steps, every
+    write fenced on the claim (``LeaseLostError`` once another worker took it over). The engine provides it."""
 
-    status = 409
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def scope(self) -> str: ...
+
+    @property
+    def operation(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    def codec_for(self, annotation: Any) -> Codec: ...
+
+    def error(self, cls: type[GuardError], message: str, **kw: Any) -> Any: ...
+
+    def report_unknown(self, step: str) -> None: ...
+
+    async def load(self) -> list[Row]: ...
+
+    async def put(self, seq: int, name: str, state: str, result: str | None) -> None: ...
+
+    async def record(self, seq: int, name: str, result: str) -> None:
+        """The step ran: its result, written through a short store outage (never lost to one)."""
+
+    async def clear(self, name: str) -> None:
+        """The step raised: its started mark, cleared through a short store outage."""
+
+    async def transaction(
+        self, seq: int, name: str, fn: Callable[[AsyncConnection], Awaitable[Any]], encode: Callable[[Any], str]
+    ) -> str:
+        """``fn(conn)`` in a transaction on the store's database that first re-checks the claim and commits
+        the step as done with ``encode(fn's result)``; returns what was stored."""
 
 
 class Operation:
     """Injected into a guarded tool that declares a parameter annotated ``Operation``."""
 
-    def __init__(self, guard: Guard, claim: _Claim, on_unknown: str, reconcile: Reconcile | None) -> None:
-        self._guard = guard
-        self._claim = claim
+    def __init__(self, steps: StepLog, on_unknown: str, reconcile: Reconcile | None) -> None:
+        self._steps = steps
         self._on_unknown = on_unknown
         self._reconcile = reconcile
         self._recorded: dict[int, tuple[str, str, str | None]] | None = None
@@ -60,42 +95,37 @@ class Operation:
     @property
     def downstream_key(self) -> str:
         """The operation's own downstream key (what ``idempotency_key`` receives)."""
-        return self._claim.call.key
+        return self._steps.key
 
     @property
     def task_id(self) -> str:
-        return self._claim.call.task_id
+        return self._steps.task_id
 
     @property
     def scope(self) -> str:
-        return self._claim.call.scope
+        return self._steps.scope
 
     @property
     def operation(self) -> str:
-        return self._claim.call.operation
+        return self._steps.operation
 
     @property
     def attempt(self) -> int:
-        return self._claim.attempt
+        return self._steps.attempt
 
     def key(self, name: str) -> str:
         """A sub-key for the foreign call of step ``name``: per step, per operation, per task; identical on
         every attempt and takeover."""
-        return sub_key(self._claim.call.key, name)
+        return sub_key(self._steps.key, name)
 
     def __repr__(self) -> str:
         return f"Operation({self.operation!r}, task={self.task_id!r}, attempt={self.attempt})"
 
     # -- bookkeeping ----------------------------------------------------------------------------------
 
-    def _error(self, cls: type[GuardError], message: str, **kw: Any) -> GuardError:
-        c = self._claim.call
-        return cls(message, key=c.key, task_id=c.task_id, operation=c.operation, scope=c.scope, **kw)
-
     async def _load(self) -> dict[int, tuple[str, str, str | None]]:
         if self._recorded is None:
-            c = self._claim.call
-            rows = await self._guard._store_call(self._guard._store.load_steps(c.scope, c.key, self._claim.origin))
+            rows = await self._steps.load()
             self._recorded = {seq: (name, state, result) for name, seq, state, result in rows}
         return self._recorded
 
@@ -104,8 +134,8 @@ class Operation:
             raise TypeError("a step name must be a non-empty string")
         recorded = await self._load()
         if name in self._names:
-            raise self._error(StepOrderError, f"step {name!r} was called twice in {self.operation!r}; "
-                                              "step names are unique within an operation. Nothing was run.")
+            raise self._steps.error(StepOrderError, f"step {name!r} was called twice in {self.operation!r}; "
+                                                    "step names are unique within an operation. Nothing was run.")
         seq = self._seq
         self._names.add(name)
         self._seq += 1
@@ -114,37 +144,12 @@ class Operation:
             rec is None and any(r[0] == name for r in recorded.values())
         ):
             was = rec[0] if rec is not None else "nothing"
-            raise self._error(
+            raise self._steps.error(
                 StepOrderError,
                 f"step #{seq + 1} of {self.operation!r} was {was!r} on an earlier attempt but is {name!r} now: "
                 "steps must run in the same order on every attempt. Nothing was run.",
             )
         return seq, rec
-
-    async def _put(self, seq: int, name: str, state: str, result: str | None) -> None:
-        await self._guard._store_call(self._put_now(seq, name, state, result))
-
-    async def _put_now(self, seq: int, name: str, state: str, result: str | None) -> None:
-        c, store = self._claim.call, self._guard._store
-        async with store.fenced(c.scope, c.key, self._claim.fence, self._guard._lease) as conn:
-            if conn is None:
-                raise self._guard._lease_lost(c, self._claim)
-            await conn.execute(store.sql.put_step, {
-                "scope": c.scope, "key": c.key, "origin": self._claim.origin, "name": name, "seq": seq,
-                "state": state, "fence": self._claim.fence, "result": result,
-            })
-
-    async def _clear(self, name: str) -> None:
-        c, store = self._claim.call, self._guard._store
-
-        async def clear() -> None:
-            async with store.fenced(c.scope, c.key, self._claim.fence, self._guard._lease) as conn:
-                if conn is not None:
-                    await conn.execute(store.sql.clear_step, {
-                        "scope": c.scope, "key": c.key, "origin": self._claim.origin, "name": name,
-                    })
-
-        await self._guard._store_call(clear())
 
     # -- phases ---------------------------------------------------------------------------------------
 
@@ -159,10 +164,8 @@ class Operation:
 
         On a retry or takeover a recorded step returns its stored result (same type) without running.
         """
-        from ._guard import _uncancellable
-
         seq, rec = await self._next(name)
-        codec: Codec = self._guard._codec_for(_return_hint(fn))
+        codec = self._steps.codec_for(_return_hint(fn))
         if rec is not None and rec[1] == DONE:
             assert rec[2] is not None
             return codec.decode(rec[2])
@@ -171,34 +174,27 @@ class Operation:
             found = await self._settle_unknown(name, seq, codec)
             if found is not None:
                 return found[0]
-        await self._put(seq, name, STARTED, None)
+        await self._steps.put(seq, name, STARTED, None)
         try:
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
                 value = await value
         except BaseException:
-            # It raised: its outcome is known (it failed). The mark is cleared through a short outage too.
-            await _uncancellable(self._guard._settled(
-                self._claim, f"clearing step {name!r}", lambda: self._clear(name), heartbeat=False
-            ))
+            await self._steps.clear(name)  # it raised: its outcome is known (it failed)
             raise
         try:
             encoded = codec.encode(value)
         except (TypeError, ValueError) as exc:
-            raise self._error(GuardError, f"the result of step {name!r} could not be stored ({exc}); the step ran, "
-                                          "so its outcome stays unknown for the next attempt") from None
-        # The step ran: its result is recorded through a short store outage (fenced, so redoing it is
-        # harmless), or a takeover would find it started and apply on_unknown.
-        await _uncancellable(self._guard._settled(
-            self._claim, f"recording step {name!r}", lambda: self._put(seq, name, DONE, encoded), heartbeat=False
-        ))
+            raise self._steps.error(GuardError, f"the result of step {name!r} could not be stored ({exc}); the "
+                                                "step ran, so its outcome stays unknown for the next attempt") from None
+        await self._steps.record(seq, name, encoded)
         return codec.decode(encoded)
 
     async def _settle_unknown(self, name: str, seq: int, codec: Codec) -> tuple[Any] | None:
         policy = self._on_unknown
-        self._guard._emit("takeover", self._claim.call, self._claim.attempt, f"unknown outcome of step {name!r}")
+        self._steps.report_unknown(name)
         if policy == "hold":
-            raise self._error(
+            raise self._steps.error(
                 OutcomeUnknownError,
                 f"step {name!r} of {self.operation!r} started on an earlier attempt whose worker died before "
                 "recording its outcome; on_unknown='hold', so nothing more was run. Settle it with "
@@ -211,7 +207,7 @@ class Operation:
             found = await self._reconcile(self, name, self.key(name))
             if found is not None:
                 encoded = codec.encode(found)
-                await self._put(seq, name, DONE, encoded)
+                await self._steps.put(seq, name, DONE, encoded)
                 return (codec.decode(encoded),)
         return None  # "retry", or reconciled as "did not happen": run it again with the same sub-key
 
@@ -220,28 +216,18 @@ class Operation:
         step and ``fn``'s result: the tool's local writes and the recovery point commit together or not at
         all. A recorded transaction returns its stored result without calling ``fn``."""
         seq, rec = await self._next(name)
-        codec: Codec = self._guard._codec_for(_return_hint(fn))
+        codec: Codec = self._steps.codec_for(_return_hint(fn))
         if rec is not None and rec[1] == DONE:
             assert rec[2] is not None
             decoded: T = codec.decode(rec[2])
             return decoded
-        c, store = self._claim.call, self._guard._store
 
-        async def run() -> str:
-            async with store.fenced(c.scope, c.key, self._claim.fence, self._guard._lease) as conn:
-                if conn is None:
-                    raise self._guard._lease_lost(c, self._claim)
-                value = await fn(conn)
-                try:
-                    encoded = codec.encode(value)
-                except (TypeError, ValueError) as exc:
-                    raise self._error(GuardError, f"the result of transaction {name!r} cannot be stored ({exc}); "
-                                                  "it was rolled back") from None
-                await conn.execute(store.sql.put_step, {
-                    "scope": c.scope, "key": c.key, "origin": self._claim.origin, "name": name, "seq": seq,
-                    "state": DONE, "fence": self._claim.fence, "result": encoded,
-                })
-                return encoded
+        def encode(value: Any) -> str:
+            try:
+                return codec.encode(value)
+            except (TypeError, ValueError) as exc:
+                raise self._steps.error(GuardError, f"the result of transaction {name!r} cannot be stored ({exc}); "
+                                                    "it was rolled back") from None
 
-        result: T = codec.decode(await self._guard._store_call(run()))
+        result: T = codec.decode(await self._steps.transaction(seq, name, fn, encode))
         return result

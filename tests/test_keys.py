@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from agentguard._flat import FlatSignature, flat_json
 from agentguard._keys import (
     MAX_DEPTH,
-    FlatSignature,
     _canonical,
     _compact,
-    _flat,
     _general,
     _unicode,
     argument_hashes,
@@ -68,7 +67,7 @@ def test_fast_paths_match_the_canonical_encoder() -> None:
     for _ in range(500):
         args = {"".join(rng.choice("abcé_$") for _ in range(rng.randrange(1, 6))): _random_value(rng)
                 for _ in range(rng.randrange(4))}
-        flat = _flat(args)
+        flat = flat_json(args)
         if flat is not None:
             assert flat == _general(args)
         parts = [str(_random_value(rng)) for _ in range(3)]
@@ -216,7 +215,7 @@ def test_canonical_form_is_pinned(arguments: dict[str, Any], text: str, digest: 
     assert _general(arguments) == text
     assert fingerprint(arguments) == digest == hashlib.sha256(text.encode()).hexdigest()
     assert json.loads(text)  # plain JSON
-    flat = _flat(arguments)
+    flat = flat_json(arguments)
     assert flat is None or flat == text
 
 

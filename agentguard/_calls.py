@@ -1,0 +1,192 @@
+"""A guarded call and what becomes of it: the values the state machine passes around, and how a call is built
+from a tool, its arguments and the task it belongs to.
+
+``Call``: who (scope, task), what (operation, key, fingerprint) and how (codec, cached errors, conflict
+policy). ``Claim``: a call whose key this worker holds, with its fence. ``Replay``: a call answered by a
+stored record. ``Outcome``: what :meth:`Guard.run` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from . import _codec
+from ._codec import Codec
+from ._context import DEFAULT_SCOPE, MAX_OPERATION, MAX_SCOPE, MAX_TASK_ID, check_id, check_task_id, current_task
+from ._errors import GuardError, MissingTaskError
+from ._flat import FlatSignature, flat_fingerprint
+from ._keys import argument_hashes, derive_key, hashes_json, operation_name
+from .stores import FAILED, Record
+
+if TYPE_CHECKING:
+    from ._lease import Heartbeat
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """The result of :meth:`Guard.run`: the (decoded, stored) value and whether it was a replay."""
+
+    value: T
+    replayed: bool
+    key: str
+    operation: str
+    task_id: str
+    scope: str
+
+
+@dataclass(slots=True)
+class Call:
+    scope: str
+    task_id: str
+    operation: str
+    key: str
+    fp_args: Mapping[str, Any]
+    fingerprint: str
+    codec: Codec
+    cache_errors: tuple[type[BaseException], ...]
+    on_conflict: str
+    wait_timeout: float | None
+    tool: str
+    audit: str | None = None
+    arguments: str | None = None  # stored only for resumable tools
+    _hashes: dict[str, str] | None = None
+    _hashes_json: str | None = None
+    flat: tuple[FlatSignature, list[str]] | None = None  # the arguments' canonical JSON, if all are flat
+
+    @property
+    def arg_hashes(self) -> dict[str, str]:
+        """One short hash per argument (stored at the claim, so a reuse error can name what differs);
+        computed only when a claim or an error needs it, never on a cached replay."""
+        if self._hashes is None:
+            self._hashes = argument_hashes(self.fp_args) if self.flat is None else self.flat[0].hashes(self.flat[1])
+        return self._hashes
+
+    @property
+    def arg_hashes_json(self) -> str:
+        if self._hashes_json is None:
+            flat = self.flat
+            self._hashes_json = hashes_json(self.arg_hashes) if flat is None else flat[0].hashes_json(flat[1])
+        return self._hashes_json
+
+    def error(self, cls: type[GuardError], message: str, **kw: Any) -> Any:
+        """``cls(message)`` carrying this call's identity."""
+        return cls(message, key=self.key, task_id=self.task_id, operation=self.operation, scope=self.scope, **kw)
+
+
+class Claim:
+    """A call whose key this worker holds: its fence, attempt and origin, and its heartbeat's bookkeeping."""
+
+    __slots__ = ("attempt", "beat", "call", "fence", "origin", "renewal", "renewed")
+
+    def __init__(self, call: Call, fence: int, attempt: int, origin: int) -> None:
+        self.call = call
+        self.fence = fence
+        self.attempt = attempt
+        self.origin = origin
+        self.beat: Heartbeat | None = None
+        self.renewed = 0.0  # loop time of the claim or of its last renewal
+        self.renewal: asyncio.Task[None] | None = None
+
+
+class Replay:
+    """A call answered by a stored terminal record."""
+
+    __slots__ = ("call", "record")
+
+    def __init__(self, call: Call, record: Record) -> None:
+        self.call = call
+        self.record = record
+
+    def result(self) -> Any:
+        rec, call = self.record, self.call
+        assert rec.result is not None
+        if rec.state == FAILED:
+            raise _codec.decode_error(rec.result, call.cache_errors)
+        try:
+            return call.codec.decode(rec.result)
+        except Exception as exc:  # the stored value no longer fits the tool's return type
+            raise call.error(
+                GuardError, f"the stored result of {call.operation!r} cannot be decoded as "
+                f"{call.codec.annotation!r} ({exc}); the tool was not run again",
+            ) from None
+
+
+# -- building calls ---------------------------------------------------------------------------------------
+
+
+def make_call(
+    tool: str,
+    arguments: Mapping[str, Any],
+    key_values: Mapping[str, Any] | str | None,
+    task_id: str | None,
+    scope: str | None,
+    codec: Codec,
+    cache_errors: tuple[type[BaseException], ...],
+    on_conflict: str,
+    wait_timeout: float | None,
+    audit: str | None = None,
+) -> Call:
+    """A call of ``tool`` in the given task (else the ``task(...)`` context's), whatever its arguments."""
+    if scope is not None:
+        scope = check_id(scope, "scope", MAX_SCOPE)
+    if task_id is None:
+        info = current_task()
+        if info is None:
+            raise no_task(tool)
+        task_id, scope = info.task_id, scope or info.scope
+    else:
+        task_id = check_task_id(task_id, source="task_id=", tool=tool)
+    scope = scope or DEFAULT_SCOPE
+    if type(key_values) is str:  # (a key callable's result, or run(key="...")): stored in the operation
+        key_values = check_id(key_values, f"the key of {tool!r}", MAX_TASK_ID)
+    fp = flat_fingerprint(arguments)
+    operation = operation_name(tool, key_values)
+    # (positional: this is on every call's path)
+    return Call(scope, task_id, operation, derive_key(scope, task_id, operation), arguments, fp, codec,
+                cache_errors, on_conflict, wait_timeout, tool, audit)
+
+
+def flat_call(
+    flat: FlatSignature, values: list[str], arguments: Mapping[str, Any], codec: Codec,
+    cache_errors: tuple[type[BaseException], ...], on_conflict: str, wait_timeout: float | None,
+) -> Call:
+    """``make_call`` for a decorated tool whose arguments are all flat (str/int/bool/None), in the task
+    context: the same identity from one pass over the arguments' canonical JSON (see ``agentguard._flat``)."""
+    info = current_task()
+    if info is None:
+        raise no_task(flat.tool)
+    scope, task_id = info.scope, info.task_id
+    operation, key, fp = flat.identity(scope, task_id, values)
+    return Call(scope, task_id, operation, key, arguments, fp, codec, cache_errors, on_conflict, wait_timeout,
+                flat.tool, None, None, None, None, (flat, values))
+
+
+def no_task(tool: str) -> MissingTaskError:
+    return MissingTaskError(
+        f"no task id for {tool!r}: call it inside `with agentguard.task(<task id>):` (or give the adapter a "
+        "task_id); the tool was not run",
+        operation=tool,
+    )
+
+
+def check_operation(operation: object) -> str:
+    """An operation (tool) name: a str (TypeError otherwise) that follows the id rule (ValueError)."""
+    if not isinstance(operation, str):
+        raise TypeError(f"operation must be a string naming the operation, got {type(operation).__name__} "
+                        f"{operation!r}")
+    return check_id(operation, "operation", MAX_OPERATION)
+
+
+def check_errors(cache_errors: Any) -> tuple[type[BaseException], ...]:
+    if isinstance(cache_errors, type):
+        cache_errors = (cache_errors,)
+    if not isinstance(cache_errors, tuple | list) or not all(
+        isinstance(c, type) and issubclass(c, Exception) for c in cache_errors
+    ):
+        raise TypeError(f"cache_errors must be a tuple of Exception classes, got {cache_errors!r}")
+    return tuple(cache_errors)

@@ -1,0 +1,391 @@
+"""The state machine of one guarded call, written once: derive -> claim -> replay | conflict | run ->
+record | release.
+
+``begin`` decides (replay a stored outcome, refuse, wait for a caller in flight, or claim the key and run);
+``succeed`` and ``fail`` record what the body did. The async driver and the sync driver are a few lines each
+and differ only in where the body runs: the caller's task, or the caller's thread with the store calls sent
+to the guard's portal loop.
+
+The rules each line keeps (see docs/architecture.md): claim by insert, never check-then-insert; tolerate the
+winner's row vanishing; fence every write after the claim; never clean up inside a failed transaction; retry
+a write after the body through a short outage rather than let a takeover run the body again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from . import _codec
+from ._cache import ReplayCache
+from ._calls import Call, Claim, Replay
+from ._context import _key
+from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, StoreError
+from ._events import Events
+from ._lease import Heartbeats, new_fence, new_owner
+from ._portal import Portal
+from .stores import FAILED, RUNNING, SUCCEEDED, Record
+from .stores import SQLStore as Store
+
+log = logging.getLogger("agentguard")
+T = TypeVar("T")
+
+REPLAYING_MAX = 4096  # tasks remembered as replaying (see Engine.begin)
+MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
+
+# The claim of the multi-step call in progress, for the ``Operation`` parameter it receives.
+active_claim: contextvars.ContextVar[Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
+
+
+async def uncancellable(aw: Awaitable[T]) -> T:
+    """Finish ``aw`` even if we are cancelled meanwhile, then deliver the cancellation.
+
+    Recording an outcome or releasing a claim must not be split by a client timeout.
+    """
+    inner = asyncio.ensure_future(aw)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(inner)
+            break
+        except asyncio.CancelledError:
+            if inner.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+async def _recorded(step: Callable[[Claim, Any], Awaitable[T]], claim: Claim, arg: Any) -> T:
+    """Run a recording step (succeed, fail) directly — no task, no shield on the happy path. If we are
+    cancelled while it runs, its statement may or may not have committed: run it again to completion (every
+    write is fenced, so a second attempt is harmless), then deliver the cancellation."""
+    try:
+        return await step(claim, arg)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await uncancellable(step(claim, arg))
+        raise
+
+
+class Engine:
+    """The state machine, bound to one store and one guard's settings."""
+
+    def __init__(
+        self, store: Store, portal: Portal, *, lease: float, retention: float, window: float, events: Events,
+        cache: ReplayCache,
+    ) -> None:
+        self.store = store
+        self.portal = portal
+        self.lease = lease
+        self.retention = retention
+        self.window = window
+        self.events = events
+        self.cache = cache
+        self.beats = Heartbeats(lease, self.renew)
+        # Tasks whose last call here was a replay (a resumed agent replaying its history): their next call is
+        # read with a plain SELECT first (see begin). Advisory, bounded.
+        self.replaying: dict[tuple[str, str], None] = {}
+
+    async def store_call(self, coro: Coroutine[Any, Any, T]) -> T:
+        # An in-memory SQLite database lives on one connection, so it lives on the portal loop.
+        return await (self.portal.arun(coro) if self.store.memory else coro)
+
+    # -- answers that are not a run ---------------------------------------------------------------------
+
+    def reuse_error(self, call: Call, rec: Record) -> KeyReuseError:
+        try:
+            stored: dict[str, str] = json.loads(rec.arg_hashes)
+        except ValueError:
+            stored = {}
+        names = sorted(n for n in stored.keys() | call.arg_hashes.keys() if stored.get(n) != call.arg_hashes.get(n))
+        differ = ", ".join(names) or "unknown arguments"
+        self.events.emit("key_reuse", call, rec.attempts, differ)
+        return call.error(  # type: ignore[no-any-return]
+            KeyReuseError, f"{call.operation!r} in task {call.task_id!r} was already called with different "
+            f"arguments (differing: {differ}); the tool was not run. Use a new task id for a different operation.",
+            differing=names,
+        )
+
+    def in_progress(self, call: Call, rec: Record, why: str) -> InProgressError:
+        return call.error(  # type: ignore[no-any-return]
+            InProgressError, f"{call.operation!r} in task {call.task_id!r} is being run by another caller "
+            f"(attempt {rec.attempts}); {why}. This call did not run it; retry the same call shortly.",
+        )
+
+    def lease_lost(self, claim: Claim) -> LeaseLostError:
+        call = claim.call
+        self.events.emit("lease_lost", call, claim.attempt, "result refused")
+        return call.error(  # type: ignore[no-any-return]
+            LeaseLostError, f"the lease on {call.operation!r} in task {call.task_id!r} expired and another "
+            "worker took over; this worker's outcome was not stored and the other worker's stands",
+        )
+
+    def cached(self, call: Call) -> Replay | None:
+        """A replay served from the in-process cache: no round trip (raises on a fingerprint mismatch)."""
+        rec = self.cache.get(call.scope, call.key)
+        if rec is None:
+            return None
+        if rec.fingerprint != call.fingerprint:
+            raise self.reuse_error(call, rec)
+        self.events.emit("replayed", call, rec.attempts, "from the in-process cache")
+        return Replay(call, rec)
+
+    def replayed(self, call: Call, rec: Record) -> Replay:
+        """A terminal record with our fingerprint, read from the store: replay it (and remember the task)."""
+        self.events.emit("replayed", call, rec.attempts)
+        self.cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
+        if self.store.read_is_cheaper:
+            replaying = self.replaying
+            if len(replaying) >= REPLAYING_MAX:
+                replaying.clear()
+            replaying[(call.scope, call.task_id)] = None
+        return Replay(call, rec)
+
+    def remember(self, claim: Claim, state: str, stored: str, started: float) -> None:
+        call = claim.call
+        if self.cache.maxsize:
+            rec = Record(call.scope, call.key, state, claim.fence, call.fingerprint, call.arg_hashes_json, stored,
+                         claim.attempt, None, call.task_id, call.operation, False, False, self.retention,
+                         claim.origin)
+            self.cache.put(rec, started + self.retention)
+
+    # -- claim --------------------------------------------------------------------------------------------
+
+    def claimed(self, call: Call, fence: int, attempt: int, origin: int) -> Claim:
+        claim = Claim(call, fence, attempt, origin)
+        self.beats.start(claim)
+        return claim
+
+    async def renew(self, claim: Claim) -> None:
+        # A lease is not a lock: renew it while the body runs; every write stays fenced anyway.
+        call = claim.call
+        try:
+            if not await self.store.renew(call.scope, call.key, claim.fence, self.lease):
+                self.events.emit("lease_lost", call, claim.attempt, "renewal found the claim taken over")
+        except GuardError as exc:
+            claim.renewed = float("-inf")  # due again at the next tick, not a third of a lease later
+            log.warning("could not renew the lease of %s: %s", call.operation, exc)
+
+    async def begin(self, call: Call) -> Claim | Replay:
+        store = self.store
+        if store.read_is_cheaper and (call.scope, call.task_id) in self.replaying:
+            # The task's previous call here was a replay, so this one likely is too: a plain SELECT costs less
+            # than the claim statement (Postgres). Only a completed record is acted on; anything else (none,
+            # running, released, past retention) goes to the claim below, which decides.
+            rec = await store.read(call.scope, call.key)
+            if rec is not None and rec.state in (SUCCEEDED, FAILED) and not rec.expired:
+                if rec.fingerprint != call.fingerprint:
+                    raise self.reuse_error(call, rec)
+                return self.replayed(call, rec)
+            self.replaying.pop((call.scope, call.task_id), None)
+        owner = new_owner()
+        params: dict[str, Any] = {
+            "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
+            "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json, "owner": owner,
+            "lease": self.lease, "retention": self.retention, "audit": call.audit, "tool": call.tool,
+            "arguments": call.arguments, "fence": new_fence(),
+        }
+        deadline: float | None = None
+        delay, vanished = 0.01, 0
+        while True:
+            # Claim by insert, never check-then-insert: one statement decides.
+            try:
+                got = await store.claim(params)
+            except asyncio.CancelledError:
+                await self._undo_claim(call, owner)
+                raise
+            if isinstance(got, int):
+                self.events.emit("claimed", call, 1)
+                return self.claimed(call, got, 1, got)
+            rec = got
+            if rec is None:
+                # The winner's row vanished (swept) between our insert and our read: claim again.
+                vanished += 1
+                if vanished >= MAX_VANISHED:
+                    raise call.error(InProgressError, f"the record of {call.operation!r} kept vanishing while "
+                                                      "being claimed; the tool was not run. Retry the same call "
+                                                      "shortly.")
+                continue
+            if rec.owner == owner and rec.state == RUNNING:
+                # Our own insert committed but its reply was lost to a reconnect.
+                self.events.emit("claimed", call, rec.attempts)
+                return self.claimed(call, rec.fence, rec.attempts, rec.origin)
+            stale = rec.expired and not rec.live  # past retention: a new operation
+            if not stale:
+                if rec.fingerprint != call.fingerprint:
+                    raise self.reuse_error(call, rec)
+                if rec.state in (SUCCEEDED, FAILED):
+                    return self.replayed(call, rec)
+            if stale or not rec.live:
+                try:
+                    took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
+                except asyncio.CancelledError:
+                    await self._undo_claim(call, owner)
+                    raise
+                if took is not None:
+                    attempt = 1 if stale else rec.attempts + 1
+                    self.events.emit("takeover" if not stale else "claimed", call, attempt,
+                                     f"previous state {rec.state}" if not stale else "previous record expired")
+                    return self.claimed(call, took[0], attempt, took[1])
+                continue  # another caller took it first: look again
+            if call.on_conflict == "raise":
+                raise self.in_progress(call, rec, "on_conflict='raise'")
+            now = asyncio.get_running_loop().time()
+            if deadline is None:
+                deadline = now + call.wait_timeout if call.wait_timeout is not None else float("inf")
+                self.events.emit("waiting", call, rec.attempts)
+            if now >= deadline:
+                raise self.in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
+            await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - now, 0.001)))
+            delay = min(delay * 1.6, 0.5)
+
+    async def _undo_claim(self, call: Call, owner: str) -> None:
+        """We were cancelled while claiming: if the claim committed, it is ours (owner token) — release it
+        rather than leave it held until the lease runs out."""
+        with contextlib.suppress(Exception):
+            await uncancellable(self.store.release_owned(call.scope, call.key, owner, self.retention))
+
+    # -- record -------------------------------------------------------------------------------------------
+
+    async def settled(
+        self, claim: Claim, what: str, write: Callable[[], Awaitable[T]], *, heartbeat: bool = True
+    ) -> T:
+        """A store write made after the body ran: the completion, a release, a step's result.
+
+        Each is fenced and idempotent for its fence, so through a short outage it is redone (each attempt
+        reconnecting, with backoff) until it lands or ``outage_window`` passes; giving up sooner would leave
+        the claim held and let a takeover run the body a second time. ``heartbeat``: the body is over and its
+        heartbeat stopped, so renew the lease while waiting (stopped again before each attempt, so a renewal
+        never races the write). Only a longer outage ends in ``StoreError(body_ran=True)``.
+        """
+        try:
+            return await write()
+        except StoreError as exc:
+            if not exc.transient or self.window <= 0:
+                raise
+            error = exc
+        call = claim.call
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.window
+        log.warning("the store failed while %s of %s (%s); retrying for up to %gs", what, call.operation,
+                    error, self.window)
+        delay = 0.05
+        while True:
+            if heartbeat and claim.beat is not None:
+                claim.beat.resume(claim, loop)
+            await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - loop.time(), 0.0)))
+            if heartbeat and (renewal := self.beats.stop(claim)) is not None:
+                await renewal
+            try:
+                result = await write()
+            except StoreError as exc:
+                if not exc.transient or loop.time() >= deadline:
+                    raise call.error(StoreError, f"{exc} (retried for {self.window:g}s, the guard's "
+                                     "outage_window)", body_ran=True, transient=exc.transient) from exc
+                delay = min(delay * 2, 1.0)
+                continue
+            log.info("%s of %s landed after the store came back", what.capitalize(), call.operation)
+            return result
+
+    async def succeed(self, claim: Claim, value: Any) -> Any:
+        call = claim.call
+        if (renewal := self.beats.stop(claim)) is not None:
+            await renewal
+        try:
+            encoded, decoded = call.codec.store(value)
+        except (TypeError, ValueError) as exc:
+            self.events.emit("not_stored", call, claim.attempt, str(exc))
+            raise call.error(GuardError, f"the result of {call.operation!r} could not be stored ({exc}); the tool "
+                             "body already ran, so the claim is left held: after the lease expires the next caller "
+                             "takes over with the same downstream key") from None
+        started = time.monotonic()  # before the database computes expires_at: the cache entry dies first
+        store = self.store
+        if not await self.settled(claim, "storing the result", lambda: store.complete(
+            call.scope, call.key, claim.fence, SUCCEEDED, encoded, self.retention
+        )):
+            raise self.lease_lost(claim)
+        self.remember(claim, SUCCEEDED, encoded, started)
+        self.events.emit("completed", call, claim.attempt)
+        return decoded
+
+    async def fail(self, claim: Claim, exc: BaseException) -> None:
+        call, store = claim.call, self.store
+        if (renewal := self.beats.stop(claim)) is not None:
+            await renewal
+        if isinstance(exc, Exception) and call.cache_errors and isinstance(exc, call.cache_errors):
+            stored = _codec.encode_error(exc)
+            started = time.monotonic()
+            if not await self.settled(claim, "storing the cached error", lambda: store.complete(
+                call.scope, call.key, claim.fence, FAILED, stored, self.retention
+            )):
+                raise self.lease_lost(claim) from exc
+            self.remember(claim, FAILED, stored, started)
+            self.events.emit("completed", call, claim.attempt, f"cached error {type(exc).__name__}")
+            return
+        # Released in its own statement on a fresh connection, never inside a failed transaction.
+        try:
+            released = await self.settled(claim, "releasing the claim", lambda: store.release(
+                call.scope, call.key, claim.fence, self.retention
+            ))
+        except GuardError as store_exc:
+            exc.add_note(f"agentguard: the claim could not be released ({store_exc}); it expires with its lease")
+            return
+        if released:
+            self.events.emit("released", call, claim.attempt, type(exc).__name__)
+        else:
+            self.events.emit("lease_lost", call, claim.attempt, "release refused")
+
+    # -- drivers ------------------------------------------------------------------------------------------
+
+    async def drive(
+        self, call: Call, body: Callable[[str], Awaitable[T]], *, multi_step: bool = False
+    ) -> tuple[T, bool]:
+        memory = self.store.memory
+        outcome: Claim | Replay | None = self.cached(call)
+        if outcome is None:
+            outcome = await (self.portal.arun(self.begin(call)) if memory else self.begin(call))
+        if isinstance(outcome, Replay):
+            return outcome.result(), True
+        claim = outcome
+        token = _key.set(call.key)
+        claim_token = active_claim.set(claim) if multi_step else None  # for the Operation parameter
+        try:
+            value = await body(call.key)
+        except BaseException as exc:
+            await _recorded(self._on_portal(self.fail) if memory else self.fail, claim, exc)
+            raise
+        finally:
+            _key.reset(token)
+            if claim_token is not None:
+                active_claim.reset(claim_token)
+        return await _recorded(self._on_portal(self.succeed) if memory else self.succeed, claim, value), False
+
+    def _on_portal(self, step: Callable[[Claim, Any], Coroutine[Any, Any, T]]) -> Callable[[Claim, Any], Awaitable[T]]:
+        """A recording step run on the portal's loop, where an in-memory store lives."""
+        return lambda claim, arg: self.portal.arun(step(claim, arg))
+
+    def drive_sync(self, call: Call, body: Callable[[str], T]) -> tuple[T, bool]:
+        portal = self.portal
+        outcome: Claim | Replay | None = self.cached(call)
+        if outcome is None:
+            outcome = portal.run(self.begin(call))
+        if isinstance(outcome, Replay):
+            return outcome.result(), True
+        token = _key.set(call.key)
+        try:
+            value = body(call.key)
+        except BaseException as exc:
+            portal.run(self.fail(outcome, exc))
+            raise
+        finally:
+            _key.reset(token)
+        return portal.run(self.succeed(outcome, value)), False

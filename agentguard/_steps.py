@@ -1,0 +1,118 @@
+"""The engine's side of a multi-step operation: the ``StepLog`` an ``Operation`` runs on.
+
+Every write is fenced on the claim (a transaction that first re-checks, locks and renews it), so a worker
+whose claim was taken over records nothing; a step's result, and the clearing of a step that raised, are
+written through a short store outage (the step already ran: losing its record would leave its outcome
+unknown for the next attempt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._calls import Claim
+from ._codec import Codec
+from ._engine import Engine, uncancellable
+from ._errors import GuardError
+from ._operation import Row
+from .stores import DONE
+
+
+class ClaimSteps:
+    """The steps of the operation a claim runs (implements ``agentguard._operation.StepLog``)."""
+
+    __slots__ = ("_claim", "_codec_for", "_engine")
+
+    def __init__(self, engine: Engine, claim: Claim, codec_for: Callable[[Any], Codec]) -> None:
+        self._engine = engine
+        self._claim = claim
+        self._codec_for = codec_for
+
+    @property
+    def key(self) -> str:
+        return self._claim.call.key
+
+    @property
+    def task_id(self) -> str:
+        return self._claim.call.task_id
+
+    @property
+    def scope(self) -> str:
+        return self._claim.call.scope
+
+    @property
+    def operation(self) -> str:
+        return self._claim.call.operation
+
+    @property
+    def attempt(self) -> int:
+        return self._claim.attempt
+
+    def codec_for(self, annotation: Any) -> Codec:
+        return self._codec_for(annotation)
+
+    def error(self, cls: type[GuardError], message: str, **kw: Any) -> Any:
+        return self._claim.call.error(cls, message, **kw)
+
+    def report_unknown(self, step: str) -> None:
+        self._engine.events.emit("takeover", self._claim.call, self._claim.attempt, f"unknown outcome of step {step!r}")
+
+    async def load(self) -> list[Row]:
+        c, engine = self._claim.call, self._engine
+        return await engine.store_call(engine.store.load_steps(c.scope, c.key, self._claim.origin))
+
+    async def put(self, seq: int, name: str, state: str, result: str | None) -> None:
+        await self._engine.store_call(self._put(seq, name, state, result))
+
+    async def _put(self, seq: int, name: str, state: str, result: str | None) -> None:
+        claim, store = self._claim, self._engine.store
+        c = claim.call
+        async with store.fenced(c.scope, c.key, claim.fence, self._engine.lease) as conn:
+            if conn is None:
+                raise self._engine.lease_lost(claim)
+            await conn.execute(store.sql.put_step, {
+                "scope": c.scope, "key": c.key, "origin": claim.origin, "name": name, "seq": seq,
+                "state": state, "fence": claim.fence, "result": result,
+            })
+
+    async def record(self, seq: int, name: str, result: str) -> None:
+        await uncancellable(self._engine.settled(
+            self._claim, f"recording step {name!r}", lambda: self.put(seq, name, DONE, result), heartbeat=False
+        ))
+
+    async def clear(self, name: str) -> None:
+        await uncancellable(self._engine.settled(
+            self._claim, f"clearing step {name!r}", lambda: self._engine.store_call(self._clear(name)),
+            heartbeat=False,
+        ))
+
+    async def _clear(self, name: str) -> None:
+        claim, store = self._claim, self._engine.store
+        c = claim.call
+        async with store.fenced(c.scope, c.key, claim.fence, self._engine.lease) as conn:
+            if conn is not None:
+                await conn.execute(store.sql.clear_step, {
+                    "scope": c.scope, "key": c.key, "origin": claim.origin, "name": name,
+                })
+
+    async def transaction(
+        self, seq: int, name: str, fn: Callable[[AsyncConnection], Awaitable[Any]], encode: Callable[[Any], str]
+    ) -> str:
+        claim, engine = self._claim, self._engine
+        store, c = engine.store, claim.call
+
+        async def run() -> str:
+            async with store.fenced(c.scope, c.key, claim.fence, engine.lease) as conn:
+                if conn is None:
+                    raise engine.lease_lost(claim)
+                encoded = encode(await fn(conn))
+                await conn.execute(store.sql.put_step, {
+                    "scope": c.scope, "key": c.key, "origin": claim.origin, "name": name, "seq": seq,
+                    "state": DONE, "fence": claim.fence, "result": encoded,
+                })
+                return encoded
+
+        return await engine.store_call(run())
