@@ -11,7 +11,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 from . import _codec
 from ._cache import ReplayCache
@@ -26,7 +26,7 @@ from ._portal import Portal
 from ._spec import KeyOption, Spec
 from .stores import Listing, SQLStore
 
-__all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "Outcome"]
+__all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "Outcome", "RunOptions"]
 
 log = logging.getLogger("agentguard")
 
@@ -38,6 +38,20 @@ DEFAULT_URL = "sqlite+aiosqlite:///agentguard.db"
 DEFAULT_LEASE = 30.0
 DEFAULT_RETENTION = timedelta(days=7)
 _UNSET: Any = object()
+
+
+class RunOptions(TypedDict, total=False):
+    """The options of :meth:`Guard.run` and :meth:`Guard.run_sync`."""
+
+    arguments: Mapping[str, Any] | None
+    key: Mapping[str, Any] | str | None
+    task_id: str | None
+    scope: str | None
+    returns: Any
+    cache_errors: tuple[type[BaseException], ...]
+    on_conflict: Literal["wait", "raise"] | None
+    wait_timeout: float | None
+    audit: Mapping[str, Any] | None
 
 
 def _seconds(value: float | timedelta, what: str) -> float:
@@ -183,61 +197,38 @@ class Guard:
 
     # -- guarding calls -------------------------------------------------------------------------------
 
-    def _run_call(
-        self, operation: str, arguments: Mapping[str, Any] | None, key: Mapping[str, Any] | str | None,
-        task_id: str | None, scope: str | None, returns: Any, cache_errors: tuple[type[BaseException], ...],
-        on_conflict: str | None, wait_timeout: float | None, audit: Mapping[str, Any] | None,
-    ) -> Call:
+    def _run_call(self, operation: str, options: RunOptions) -> Call:
+        unknown = options.keys() - RunOptions.__annotations__.keys()
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         check_operation(operation)
+        wait_timeout, audit = options.get("wait_timeout"), options.get("audit")
         return make_call(
-            operation, arguments or {}, key, task_id, scope, self._codec_for(returns), check_errors(cache_errors),
-            on_conflict or self._on_conflict, self._wait_timeout if wait_timeout is None else wait_timeout,
+            operation, options.get("arguments") or {}, options.get("key"), options.get("task_id"),
+            options.get("scope"), self._codec_for(options.get("returns", Any)),
+            check_errors(options.get("cache_errors", ())), options.get("on_conflict") or self._on_conflict,
+            self._wait_timeout if wait_timeout is None else wait_timeout,
             None if audit is None else _codec.dumps(dict(audit)),
         )
 
     async def run(
-        self,
-        operation: str,
-        body: Callable[[str], Awaitable[T]],
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        key: Mapping[str, Any] | str | None = None,
-        task_id: str | None = None,
-        scope: str | None = None,
-        returns: Any = Any,
-        cache_errors: tuple[type[BaseException], ...] = (),
-        on_conflict: Literal["wait", "raise"] | None = None,
-        wait_timeout: float | None = None,
-        audit: Mapping[str, Any] | None = None,
+        self, operation: str, body: Callable[[str], Awaitable[T]], **options: Unpack[RunOptions]
     ) -> Outcome[T]:
         """Guard one call without a decorator (for adapters and proxies).
 
-        ``body`` receives the downstream key. ``arguments`` are fingerprinted; ``key`` holds the values
-        that tell operations apart within a task. ``audit`` is stored beside the record, never in the key.
+        ``body`` receives the downstream key. ``arguments`` are fingerprinted; ``key`` holds the values that
+        tell operations apart within a task (a mapping, or a string); ``task_id`` and ``scope`` default to the
+        ``task(...)`` context; ``returns`` is the result's type (stored and replayed through it);
+        ``cache_errors`` are exception classes stored and replayed like results; ``on_conflict`` and
+        ``wait_timeout`` override the guard's; ``audit`` is stored beside the record, never in the key.
         """
-        call = self._run_call(operation, arguments, key, task_id, scope, returns, cache_errors, on_conflict,
-                              wait_timeout, audit)
+        call = self._run_call(operation, options)
         value, replayed = await self._engine.drive(call, body)
         return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
 
-    def run_sync(
-        self,
-        operation: str,
-        body: Callable[[str], T],
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        key: Mapping[str, Any] | str | None = None,
-        task_id: str | None = None,
-        scope: str | None = None,
-        returns: Any = Any,
-        cache_errors: tuple[type[BaseException], ...] = (),
-        on_conflict: Literal["wait", "raise"] | None = None,
-        wait_timeout: float | None = None,
-        audit: Mapping[str, Any] | None = None,
-    ) -> Outcome[T]:
+    def run_sync(self, operation: str, body: Callable[[str], T], **options: Unpack[RunOptions]) -> Outcome[T]:
         """:meth:`run` for sync code: ``body`` runs in this thread; store calls go to the guard's portal."""
-        call = self._run_call(operation, arguments, key, task_id, scope, returns, cache_errors, on_conflict,
-                              wait_timeout, audit)
+        call = self._run_call(operation, options)
         value, replayed = self._engine.drive_sync(call, body)
         return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
 

@@ -148,12 +148,8 @@ def _other(value: Any, depth: int) -> Any:
         return _float(float.__float__(value))
     if isinstance(value, decimal.Decimal):
         return {"$decimal": _decimal(value)}
-    if isinstance(value, dt.datetime):
-        return {"$datetime": value.isoformat()}
-    if isinstance(value, dt.date):
-        return {"$date": value.isoformat()}
-    if isinstance(value, dt.time):
-        return {"$time": value.isoformat()}
+    if isinstance(value, _ISO_TYPES):
+        return _iso(value)
     if isinstance(value, dt.timedelta):
         return {"$timedelta": (value.days * 86400 + value.seconds) * 1_000_000 + value.microseconds}
     if isinstance(value, uuid.UUID):
@@ -179,6 +175,16 @@ def _other(value: Any, depth: int) -> Any:
             raise TypeError(f"{type(value).__qualname__} has an unset field ({exc})") from None
         return {"$dataclass": [_path(type(value)), _object(fields, depth + 1)]}
     raise TypeError(f"cannot canonicalise a value of type {type(value).__qualname__}")
+
+
+# datetime before date: a datetime is a date too.
+_ISO = ((dt.datetime, "$datetime"), (dt.date, "$date"), (dt.time, "$time"))
+_ISO_TYPES = (dt.datetime, dt.date, dt.time)
+
+
+def _iso(value: dt.date | dt.time) -> dict[str, str]:
+    tag = next(tag for cls, tag in _ISO if isinstance(value, cls))
+    return {tag: value.isoformat()}
 
 
 def _decimal(value: decimal.Decimal) -> str:
@@ -343,12 +349,8 @@ def _legacy_default(obj: Any) -> Any:
         return _legacy_normalise(obj.model_dump(mode="json"))
     if isinstance(obj, decimal.Decimal):
         return {"$decimal": str(obj.normalize())}
-    if isinstance(obj, dt.datetime):
-        return {"$datetime": obj.isoformat()}
-    if isinstance(obj, dt.date):
-        return {"$date": obj.isoformat()}
-    if isinstance(obj, dt.time):
-        return {"$time": obj.isoformat()}
+    if isinstance(obj, _ISO_TYPES):
+        return _iso(obj)
     if isinstance(obj, dt.timedelta):
         return {"$timedelta": obj.total_seconds()}
     if isinstance(obj, uuid.UUID):

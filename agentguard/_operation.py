@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, overload
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -21,7 +21,7 @@ from ._errors import GuardError, OutcomeUnknownError, StepOrderError
 from ._keys import sub_key
 from .stores import DONE, STARTED
 
-__all__ = ["Operation", "Reconcile", "StepLog", "StepOrderError"]
+__all__ = ["Identity", "Operation", "Reconcile", "StepLog", "StepOrderError"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -37,24 +37,22 @@ def _return_hint(fn: Any) -> Any:
         return Any
 
 
+class Identity(NamedTuple):
+    """Whose steps: the operation's downstream key, task, scope and name, and this attempt's number."""
+
+    key: str
+    task_id: str
+    scope: str
+    operation: str
+    attempt: int
+
+
 class StepLog(Protocol):
     """What an ``Operation`` needs of the claim it runs under: its identity and its recorded steps, every
     write fenced on the claim (``LeaseLostError`` once another worker took it over). The engine provides it."""
 
     @property
-    def key(self) -> str: ...
-
-    @property
-    def task_id(self) -> str: ...
-
-    @property
-    def scope(self) -> str: ...
-
-    @property
-    def operation(self) -> str: ...
-
-    @property
-    def attempt(self) -> int: ...
+    def identity(self) -> Identity: ...
 
     def codec_for(self, annotation: Any) -> Codec: ...
 
@@ -95,28 +93,29 @@ class Operation:
     @property
     def downstream_key(self) -> str:
         """The operation's own downstream key (what ``idempotency_key`` receives)."""
-        return self._steps.key
+        return self._steps.identity.key
 
     @property
     def task_id(self) -> str:
-        return self._steps.task_id
+        return self._steps.identity.task_id
 
     @property
     def scope(self) -> str:
-        return self._steps.scope
+        return self._steps.identity.scope
 
     @property
     def operation(self) -> str:
-        return self._steps.operation
+        return self._steps.identity.operation
 
     @property
     def attempt(self) -> int:
-        return self._steps.attempt
+        """1 on the first claim, one more on each takeover."""
+        return self._steps.identity.attempt
 
     def key(self, name: str) -> str:
         """A sub-key for the foreign call of step ``name``: per step, per operation, per task; identical on
         every attempt and takeover."""
-        return sub_key(self._steps.key, name)
+        return sub_key(self._steps.identity.key, name)
 
     def __repr__(self) -> str:
         return f"Operation({self.operation!r}, task={self.task_id!r}, attempt={self.attempt})"

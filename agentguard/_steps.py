@@ -17,7 +17,7 @@ from ._calls import Claim
 from ._codec import Codec
 from ._engine import Engine, uncancellable
 from ._errors import GuardError
-from ._operation import Row
+from ._operation import Identity, Row
 from .stores import DONE
 
 
@@ -32,24 +32,9 @@ class ClaimSteps:
         self._codec_for = codec_for
 
     @property
-    def key(self) -> str:
-        return self._claim.call.key
-
-    @property
-    def task_id(self) -> str:
-        return self._claim.call.task_id
-
-    @property
-    def scope(self) -> str:
-        return self._claim.call.scope
-
-    @property
-    def operation(self) -> str:
-        return self._claim.call.operation
-
-    @property
-    def attempt(self) -> int:
-        return self._claim.attempt
+    def identity(self) -> Identity:
+        call = self._claim.call
+        return Identity(call.key, call.task_id, call.scope, call.operation, self._claim.attempt)
 
     def codec_for(self, annotation: Any) -> Codec:
         return self._codec_for(annotation)
