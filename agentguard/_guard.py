@@ -26,7 +26,7 @@ from ._portal import Portal
 from ._spec import KeyOption, Spec
 from .stores import Listing, SQLStore
 
-__all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "Outcome", "RunOptions"]
+__all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
 
 log = logging.getLogger("agentguard")
 
@@ -52,6 +52,19 @@ class RunOptions(TypedDict, total=False):
     on_conflict: Literal["wait", "raise"] | None
     wait_timeout: float | None
     audit: Mapping[str, Any] | None
+
+
+class OnceOptions(TypedDict, total=False):
+    """The options of :meth:`Guard.once`."""
+
+    operation: str | None
+    key: KeyOption
+    ignore: Sequence[str]
+    cache_errors: tuple[type[BaseException], ...]
+    inject: str | None
+    on_unknown: Literal["retry", "reconcile", "hold"]
+    reconcile: Reconcile | None
+    resumable: bool
 
 
 def _seconds(value: float | timedelta, what: str) -> float:
@@ -236,58 +249,42 @@ class Guard:
     def once(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
 
     @overload
-    def once(
-        self,
-        fn: None = None,
-        /,
-        *,
-        operation: str | None = None,
-        key: KeyOption = None,
-        ignore: Sequence[str] = (),
-        cache_errors: tuple[type[BaseException], ...] = (),
-        inject: str | None = "idempotency_key",
-        on_unknown: Literal["retry", "reconcile", "hold"] = "hold",
-        reconcile: Reconcile | None = None,
-        resumable: bool = False,
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+    def once(self, fn: None = None, /, **options: Unpack[OnceOptions]) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        ...
 
     def once(
-        self,
-        fn: Callable[P, R] | None = None,
-        /,
-        *,
-        operation: str | None = None,
-        key: KeyOption = None,
-        ignore: Sequence[str] = (),
-        cache_errors: tuple[type[BaseException], ...] = (),
-        inject: str | None = "idempotency_key",
-        on_unknown: Literal["retry", "reconcile", "hold"] = "hold",
-        reconcile: Reconcile | None = None,
-        resumable: bool = False,
+        self, fn: Callable[P, R] | None = None, /, **options: Unpack[OnceOptions]
     ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
         """Run the decorated tool at most once per (scope, task, operation); replay its outcome after.
 
-        ``key``: argument names whose values tell operations apart within a task (none: one operation
-        per task), or a callable of the bound arguments returning a string. ``ignore``: arguments left
-        out of the fingerprint. ``cache_errors``: exception classes stored and replayed like results.
-        ``inject``: a parameter that receives the downstream key, hidden from the wrapper's signature.
-        Multi-step tools (a parameter annotated ``Operation``): ``on_unknown`` says what a takeover does
-        with a step whose worker died inside it — ``"retry"`` it with the same sub-key, ``"reconcile"``
-        it through ``reconcile(op, step, sub_key)`` (the provider's result, or None for "did not
-        happen"), or ``"hold"`` it with ``OutcomeUnknownError`` until ``agentguard resolve``.
-        ``resumable``: store the arguments so ``complete_stalled()`` can finish abandoned operations.
+        ``operation``: the operation's name (default: the function's). ``key``: argument names whose values
+        tell operations apart within a task (none: one operation per task), or a callable of the bound
+        arguments returning a string. ``ignore``: arguments left out of the fingerprint. ``cache_errors``:
+        exception classes stored and replayed like results. ``inject`` (default ``"idempotency_key"``): a
+        parameter that receives the downstream key, hidden from the wrapper's signature. Multi-step tools (a
+        parameter annotated ``Operation``): ``on_unknown`` (default ``"hold"``) says what a takeover does with a
+        step whose worker died inside it — ``"retry"`` it with the same sub-key, ``"reconcile"`` it through
+        ``reconcile(op, step, sub_key)`` (the provider's result, or None for "did not happen"), or ``"hold"``
+        it with ``OutcomeUnknownError`` until ``agentguard resolve``. ``resumable``: store the arguments so
+        ``complete_stalled()`` can finish abandoned operations. Every option is checked here, at decoration.
         """
+        unknown = options.keys() - OnceOptions.__annotations__.keys()
+        if unknown:
+            raise TypeError(f"once() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        operation, on_unknown = options.get("operation"), options.get("on_unknown", "hold")
+        reconcile, resumable = options.get("reconcile"), options.get("resumable", False)
         if operation is not None:
             check_operation(operation)
         if on_unknown not in ("retry", "reconcile", "hold"):
             raise ValueError(f"on_unknown must be 'retry', 'reconcile' or 'hold', got {on_unknown!r}")
         if (on_unknown == "reconcile") != (reconcile is not None):
             raise TypeError("on_unknown='reconcile' needs reconcile=<async fn(op, step, sub_key)>, and only it")
-        errors = check_errors(cache_errors)
+        errors = check_errors(options.get("cache_errors", ()))
 
         def decorate(f: Callable[P, R]) -> Callable[P, R]:
-            spec = Spec(self._engine, self._codec_for, f, operation=operation, key=key, ignore=ignore,
-                        cache_errors=errors, inject=inject, on_conflict=self._on_conflict,
+            spec = Spec(self._engine, self._codec_for, f, operation=operation, key=options.get("key"),
+                        ignore=options.get("ignore", ()), cache_errors=errors,
+                        inject=options.get("inject", "idempotency_key"), on_conflict=self._on_conflict,
                         wait_timeout=self._wait_timeout, on_unknown=on_unknown, reconcile=reconcile,
                         resumable=resumable)
             wrapped: Callable[P, R] = spec.wrapper()
