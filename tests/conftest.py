@@ -5,6 +5,7 @@ own SQLite file or its own Postgres database, so tests never see each other's re
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sqlite3
 import sys
@@ -126,3 +127,52 @@ async def make_guard(store_url: str) -> AsyncIterator[Callable[..., Guard]]:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+class ToolKind:
+    """Makes a guarded tool of one kind — async or sync — from a plain implementation, and calls it from async
+    test code, so a guarantee test runs for both kinds of tool alike.
+
+    The implementation is a plain function that may block (``threading.Event.wait``, ``time.sleep``) as a
+    provider call does. An async tool awaits it on a worker thread (as an async tool awaits I/O: the event
+    loop stays free); a sync tool runs it in its caller's thread, and the test calls the sync tool on a worker
+    thread, as agent frameworks run sync tools. Both keep the task context (``asyncio.to_thread`` copies it).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def once(self, guard: Guard, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        import functools
+
+        def decorate(impl: Callable[..., Any]) -> Callable[..., Any]:
+            if self.name == "async":
+
+                @functools.wraps(impl)
+                async def tool(*args: Any, **kwargs: Any) -> Any:
+                    return await asyncio.to_thread(impl, *args, **kwargs)
+
+                guarded = guard.once(**options)(tool)
+                assert inspect.iscoroutinefunction(guarded)
+
+                async def call(*args: Any, **kwargs: Any) -> Any:
+                    return await guarded(*args, **kwargs)
+            else:
+                guarded = guard.once(**options)(impl)
+                assert not inspect.iscoroutinefunction(guarded)
+
+                async def call(*args: Any, **kwargs: Any) -> Any:
+                    return await asyncio.to_thread(guarded, *args, **kwargs)
+
+            return call
+
+        return decorate
+
+
+@pytest.fixture(params=["async", "sync"])
+def kind(request: pytest.FixtureRequest) -> ToolKind:
+    """The kind of tool a guarantee test runs with: every such test runs for both."""
+    return ToolKind(request.param)

@@ -29,7 +29,7 @@ from agentguard import (
     task,
 )
 
-from conftest import tid
+from conftest import ToolKind, tid
 
 pytestmark = pytest.mark.anyio
 
@@ -57,12 +57,14 @@ async def test_public_api_is_exactly_this() -> None:
         assert hasattr(agentguard, name)
 
 
-async def test_first_call_runs_and_returns_the_decoded_stored_value(make_guard: Callable[..., Guard]) -> None:
+async def test_first_call_runs_and_returns_the_decoded_stored_value(
+    make_guard: Callable[..., Guard], kind: ToolKind
+) -> None:
     guard = make_guard()
     runs: list[str] = []
 
-    @guard.once(key=["order_id"])
-    async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> Charge:
+    @kind.once(guard, key=["order_id"])
+    def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> Charge:
         runs.append(idempotency_key)
         # A dict, not a Charge: the caller still gets what replays will get, a Charge.
         return {"id": "ch_1", "amount": "49.00", "at": "2026-12-01T10:00:00+00:00"}  # type: ignore[return-value]
@@ -76,14 +78,14 @@ async def test_first_call_runs_and_returns_the_decoded_stored_value(make_guard: 
 
 
 async def test_replay_does_not_run_the_body_and_is_reported(
-    make_guard: Callable[..., Guard], caplog: pytest.LogCaptureFixture
+    make_guard: Callable[..., Guard], caplog: pytest.LogCaptureFixture, kind: ToolKind
 ) -> None:
     events: list[GuardEvent] = []
     guard = make_guard(on_event=events.append)
     runs = 0
 
-    @guard.once
-    async def send_email(to: str) -> str:
+    @kind.once(guard)
+    def send_email(to: str) -> str:
         nonlocal runs
         runs += 1
         return f"sent:{runs}"
@@ -97,12 +99,14 @@ async def test_replay_does_not_run_the_body_and_is_reported(
     assert sum("replayed send_email" in r.getMessage() for r in caplog.records) == 2
 
 
-async def test_same_key_different_arguments_is_a_reuse_error(make_guard: Callable[..., Guard]) -> None:
+async def test_same_key_different_arguments_is_a_reuse_error(
+    make_guard: Callable[..., Guard], kind: ToolKind
+) -> None:
     guard = make_guard()
     runs = 0
 
-    @guard.once(key=["order_id"], ignore=["memo"])
-    async def charge(order_id: str, amount_cents: int, memo: str = "") -> int:
+    @kind.once(guard, key=["order_id"], ignore=["memo"])
+    def charge(order_id: str, amount_cents: int, memo: str = "") -> int:
         nonlocal runs
         runs += 1
         return amount_cents
@@ -166,23 +170,24 @@ async def test_no_task_is_refused_before_the_body(make_guard: Callable[..., Guar
     assert runs == 0
 
 
-async def test_concurrent_duplicate_waits_and_gets_the_stored_result(make_guard: Callable[..., Guard]) -> None:
+async def test_concurrent_duplicate_waits_and_gets_the_stored_result(
+    make_guard: Callable[..., Guard], kind: ToolKind
+) -> None:
     guard = make_guard(on_conflict="wait")
     runs = 0
-    started = asyncio.Event()
-    finish = asyncio.Event()
+    started, finish = threading.Event(), threading.Event()
 
-    @guard.once
-    async def charge(amount: int) -> dict[str, int]:
+    @kind.once(guard)
+    def charge(amount: int) -> dict[str, int]:
         nonlocal runs
         runs += 1
         started.set()
-        await finish.wait()
+        assert finish.wait(30)
         return {"amount": amount, "run": runs}
 
     with task(tid()):
         first = asyncio.create_task(charge(5))
-        await started.wait()
+        assert await asyncio.to_thread(started.wait, 30)
         second = asyncio.create_task(charge(5))
         await asyncio.sleep(0.2)
         assert not second.done()  # waiting on the live claim, not running the body
@@ -191,21 +196,23 @@ async def test_concurrent_duplicate_waits_and_gets_the_stored_result(make_guard:
     assert runs == 1
 
 
-async def test_concurrent_duplicate_raise_mode_and_wait_timeout(make_guard: Callable[..., Guard]) -> None:
+async def test_concurrent_duplicate_raise_mode_and_wait_timeout(
+    make_guard: Callable[..., Guard], kind: ToolKind
+) -> None:
     guard = make_guard(on_conflict="raise")
     waiter = make_guard(on_conflict="wait", wait_timeout=0.3)
-    started, finish = asyncio.Event(), asyncio.Event()
+    started, finish = threading.Event(), threading.Event()
 
-    async def body(amount: int) -> int:
+    def body(amount: int) -> int:
         started.set()
-        await finish.wait()
+        assert finish.wait(30)
         return amount
 
-    charge = guard.once(operation="charge")(body)
-    charge_wait = waiter.once(operation="charge")(body)
+    charge = kind.once(guard, operation="charge")(body)
+    charge_wait = kind.once(waiter, operation="charge")(body)
     with task(tid()):
         first = asyncio.create_task(charge(5))
-        await started.wait()
+        assert await asyncio.to_thread(started.wait, 30)
         with pytest.raises(InProgressError) as info:
             await charge(5)
         assert info.value.status == 409 and "did not run" in str(info.value)
@@ -217,23 +224,25 @@ async def test_concurrent_duplicate_raise_mode_and_wait_timeout(make_guard: Call
         assert await charge(5) == 5 and await charge_wait(5) == 5
 
 
-async def test_waiter_runs_the_body_itself_when_the_first_releases(make_guard: Callable[..., Guard]) -> None:
+async def test_waiter_runs_the_body_itself_when_the_first_releases(
+    make_guard: Callable[..., Guard], kind: ToolKind
+) -> None:
     guard = make_guard()
     keys: list[str] = []
-    started, fail = asyncio.Event(), asyncio.Event()
+    started, fail = threading.Event(), threading.Event()
 
-    @guard.once
-    async def charge(amount: int, idempotency_key: str = "") -> int:
+    @kind.once(guard)
+    def charge(amount: int, idempotency_key: str = "") -> int:
         keys.append(idempotency_key)
         if len(keys) == 1:
             started.set()
-            await fail.wait()
+            assert fail.wait(30)
             raise ConnectionError("provider timed out")
         return amount
 
     with task(tid()):
         first = asyncio.create_task(charge(7))
-        await started.wait()
+        assert await asyncio.to_thread(started.wait, 30)
         second = asyncio.create_task(charge(7))
         await asyncio.sleep(0.1)
         fail.set()
@@ -243,12 +252,14 @@ async def test_waiter_runs_the_body_itself_when_the_first_releases(make_guard: C
     assert len(keys) == 2 and keys[0] == keys[1]
 
 
-async def test_cached_errors_replay_as_the_same_class_and_message(make_guard: Callable[..., Guard]) -> None:
+async def test_cached_errors_replay_as_the_same_class_and_message(
+    make_guard: Callable[..., Guard], kind: ToolKind
+) -> None:
     guard = make_guard()
     runs = 0
 
-    @guard.once(cache_errors=(CardDeclined,))
-    async def charge(amount: int) -> int:
+    @kind.once(guard, cache_errors=(CardDeclined,))
+    def charge(amount: int) -> int:
         nonlocal runs
         runs += 1
         raise CardDeclined(f"card declined: insufficient funds for {amount}")
@@ -260,14 +271,16 @@ async def test_cached_errors_replay_as_the_same_class_and_message(make_guard: Ca
     assert runs == 1
 
 
-async def test_other_errors_release_and_retry_with_the_same_key(make_guard: Callable[..., Guard]) -> None:
+async def test_other_errors_release_and_retry_with_the_same_key(
+    make_guard: Callable[..., Guard], kind: ToolKind
+) -> None:
     events: list[GuardEvent] = []
     guard = make_guard(on_event=events.append)
     keys: list[str] = []
     boom = RuntimeError("socket closed")
 
-    @guard.once
-    async def charge(amount: int, idempotency_key: str = "") -> int:
+    @kind.once(guard)
+    def charge(amount: int, idempotency_key: str = "") -> int:
         keys.append(idempotency_key)
         if len(keys) == 1:
             raise boom
