@@ -375,6 +375,7 @@ async def test_final_error_result_is_replayed(connect: Callable[..., Any]) -> No
         b = await client.call_tool("pay", {"order_id": "o", "task_id": "t"})
     assert a.is_error and b.is_error and len(up.calls) == 1
     assert b.meta and b.meta[META_REPLAYED] is True and "REPLAY" in text(b) and "declined" in text(b)
+    assert a.meta and a.meta[META_KEY] == b.meta[META_KEY] == up.calls[0]["meta"][META_KEY]  # replayed with it
 
 
 def test_cached_upstream_errors_keep_the_names_records_store() -> None:

@@ -24,7 +24,6 @@ from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types import INTERNAL_ERROR
 
-from .. import _keys
 from .._errors import GuardError, MissingTaskError
 from .._redact import redact_text
 from ._config import Config, ToolConfig
@@ -290,19 +289,10 @@ class GuardingProxy:
         forward = cfg.forward_key_to
         if forward is not None:
             arguments.pop(forward, None)  # the proxy chooses the key, never the model
-        fp_args = {k: v for k, v in arguments.items() if k not in cfg.ignore}
-        key_values = {k: arguments.get(k) for k in cfg.key}
-        scope = self.config.store.scope
-        try:
-            operation = _keys.operation_name(name, key_values or None)
-        except (TypeError, ValueError) as exc:  # a key value with no canonical form (a lone surrogate)
-            return error_result(unusable_arguments(name, exc))
-        key = _keys.derive_key(scope, task_id, operation)
-        policy = cfg.unknown_policy
-        ran = False
+        sent: str | None = None  # the downstream key, once the call went upstream
 
         async def body(downstream_key: str) -> dict[str, Any]:
-            nonlocal ran
+            nonlocal sent
             # Checked on the connection the call goes out on (it may be new, or its tools may have changed):
             # a tool the upstream no longer offers as configured is refused, never sent unguarded.
             conn = await rt.upstream.ready_for(name)
@@ -312,57 +302,59 @@ class GuardingProxy:
                 send["task_id"] = task_id  # the upstream takes a task_id of its own: it gets the one sent
             if forward:
                 send[forward] = downstream_key
-            ran = True
+            sent = downstream_key
             try:
                 res = await rt.upstream.call(name, send, {**clean_meta(meta), META_KEY: downstream_key}, conn)
             except _OutcomeUnknown as exc:
-                if policy == "hold":
-                    raise _HeldUnknown(outcome_unknown_held(operation, task_id, exc)) from None
+                if cfg.unknown_policy == "hold":
+                    raise _HeldUnknown(outcome_unknown_held(name, task_id, exc)) from None
                 raise
             except MCPError as exc:
                 raise _RetryableError(payload(error_result(upstream_refused(name, exc.error.message)))) from None
-            stored = payload(res)
+            if res.is_error and cfg.errors_final:
+                # Stored with its key: a replay of a cached error gets no Outcome to take the key from.
+                raise _FinalError(json.dumps(payload(res, key=downstream_key)))
             if res.is_error:
-                if cfg.errors_final:
-                    raise _FinalError(json.dumps(stored))
-                raise _RetryableError(stored)
-            return stored
+                raise _RetryableError(payload(res))
+            return payload(res)
 
         on_conflict: Literal["wait", "raise"] = (
             "raise" if (cfg.on_conflict or self.config.proxy.on_conflict) == "error" else "wait"
         )
         try:
             outcome = await rt.guard.run(
-                name, body, arguments=fp_args, key=key_values or None, task_id=task_id, scope=scope,
+                name, body, arguments={k: v for k, v in arguments.items() if k not in cfg.ignore},
+                key={k: arguments.get(k) for k in cfg.key} or None, task_id=task_id, scope=self.config.store.scope,
                 cache_errors=(_FinalError, _HeldUnknown), on_conflict=on_conflict,
                 wait_timeout=cfg.wait_timeout or self.config.proxy.wait_timeout,
                 audit=audit_ids(meta, ctx.request_id, _client_name(ctx), ctx.protocol_version),
             )
         except _RetryableError as exc:
             # Not final: the claim was released, so a retry goes upstream again with the same key.
-            return result(exc.payload, key=key, replayed=False)
+            return result(exc.payload, key=sent, replayed=False)
         except _FinalError as exc:
-            note = None if ran else replay_note(operation, task_id)
-            return result(json.loads(exc.args[0]), key=key, replayed=not ran, note=note, mark=cfg.mark_structured)
+            stored = json.loads(exc.args[0])
+            if sent is not None:
+                return result(stored, key=sent, replayed=False)
+            return result(stored, key=None, replayed=True, note=replay_note(name, task_id), mark=cfg.mark_structured)
         except _HeldUnknown as exc:
-            return error_result(str(exc) if ran else held_replay(str(exc)))
+            return error_result(str(exc) if sent is not None else held_replay(str(exc)))
         except _OutcomeUnknown as exc:
-            return error_result(outcome_unknown_retry(operation, exc))
+            return error_result(outcome_unknown_retry(name, exc))
         except _Unavailable as exc:
             return error_result(upstream_unavailable(name, exc))
         except _NotGuarded as exc:
             return error_result(not_guarded(name, exc))
         except GuardError as exc:
-            return error_result(redact_text(guard_refusal(exc, ran)))
+            return error_result(redact_text(guard_refusal(exc, sent is not None)))
         except (TypeError, ValueError) as exc:
-            if ran:
+            if sent is not None:
                 raise
-            # Arguments without a canonical form (a lone surrogate, nesting past the limit): refused up front.
+            # Raised by the engine before the body ran: arguments without a canonical form (a lone surrogate,
+            # nesting past the limit) cannot be keyed or fingerprinted.
             return error_result(unusable_arguments(name, exc))
-        if outcome.replayed:
-            return result(outcome.value, key=outcome.key, replayed=True,
-                          note=replay_note(operation, task_id), mark=cfg.mark_structured)
-        return result(outcome.value, key=outcome.key, replayed=False)
+        note = replay_note(outcome.operation, task_id) if outcome.replayed else None
+        return result(outcome.value, key=outcome.key, replayed=outcome.replayed, note=note, mark=cfg.mark_structured)
 
 
 def _client_name(ctx: ServerRequestContext[Any]) -> str | None:

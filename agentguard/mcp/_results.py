@@ -22,14 +22,17 @@ def error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
 
 
-def payload(res: types.CallToolResult) -> dict[str, Any]:
-    """What is stored for a result: content, structuredContent, isError and a clean _meta."""
+def payload(res: types.CallToolResult, *, key: str | None = None) -> dict[str, Any]:
+    """What is stored for a result: content, structuredContent, isError and a clean _meta (with the
+    downstream ``key`` it was sent under, if given, so that a replay carries it too)."""
     content = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in res.content]
     out: dict[str, Any] = {"content": content}
     if res.structured_content is not None:
         out["structuredContent"] = res.structured_content
     out["isError"] = bool(res.is_error)
     meta = clean_meta(res.meta)
+    if key is not None:
+        meta[META_KEY] = key
     if meta:
         out["_meta"] = meta
     return out
@@ -115,18 +118,18 @@ def upstream_refused(tool: str, message: str) -> str:
     return f"the upstream server refused {tool}: {message}"
 
 
-def outcome_unknown_retry(operation: str, reason: object) -> str:
+def outcome_unknown_retry(tool: str, reason: object) -> str:
     """Sent, no answer, and the tool forwards its key: the claim was released for a deduplicated retry."""
     return (
-        f"{reason}; the outcome of {operation} is unknown. The claim was released: retry the same call with "
+        f"{reason}; the outcome of {tool} is unknown. The claim was released: retry the same call with "
         "the same task_id and it goes upstream with the same idempotency key, so the provider deduplicates it."
     )
 
 
-def outcome_unknown_held(operation: str, task_id: str, reason: object) -> str:
+def outcome_unknown_held(tool: str, task_id: str, reason: object) -> str:
     """Sent, no answer, and the upstream cannot deduplicate: recorded as unknown, never run again."""
     return (
-        f"the outcome of {operation} in task {task_id!r} is unknown: {reason}. agentguard will not run it again. "
+        f"the outcome of {tool} in task {task_id!r} is unknown: {reason}. agentguard will not run it again. "
         "Check with the provider whether it happened before doing anything else; if it did not, use a new task id."
     )
 
