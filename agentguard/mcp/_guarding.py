@@ -25,22 +25,21 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 from mcp_types import INTERNAL_ERROR
 
 from .._errors import GuardError, MissingTaskError
-from .._redact import redact_text
+from .._refusals import refusal, unusable_arguments
 from ._config import Config, ToolConfig
 from ._meta import (
     ABSENT,
     META_KEY,
     TASK_ID_DESCRIPTION,
+    TASK_ID_FIX,
     audit_ids,
     clean_meta,
     replay_note,
     resolve_task_id,
-    task_refusal,
 )
 from ._results import (
     error_result,
     failed_unexpectedly,
-    guard_refusal,
     held_replay,
     not_guarded,
     outcome_unknown_held,
@@ -49,7 +48,6 @@ from ._results import (
     payload,
     result,
     shutting_down,
-    unusable_arguments,
     upstream_refused,
     upstream_unavailable,
     upstream_unavailable_passed,
@@ -285,7 +283,7 @@ class GuardingProxy:
         try:
             task_id = resolve_task_id(name, given, meta, self._environ)
         except MissingTaskError as exc:
-            return error_result(task_refusal(name, exc))
+            return error_result(refusal(exc, fix=TASK_ID_FIX))
         forward = cfg.forward_key_to
         if forward is not None:
             arguments.pop(forward, None)  # the proxy chooses the key, never the model
@@ -346,7 +344,7 @@ class GuardingProxy:
         except _NotGuarded as exc:
             return error_result(not_guarded(name, exc))
         except GuardError as exc:
-            return error_result(redact_text(guard_refusal(exc, sent is not None)))
+            return error_result(refusal(exc, ran=sent is not None))
         except (TypeError, ValueError) as exc:
             if sent is not None:
                 raise

@@ -2,8 +2,9 @@
 
 A result is stored as a plain payload (content, structuredContent, isError and a clean ``_meta``) and rebuilt
 for every caller: the first one gets it with ``_meta["dev.agentguard/replayed"] = false``; a replay gets the
-same payload marked as one (``_meta``, a leading text line, and ``mark_structured`` if configured). The
-texts of the proxy's refusals follow.
+same payload marked as one (``_meta``, a leading text line, and ``mark_structured`` if configured). Refusals
+of a GuardError come from the one table in ``agentguard._refusals``; the texts below are about the proxy's
+upstream, which only the proxy has.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 
 import mcp_types as types
 
-from .._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, MissingTaskError, StoreError
-from ._meta import META_KEY, META_REPLAYED, clean_meta, nothing_executed
+from .._refusals import nothing_executed
+from ._meta import META_KEY, META_REPLAYED, clean_meta
 
 
 def error_result(message: str) -> types.CallToolResult:
@@ -54,62 +55,36 @@ def result(stored: Mapping[str, Any], *, key: str | None, replayed: bool, note: 
     return res.model_copy(update=update)
 
 
-# -- the proxy's refusals ---------------------------------------------------------------------------------
-
-
-def guard_refusal(exc: GuardError, ran: bool) -> str:
-    """A GuardError raised while guarding a call; ``ran``: the upstream call was made."""
-    if isinstance(exc, KeyReuseError):
-        differ = ", ".join(exc.differing) or "unknown arguments"
-        return nothing_executed(
-            f"agentguard refused to run {exc.operation}: in task {exc.task_id!r} it was already called with "
-            f"different arguments (differing: {differ}). A different operation needs a different task id or "
-            "key field; to repeat the first call, send exactly its arguments."
-        )
-    if isinstance(exc, InProgressError):
-        return nothing_executed(
-            f"{exc.operation} in task {exc.task_id!r} is being run by another call right now, so this call did "
-            "not run it. Retry the same call shortly to get its result."
-        )
-    if isinstance(exc, MissingTaskError):
-        return nothing_executed(f"agentguard refused to run the tool: {exc}")
-    if isinstance(exc, LeaseLostError):
-        return (f"{exc.operation}: the upstream call was made, but another worker took the claim over meanwhile, "
-                "so this result was not recorded. Retry the same call to get the recorded result.")
-    if isinstance(exc, StoreError) and (exc.body_ran or ran):
-        return ("the upstream call was made but agentguard could not record its result; the claim stays held "
-                "and a retry with the same task_id goes upstream with the same idempotency key after its lease.")
-    if ran:
-        return f"agentguard failed after the upstream call was made ({exc}); retry the same call with the same task_id."
-    return nothing_executed(f"agentguard could not run the call safely ({exc}).")
-
-
-def unusable_arguments(tool: str, exc: BaseException) -> str:
-    """Arguments (or key values) without a canonical form: refused up front."""
-    return nothing_executed(f"agentguard refused to run {tool}: {exc}.")
-
-
-def upstream_unavailable(tool: str, reason: object) -> str:
-    return nothing_executed(
-        f"the upstream server is not available ({reason}), so {tool} was not run. Retry the same call shortly."
-    )
+# -- the proxy's own refusals: its upstream, its shutdown ---------------------------------------------------
 
 
 def upstream_unavailable_passed(tool: str, reason: object) -> str:
-    return f"the upstream server is not available ({reason}); {tool} was not run."
+    """An unguarded tool found no upstream to pass the call to."""
+    return nothing_executed(
+        f"Not run by agentguard: the upstream server is not available ({reason}), so {tool} was not run."
+    )
+
+
+def upstream_unavailable(tool: str, reason: object) -> str:
+    """The upstream connection failed before the call was sent; the next call reconnects."""
+    return nothing_executed(
+        f"Not run by agentguard: the upstream server is not available right now ({reason}), so {tool} was not "
+        "run. Retry the same call shortly."
+    )
 
 
 def not_guarded(tool: str, problems: object) -> str:
     return nothing_executed(
-        f"agentguard refused to run {tool}: the upstream server no longer offers it as the proxy's config "
-        f"describes it ({problems}), so the call cannot be guarded. It is refused until the upstream offers it "
-        "again as configured."
+        f"Refused by agentguard: {tool} cannot be guarded, because the upstream server no longer offers it as "
+        f"the proxy's config describes it ({problems}). It was not run, and it is refused until the upstream "
+        "offers it as configured again: tell the user."
     )
 
 
 def shutting_down(tool: str) -> str:
     return nothing_executed(
-        f"the agentguard proxy is shutting down, so {tool} was not run. Retry the same call shortly."
+        f"Not run by agentguard: the MCP proxy is shutting down, so {tool} was not run. Retry the same call "
+        "shortly."
     )
 
 
@@ -121,27 +96,28 @@ def upstream_refused(tool: str, message: str) -> str:
 def outcome_unknown_retry(tool: str, reason: object) -> str:
     """Sent, no answer, and the tool forwards its key: the claim was released for a deduplicated retry."""
     return (
-        f"{reason}; the outcome of {tool} is unknown. The claim was released: retry the same call with "
-        "the same task_id and it goes upstream with the same idempotency key, so the provider deduplicates it."
+        f"agentguard: the outcome of {tool} is unknown ({reason}). The claim was released: retry the same call "
+        "with the same task_id; it goes upstream with the same idempotency key, so the provider deduplicates it."
     )
 
 
 def outcome_unknown_held(tool: str, task_id: str, reason: object) -> str:
     """Sent, no answer, and the upstream cannot deduplicate: recorded as unknown, never run again."""
     return (
-        f"the outcome of {tool} in task {task_id!r} is unknown: {reason}. agentguard will not run it again. "
-        "Check with the provider whether it happened before doing anything else; if it did not, use a new task id."
+        f"agentguard: the outcome of {tool} in task {task_id!r} is unknown ({reason}), so agentguard will not "
+        "run it again. Do not retry and do not issue a different call: tell the user, who can check with the "
+        "provider whether it happened."
     )
 
 
 def held_replay(message: str) -> str:
     """A later call to an operation held as unknown: the first call's text, and nothing ran now."""
-    return nothing_executed(f"{message} (recorded earlier)")
+    return nothing_executed(f"Recorded by an earlier call: {message}")
 
 
 def outcome_unknown_passed(tool: str, reason: object) -> str:
     """An unguarded tool met a dead or silent upstream."""
-    return f"{reason}; the outcome of {tool} is unknown. The proxy reconnects on the next call."
+    return f"the outcome of {tool} is unknown ({reason}). The proxy reconnects on the next call."
 
 
 def failed_unexpectedly(tool: str) -> str:
