@@ -3,7 +3,7 @@
 Logs go to stderr only (stdout is the protocol), every line without a store password. The protocol's input
 is read without a worker thread where it can be (a pipe, a socket, a terminal), so that SIGINT/SIGTERM can
 end it: the calls in flight get ``proxy.grace`` seconds, the answers already produced are written, then the
-proxy exits.
+proxy exits. A standard stream the host left closed reads as empty (stdin) or discards (stdout, stderr).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def main(config_path: str) -> int:
     Exits with 2, having printed every problem on stderr and nothing on stdout, when the config is invalid,
     the store cannot be used, or a guarded tool does not match what the upstream offers.
     """
+    _open_closed_std_streams()
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -60,6 +61,27 @@ def _print_problems(what: str, problems: Sequence[str]) -> None:
     for problem in problems:
         print(redact_text(f"  - {problem}"), file=sys.stderr)
     print("nothing was served; fix the config (or the store, or the upstream) and start again.", file=sys.stderr)
+
+
+def _open_closed_std_streams() -> None:
+    """Stand the null device in for each standard stream the host left closed (``0<&-``).
+
+    A closed stdin then reads as an empty one (the proxy starts, meets the end of its input and exits 0), a
+    closed stdout discards. A closed descriptor is taken by the null device too, so that no file or pipe
+    opened later (the SQLite store, the upstream's pipes) lands on 0, 1 or 2 and gets read or written as
+    the protocol.
+    """
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        mode = os.O_RDONLY if fd == 0 else os.O_WRONLY
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, mode)
+            if null != fd:  # (a lower descriptor was free too)
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:  # closed when Python started: whatever holds ``fd`` now is not the host's
+            setattr(sys, name, open(os.devnull, "r" if fd == 0 else "w", encoding="utf-8"))  # noqa: SIM115
 
 
 class _RedactingFormatter(logging.Formatter):

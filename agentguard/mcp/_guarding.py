@@ -50,7 +50,7 @@ from ._results import (
     shutting_down,
     upstream_refused,
     upstream_unavailable,
-    upstream_unavailable_passed,
+    upstream_unreachable,
 )
 from ._startup import Runtime, open_runtime
 from ._upstream import (
@@ -59,6 +59,7 @@ from ._upstream import (
     _NotGuarded,
     _OutcomeUnknown,
     _Unavailable,
+    _Unreachable,
     config_target,
     fixed_target,
 )
@@ -189,6 +190,9 @@ class GuardingProxy:
             # The upstream's tools as they are now, checked again. The host is not told about a change it is
             # being sent right now (a tool list that differs at every listing must not loop).
             await upstream.refresh(conn, announce=False)
+        except _Unreachable as exc:
+            raise MCPError(INTERNAL_ERROR, f"agentguard proxy: cannot reach its upstream server ({exc}); a person "
+                                           "must fix the proxy's configuration") from None
         except _Unavailable as exc:
             raise MCPError(INTERNAL_ERROR, f"agentguard proxy: the upstream server is not available ({exc})") from None
         # A guarded tool the upstream no longer offers as configured is left out: calls to it are refused.
@@ -263,7 +267,7 @@ class GuardingProxy:
         try:
             res = await rt.upstream.call(name, arguments, clean_meta(meta))
         except _Unavailable as exc:
-            return error_result(upstream_unavailable_passed(name, exc))
+            return _not_sent(name, exc)
         except _OutcomeUnknown as exc:
             return error_result(outcome_unknown_passed(name, exc))
         except MCPError as exc:
@@ -340,7 +344,7 @@ class GuardingProxy:
         except _OutcomeUnknown as exc:
             return error_result(outcome_unknown_retry(name, exc))
         except _Unavailable as exc:
-            return error_result(upstream_unavailable(name, exc))
+            return _not_sent(name, exc)
         except _NotGuarded as exc:
             return error_result(not_guarded(name, exc))
         except GuardError as exc:
@@ -353,6 +357,13 @@ class GuardingProxy:
             return error_result(unusable_arguments(name, exc))
         note = replay_note(outcome.operation, task_id) if outcome.replayed else None
         return result(outcome.value, key=outcome.key, replayed=outcome.replayed, note=note, mark=cfg.mark_structured)
+
+
+def _not_sent(tool: str, exc: _Unavailable) -> types.CallToolResult:
+    """The upstream was not reached: a set-up error a person must fix, or a connection that just failed."""
+    if isinstance(exc, _Unreachable):
+        return error_result(upstream_unreachable(tool, exc))
+    return error_result(upstream_unavailable(tool, exc))
 
 
 def _client_name(ctx: ServerRequestContext[Any]) -> str | None:

@@ -58,10 +58,12 @@ def result(stored: Mapping[str, Any], *, key: str | None, replayed: bool, note: 
 # -- the proxy's own refusals: its upstream, its shutdown ---------------------------------------------------
 
 
-def upstream_unavailable_passed(tool: str, reason: object) -> str:
-    """An unguarded tool found no upstream to pass the call to."""
+def upstream_unreachable(tool: str, reason: object) -> str:
+    """No connection to the upstream can be made (a wrong command, an upstream that exits at once)."""
     return nothing_executed(
-        f"Not run by agentguard: the upstream server is not available ({reason}), so {tool} was not run."
+        f"Not run by agentguard: the MCP proxy cannot reach its upstream server ({reason}), so {tool} was not "
+        "run. Retrying will not help: a person must fix the proxy's configuration (the upstream server it "
+        "starts or connects to); tell the user."
     )
 
 

@@ -3,8 +3,8 @@
 The upstream is the real MCP server the proxy guards, started as a stdio subprocess or reached over
 Streamable HTTP (or, in tests, an in-process server). Every connection lists the upstream's tools and checks
 them against the config; so does every change the upstream announces. Failures are told apart by what they
-mean for a call: it was certainly not sent (:class:`_Unavailable`), or it was sent and no answer came back
-(:class:`_OutcomeUnknown`).
+mean for a call: it was certainly not sent (:class:`_Unavailable`, and :class:`_Unreachable` when no
+connection can be made at all), or it was sent and no answer came back (:class:`_OutcomeUnknown`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ class _OutcomeUnknown(Exception):
 
 class _Unavailable(Exception):
     """The upstream could not be reached: the call was certainly not sent."""
+
+
+class _Unreachable(_Unavailable):
+    """No connection to the upstream could be made: its command cannot be started, it exits (or hangs up)
+    at once, or it does not answer. Retrying does not help until a person fixes the proxy's configuration."""
 
 
 class _NotGuarded(Exception):
@@ -264,7 +269,7 @@ class Upstream:
                 raise _Unavailable(f"the connection ended while listing its tools ({_describe(exc)})") from exc
 
     async def connect(self) -> _Connection:
-        """The live connection, or a new one. Raises _Unavailable if none can be made."""
+        """The live connection, or a new one. Raises _Unreachable if none can be made."""
         conn = self._conn
         if conn is not None and not conn.stop.is_set():
             return conn
@@ -276,7 +281,7 @@ class Upstream:
             self._tg.start_soon(self._hold, ready, box)
             await ready.wait()
             if "conn" not in box or box["conn"].stop.is_set():
-                raise _Unavailable(_describe(box.get("error")) if "error" in box else "it closed the connection")
+                raise _Unreachable(_unreachable(box.get("error")))
             self._conn = box["conn"]
             log.info("connected to the upstream (%d tools)", len(box["conn"].tools))
             return self._conn
@@ -323,6 +328,13 @@ class Upstream:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             self.drop(conn)
             raise _OutcomeUnknown("the upstream server closed the connection mid-call") from exc
+
+
+def _unreachable(exc: BaseException | None) -> str:
+    """Why no connection could be made (the upstream's own stderr, passed on to the proxy's, says more)."""
+    if exc is None or (isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED):
+        return "it closed the connection before it was ready: it may have exited at once (see its stderr)"
+    return _describe(exc)
 
 
 def _describe(exc: BaseException | None) -> str:
