@@ -5,7 +5,8 @@
 ``pay(order_id, amount_cents, idempotency_key)`` is offered as the proxy's test config guards it in shape
 ``ok``; with ``order_id`` renamed to ``orderId`` in shape ``renamed``; not at all in shape ``gone``. The shape
 is read from the file ``SHIFTING_SHAPE`` names at each ``tools/list``, so a restarted server can offer other
-tools. The unguarded ``reshape(shape)`` changes it and announces the change, as a real server would:
+tools; a process started in shape ``broken`` exits at once, as an upstream that cannot run does. The
+unguarded ``reshape(shape)`` changes it and announces the change, as a real server would:
 ``notifications/tools/list_changed`` on the handshake era, an event on ``subscriptions/listen`` streams on
 2026-07-28. Every ``pay`` that runs, and every start of the process, appends a line to ``SHIFTING_LOG``:
 the side effects a test counts.
@@ -25,7 +26,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 
-SHAPES = ("ok", "renamed", "gone")
+SHAPES = ("ok", "renamed", "gone", "broken")
 
 
 def _pay_schema(order_field: str) -> dict[str, Any]:
@@ -95,6 +96,8 @@ def build_server(shape_file: Path, log: Path) -> Server[Any]:
 def main() -> int:
     shape_file, log = Path(os.environ["SHIFTING_SHAPE"]), Path(os.environ["SHIFTING_LOG"])
     record(log, {"event": "start", "pid": os.getpid()})
+    if shape_file.read_text(encoding="utf-8").strip() == "broken":
+        return 3
     server = build_server(shape_file, log)
 
     async def serve() -> None:

@@ -111,7 +111,7 @@ async def test_different_amount_reaches_the_model_as_a_refusal(guard: Guard) -> 
     result = await run(decorated(guard, ledger), model, Ctx("task-42"))
     assert len(ledger.charges) == 1
     refusal = outputs(result)["call_1_0"]
-    assert "already called in this task with different arguments" in refusal and "amount_cents" in refusal
+    assert "already called in task 'task-42' with different arguments" in refusal and "amount_cents" in refusal
     assert "Please try again" not in refusal
     # and it is what the model was sent
     sent = [

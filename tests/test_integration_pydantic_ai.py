@@ -130,8 +130,8 @@ async def test_different_amount_reaches_the_model_as_a_refusal(guard: Guard) -> 
     assert len(ledger.charges) == 1
     refused = script.results["call_1_0"]
     assert refused.outcome == "failed"
-    assert "already called in this task with different arguments" in str(refused.content)
-    assert "amount_cents" in str(refused.content)
+    assert "already called in task 'task-42' with different arguments" in str(refused.content)
+    assert "amount_cents" in str(refused.content) and str(refused.content).endswith("Nothing was executed.")
 
 
 async def test_missing_task_id_is_refused_without_running(guard: Guard) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -50,11 +51,16 @@ def line(config: Path, text: str) -> int:
     return no
 
 
-def start(config: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The command as a host runs it, with nothing on its input (/dev/null): a proxy that does start serves,
-    reads the end of its input and exits 0."""
+def start(
+    config: Path, env: dict[str, str] | None = None, *, stdin_closed: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The command as a host runs it, with nothing on its input (/dev/null, or ``stdin_closed``: descriptor 0
+    closed by a shell's ``0<&-``): a proxy that does start serves, reads the end of its input and exits 0."""
+    command = [*COMMAND, str(config)]
+    if stdin_closed:
+        command = ["sh", "-c", 'exec "$@" 0<&-', "sh", *command]
     return subprocess.run(
-        [*COMMAND, str(config)], capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+        command, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
         cwd=config.parent, env={"PYTHONPATH": str(PACKAGE_ROOT), "PATH": os.environ.get("PATH", ""), **(env or {})},
     )
 
@@ -77,6 +83,16 @@ def test_a_config_that_matches_the_upstream_starts(tmp_path: Path) -> None:
     run = start(write_config(tmp_path, store="sqlite+aiosqlite:///claims.db"))
     assert run.returncode == 0, run.stderr
     assert run.stdout == "" and "serving" in run.stderr
+
+
+def test_a_closed_stdin_reads_as_an_empty_one(tmp_path: Path) -> None:
+    """Not just /dev/null: a host may start the proxy with its input closed. It checks, serves, meets the end
+    of its input and exits 0, with no traceback; its store is opened on a descriptor of its own."""
+    run = start(write_config(tmp_path, store="sqlite+aiosqlite:///claims.db"), stdin_closed=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "" and "serving" in run.stderr and "Traceback" not in run.stderr
+    with sqlite3.connect(tmp_path / "claims.db") as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
 def test_every_tool_and_argument_the_upstream_lacks_stops_the_proxy(tmp_path: Path) -> None:

@@ -293,6 +293,62 @@ async def test_an_upstream_restarted_with_other_tools_is_not_passed_through(setu
     assert len(shifting_upstream.events(log, "start")) == 2
 
 
+@pytest.mark.parametrize("how", ["exits-at-once", "command-gone"])
+async def test_an_upstream_that_cannot_be_restarted_is_a_setup_error(setup: Setup, how: str) -> None:
+    """The upstream dies and cannot be started again: its process exits at once, or its command is gone.
+    Neither a guarded call nor a passed-through one reaches it, and neither tells the model to retry shortly:
+    the text says the proxy cannot reach its upstream and a person must fix the proxy's configuration. Once
+    that is done, the same call runs, once."""
+    shape, log = setup.tmp / "shape", setup.tmp / "log.jsonl"
+    shifting_upstream.set_shape(shape, "ok")
+    command = setup.tmp / "upstream.sh"  # the upstream's command, a path a person may get wrong
+    command.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "tests" / "shifting_upstream.py"}"\n')
+    command.chmod(0o755)
+    config = setup.tmp / "agentguard.toml"
+    config.write_text(
+        f'[store]\nurl = "{setup.store_url}"\n\n'
+        f'[upstream]\ncommand = ["{command}"]\n'
+        f'env = {{ SHIFTING_SHAPE = "{shape}", SHIFTING_LOG = "{log}" }}\n\n'
+        '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
+    )
+    pay = {"order_id": "o-1", "amount_cents": 100, "task_id": "t"}
+    script = command.read_text()
+    async with Client(setup.proxy(config), mode="legacy") as client:
+        first = await client.call_tool("pay", pay)
+        [started] = shifting_upstream.events(log, "start")
+        if how == "exits-at-once":
+            shifting_upstream.set_shape(shape, "broken")
+        else:
+            command.unlink()
+        os.kill(started["pid"], signal.SIGKILL)
+        while started["pid"] in pids(f"SHIFTING_LOG={log}", "environ"):  # noqa: ASYNC110 - another process
+            await anyio.sleep(0.02)
+        # A listing that meets the dead connection reports it; the next one tries to start the upstream again.
+        for _ in range(100):
+            with pytest.raises(MCPError) as listing:
+                await client.list_tools()
+            if "cannot reach its upstream server" in listing.value.error.message:
+                break
+        else:
+            pytest.fail("the proxy never tried to start its upstream again")
+        guarded = await client.call_tool("pay", {**pay, "order_id": "o-2"})
+        passed = await client.call_tool("reshape", {"shape": "gone"})
+        assert shape.read_text() == ("broken" if how == "exits-at-once" else "ok")  # reshape never ran
+        if how == "exits-at-once":
+            shifting_upstream.set_shape(shape, "ok")
+        else:
+            command.write_text(script)
+            command.chmod(0o755)
+        fixed = await client.call_tool("pay", {**pay, "order_id": "o-2"})
+    assert not first.is_error and not fixed.is_error, text(fixed)
+    for refused in (guarded, passed):
+        assert refused.is_error and text(refused).endswith("Nothing was executed."), text(refused)
+        assert "cannot reach its upstream server" in text(refused), text(refused)
+        assert "a person must fix the proxy's configuration" in text(refused)
+        assert "retry the same call" not in text(refused).lower()
+    assert [e["args"]["order_id"] for e in shifting_upstream.events(log, "pay")] == ["o-1", "o-2"]
+
+
 def readme_config() -> str:
     """The README's ``agentguard.toml``, as written."""
     blocks = re.findall(r"```toml\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.DOTALL)

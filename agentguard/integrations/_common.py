@@ -1,5 +1,6 @@
-"""What every adapter shares: the task-id rule, context-parameter detection, the refusal text, and the
-decorator shell that puts them around :meth:`Guard.once`. Nothing here imports a framework."""
+"""What every adapter shares: the task-id rule, context-parameter detection, and the decorator shell that
+puts them around :meth:`Guard.once`; refusal texts come from the one table in ``agentguard._refusals``.
+Nothing here imports a framework."""
 
 from __future__ import annotations
 
@@ -13,19 +14,15 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
 from .._context import DEFAULT_SCOPE, MAX_SCOPE, TaskInfo, check_id, check_task_id, current_task, task
-from .._errors import (
-    GuardError,
-    InProgressError,
-    KeyReuseError,
-    LeaseLostError,
-    MissingTaskError,
-    OutcomeUnknownError,
-    StoreError,
-)
+from .._errors import GuardError, MissingTaskError
 from .._frameworks import made_by
 from .._guard import Guard
+from .._refusals import refusal
 
 T = TypeVar("T")
+
+refusal_message = refusal
+"""The text a model sees when the guard did not run a tool: the one table of ``agentguard._refusals``."""
 
 KeyArg = Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None
 TaskIdFrom = Callable[[Any], Any]
@@ -81,47 +78,6 @@ def tool_specs(tools: ToolsArg) -> dict[str, ToolSpec]:
     if not out:
         raise ValueError("no tools to guard: name at least one")
     return out
-
-
-def refusal_message(exc: GuardError) -> str:
-    """The text a model sees when the guard did not run a tool: what happened and what (not) to do next."""
-    op = f"`{exc.operation}`" if exc.operation else "this tool call"
-    if isinstance(exc, KeyReuseError):
-        differ = ", ".join(exc.differing) or "some arguments"
-        return (
-            f"Refused by agentguard: {op} was already called in this task with different arguments "
-            f"(differing: {differ}). This call was NOT run and the earlier call stands. Do not retry with "
-            "changed arguments; if a second, different operation is really intended, ask the user."
-        )
-    if isinstance(exc, InProgressError):
-        return (
-            f"Not run by agentguard: the same {op} is still being processed for this task, so its outcome is "
-            "not known yet. Do not assume it failed and do not issue a different call; call it again later "
-            "with the same arguments to receive its result."
-        )
-    if isinstance(exc, MissingTaskError):
-        return (
-            f"Refused by agentguard: {op} has no task id configured, so it cannot be made safe to repeat and "
-            "was NOT run. This is a configuration problem of the application; retrying will not help."
-        )
-    if isinstance(exc, LeaseLostError):
-        return (
-            f"agentguard: {op} was taken over by another worker after this one stalled; this result was "
-            "discarded and the other worker's outcome stands. Call it again with the same arguments to "
-            "receive that outcome."
-        )
-    if isinstance(exc, StoreError):
-        ran = "may have taken effect" if exc.body_ran else "was NOT run"
-        return (
-            f"agentguard could not reach its store, so {op} {ran}. Do not issue a different call; the same "
-            "call can be repeated safely later and will not be performed twice."
-        )
-    if isinstance(exc, OutcomeUnknownError):
-        return (
-            f"agentguard: the outcome of {op} is unknown and it is held for review; it was NOT run again. "
-            "Tell the user rather than retrying."
-        )
-    return f"agentguard: {op} was not completed: {exc.message}"
 
 
 # -- task id: one rule, everywhere ------------------------------------------------------------------------

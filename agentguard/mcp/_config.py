@@ -18,7 +18,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_STORE = "sqlite+aiosqlite:///agentguard.db"
 ENV_URL = "AGENTGUARD_URL"
@@ -27,12 +36,24 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
+def _url(*schemes: str, problem: str) -> AfterValidator:
+    """A URL field that must start with one of ``schemes``."""
+
+    def check(v: str) -> str:
+        if not v.startswith(schemes):
+            raise ValueError(problem)
+        return v
+
+    return AfterValidator(check)
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class StoreConfig(_Model):
-    url: str | None = None
+    url: Annotated[str, _url("sqlite+aiosqlite://", "postgresql+asyncpg://",
+                             problem="must start with sqlite+aiosqlite:// or postgresql+asyncpg://")] | None = None
     """SQLAlchemy async URL; default ``$AGENTGUARD_URL``, else ``sqlite+aiosqlite:///agentguard.db``."""
     scope: str = Field(default="default", min_length=1, max_length=255)
     lease: PositiveSeconds = 30.0
@@ -42,17 +63,10 @@ class StoreConfig(_Model):
     out) before it exits with status 2. A store that answers but cannot be used (bad credentials, no such
     database, an unwritable SQLite folder) stops it at once."""
 
-    @field_validator("url")
-    @classmethod
-    def _known_driver(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
-            raise ValueError("must start with sqlite+aiosqlite:// or postgresql+asyncpg://")
-        return v
-
 
 class UpstreamConfig(_Model):
     command: list[str] | None = Field(default=None, min_length=1)
-    url: str | None = None
+    url: Annotated[str, _url("http://", "https://", problem="must be an http:// or https:// URL")] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     pass_env: list[str] = Field(default_factory=list)
     cwd: str | None = None
@@ -68,13 +82,6 @@ class UpstreamConfig(_Model):
         bad = [n for n in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
         if bad:
             raise ValueError(f"not environment variable names: {', '.join(map(repr, bad))}")
-        return v
-
-    @field_validator("url")
-    @classmethod
-    def _http(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
         return v
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""What the proxy and guarded native servers say on the wire: ``_meta`` keys, audit ids, refusal texts.
+"""What the proxy and guarded native servers put on the wire: ``_meta`` keys, the task id, audit ids, the replay note.
 
 ``dev.agentguard/`` is our reverse-DNS ``_meta`` prefix; ``io.modelcontextprotocol/`` is reserved for the
 protocol and is stripped (with progress tokens) before anything is stored, replayed or forwarded, so the
@@ -26,6 +26,13 @@ TASK_ID_DESCRIPTION = (
     "The id of the task you were given (the ticket, order, invoice or job id). Reuse exactly the same "
     "task_id on any retry of this call: a repeat then returns the first result instead of acting twice."
 )
+
+TASK_ID_FIX = (
+    "Pass the `task_id` argument: the id of the task you were given (the ticket, order, invoice or job id) as "
+    "a string, and reuse exactly the same task_id on any retry of this call. (Programs may send "
+    f"_meta[{META_TASK_ID!r}] or set ${ENV_TASK_ID} instead of the argument.)"
+)
+"""How a model supplies the task id of a guarded MCP call (the refusal of a call without one says so)."""
 
 # Host call ids change on every re-invocation: kept for audit, never used in a key.
 _HOST_IDS = ("claudecode/toolUseId", "callId", "itemId", "threadId", "sessionId")
@@ -60,16 +67,6 @@ def resolve_task_id(
     raise MissingTaskError(f"no task id for {tool!r}; the tool was not run", operation=tool)
 
 
-def task_refusal(tool: str, exc: MissingTaskError) -> str:
-    """What the model reads when a guarded call has no usable task id: how to fix the call."""
-    how = (
-        "Pass the `task_id` argument: the id of the task you were given (the ticket, order, invoice or job id) "
-        f"as a string, and reuse exactly the same task_id on any retry of this call. (Programs may send "
-        f"_meta[{META_TASK_ID!r}] or set ${ENV_TASK_ID} instead of the argument.)"
-    )
-    return nothing_executed(f"agentguard refused to run {tool}: {exc}. {how}")
-
-
 def clean_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
     """``meta`` without protocol-reserved keys and progress tokens."""
     if not meta:
@@ -92,11 +89,6 @@ def audit_ids(
     if protocol_version:
         out["protocol_version"] = protocol_version
     return out
-
-
-def nothing_executed(message: str) -> str:
-    """Every refusal says so plainly: some hosts show the model no error flag, only this text."""
-    return f"{message.rstrip()} Nothing was executed."
 
 
 def replay_note(operation: str, task_id: str) -> str:

@@ -35,18 +35,10 @@ from mcp.server.mcpserver.utilities.func_metadata import func_metadata
 from pydantic import Field, PlainValidator
 
 from .._context import DEFAULT_SCOPE, current_key, task
-from .._errors import GuardError, InProgressError, KeyReuseError, MissingTaskError
+from .._errors import GuardError, MissingTaskError
 from .._guard import Guard
-from ._meta import (
-    ABSENT,
-    META_KEY,
-    META_REPLAYED,
-    TASK_ID_DESCRIPTION,
-    nothing_executed,
-    replay_note,
-    resolve_task_id,
-    task_refusal,
-)
+from .._refusals import refusal
+from ._meta import ABSENT, META_KEY, META_REPLAYED, TASK_ID_DESCRIPTION, TASK_ID_FIX, replay_note, resolve_task_id
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -74,21 +66,6 @@ _TaskIdParam = Annotated[
     PlainValidator(_as_sent, json_schema_input_type=str),
     Field(default_factory=lambda: ABSENT, description=TASK_ID_DESCRIPTION),
 ]
-
-
-def _refusal(exc: GuardError) -> str:
-    if isinstance(exc, KeyReuseError):
-        differ = ", ".join(exc.differing) or "unknown arguments"
-        return nothing_executed(
-            f"agentguard refused to run {exc.operation}: in task {exc.task_id!r} it was already called with "
-            f"different arguments (differing: {differ}). A different operation needs a different task id."
-        )
-    if isinstance(exc, InProgressError):
-        return nothing_executed(
-            f"{exc.operation} in task {exc.task_id!r} is being run by another call right now; this call did not "
-            "run it. Retry the same call shortly to get its result."
-        )
-    return str(exc)  # the guard's own messages say whether the tool ran
 
 
 def guarded_tool(
@@ -172,7 +149,7 @@ def guarded_tool(
             try:
                 task_id = resolve_task_id(tool_name, kwargs.pop("task_id", ABSENT), meta, os.environ)
             except MissingTaskError as exc:
-                raise ToolError(task_refusal(tool_name, exc)) from None
+                raise ToolError(refusal(exc, fix=TASK_ID_FIX)) from None
             if ctx_param is not None:
                 kwargs[ctx_param] = ctx
             return task_id, ctx, []
@@ -198,7 +175,7 @@ def guarded_tool(
                     with task(task_id, scope=scope):
                         value = await guarded(*args, **kwargs)
                 except GuardError as exc:
-                    raise ToolError(_refusal(exc)) from None
+                    raise ToolError(refusal(exc, ran=bool(ran))) from None
                 finally:
                     _RAN.reset(token)
                 return finish(value, task_id, ran)
@@ -213,7 +190,7 @@ def guarded_tool(
                     with task(task_id, scope=scope):
                         value = guarded(*args, **kwargs)
                 except GuardError as exc:
-                    raise ToolError(_refusal(exc)) from None
+                    raise ToolError(refusal(exc, ran=bool(ran))) from None
                 finally:
                     _RAN.reset(token)
                 return finish(value, task_id, ran)
