@@ -47,7 +47,9 @@ if [ "${AGENTGUARD_FLOORS:-}" = 1 ] || { [ "${AGENTGUARD_FLOORS:-}" != 0 ] && [ 
   "$PY" -m venv "$SCRATCH/floors"
   "$SCRATCH/floors/bin/python" -m pip install -q -c "$SCRATCH/floors.txt" -e ".[httpx,httpx2,stripe]" \
     pytest anyio pytest-timeout hypothesis openai 2>&1 | grep -v "^WARNING: Location" || true
-  AGENTGUARD_TEST_BACKEND=sqlite "$SCRATCH/floors/bin/python" -m pytest -q -p no:cacheprovider "${FLOOR_TESTS[@]}"
+  # (no framework is installed there, so importing an adapter rightly raises MissingExtraError)
+  AGENTGUARD_TEST_BACKEND=sqlite "$SCRATCH/floors/bin/python" -m pytest -q -p no:cacheprovider "${FLOOR_TESTS[@]}" \
+    --deselect tests/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
 else
   echo "== (the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
 fi
