@@ -28,6 +28,7 @@ pytestmark = [
 ]
 
 README_EXAMPLE = re.compile(r"## Example\n\n```python\n(.*?)```", re.DOTALL)
+PROBLEM = re.compile(r"^Agents re-invoke tools:.*?\n\n", re.DOTALL | re.MULTILINE)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -58,7 +59,7 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 def test_the_wheel_holds_the_package_its_license_and_a_long_description_for_the_index(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        meta = email.message_from_bytes(z.read(f"agentguard-{__version__}.dist-info/METADATA"))
+        meta = email.message_from_string(z.read(f"agentguard-{__version__}.dist-info/METADATA").decode("utf-8"))
     assert wheel.name == f"agentguard-{__version__}-py3-none-any.whl"
     assert {"agentguard/py.typed", "agentguard/cli.py", "agentguard/servers/payments_demo.py",
             f"agentguard-{__version__}.dist-info/licenses/LICENSE"} <= names
@@ -80,6 +81,9 @@ def test_the_wheel_holds_the_package_its_license_and_a_long_description_for_the_
     [readme_example] = README_EXAMPLE.findall(readme)
     [long_example] = README_EXAMPLE.findall(description)
     assert long_example == readme_example  # one example, kept in step
+    [readme_problem] = PROBLEM.findall(readme)
+    [long_problem] = PROBLEM.findall(description)
+    assert long_problem == readme_problem  # and one statement of the problem
 
 
 def test_the_installed_package_runs_its_demo_away_from_the_checkout(venv: Path, tmp_path: Path) -> None:
