@@ -1,19 +1,63 @@
-"""The ``agentguard`` command: demo, ls, resolve, sweep, mcp-proxy."""
+"""The ``agentguard`` command: demo, ls, resolve, sweep, mcp-proxy.
+
+    agentguard demo                                  the offline demo, on the embedded SQLite store
+    agentguard ls [--json] [--unknown] [--task T]     the latest records (or the operations held on an unknown outcome)
+    agentguard resolve KEY (--result JSON | --retry | --abandon)
+    agentguard sweep [--batch N]                     delete records past their retention
+    agentguard mcp-proxy --config agentguard.toml    the guarding MCP proxy (the mcp extra)
+
+``ls``, ``resolve`` and ``sweep`` name their store with ``--url URL`` or ``--config agentguard.toml`` (the
+proxy's config: its ``[store]`` url and scope), else ``$AGENTGUARD_URL``, else ``agentguard.db`` here. They
+only read or settle records, so they never create a store: a SQLite file that does not exist is reported as
+``no store at PATH``, and an in-memory URL is refused (it exists only inside the process that opened it).
+
+``ls --json`` prints one JSON document, with these field names (ages in seconds)::
+
+    {"records": [{"scope": str, "task_id": str, "operation": str, "state": str, "attempts": int,
+                  "age_seconds": float, "lease_left_seconds": float | null, "key": str, "audit": object | null}]}
+    {"unknown": [{"scope": str, "key": str, "task_id": str, "operation": str, "step": str,
+                  "attempts": int, "age_seconds": float}]}                                  # with --unknown
+
+Exit status: 0 done; 1 an error, named on stderr; 2 a usage error — and ``agentguard`` with no command,
+which prints the help (nothing was done, so a script that forgot the command must not read success);
+130 interrupted; 141 (128 + SIGPIPE, as ``ls`` or ``git log`` end) when the reader of stdout went away
+early, e.g. ``agentguard ls | head -3``, which ends quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import __version__
 from ._errors import GuardError
+from ._extras import MissingExtraError, require
+from ._storeconfig import StoreRef, from_arguments, sqlite_file
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_PIPE = 141
+
+# What a store says when a tool call failed before its body: true for a guarded call, meaningless here,
+# where no tool exists.
+_TOOL_SUFFIXES = ("; the tool was not run again", "; the tool was not run")
 
 
-def _url_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="store URL (default: $AGENTGUARD_URL, else sqlite+aiosqlite:///agentguard.db)")
+class CommandError(Exception):
+    """A problem the command reports on stderr with exit status 1 (no traceback)."""
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc)
+    for suffix in _TOOL_SUFFIXES:
+        text = text.replace(suffix, "")
+    return text
 
 
 def _age(seconds: float) -> str:
@@ -26,123 +70,259 @@ def _age(seconds: float) -> str:
     return f"{seconds / 86400:.0f}d"
 
 
-async def _ls(url: str | None, scope: str | None, task_id: str | None, limit: int) -> int:
+def _existing_store(args: argparse.Namespace) -> StoreRef:
+    """The store named by --url/--config, checked before a Guard is built: a Guard would create a missing
+    SQLite file, and a command that only reads or settles must never leave an empty store behind."""
+    ref = from_arguments(args.url, args.config)
+    _check_driver(ref.url)
+    path = sqlite_file(ref.url)
+    if path is not None and not path.exists():
+        where = f" (the store of {ref.config})" if ref.config is not None else ""
+        raise CommandError(f"no store at {path}{where}: nothing has been recorded there; give the store's URL "
+                           "with --url or the proxy's config with --config")
+    return ref
+
+
+def _check_driver(url: str) -> None:
+    if url.startswith(("postgresql", "postgres:")):
+        require("asyncpg", extra="postgres", by="a postgresql+asyncpg:// store")
+
+
+async def _records(url: str, scope: str | None, task_id: str | None, limit: int) -> list[dict[str, Any]]:
     from ._guard import Guard
 
     async with Guard(url) as guard:
         rows = await guard.records(scope=scope, task_id=task_id, limit=limit)
-    if not rows:
-        print("no records")
-        return 0
-    headers = ("scope", "task", "operation", "state", "attempts", "age", "key", "audit")
-    table = [
-        (r.scope, r.task_id, r.operation, r.state + (f" ({r.lease_left:.0f}s lease)" if r.lease_left else ""),
-         str(r.attempts), _age(r.age), r.key, json.dumps(r.audit, default=str) if r.audit else "")
+    return [
+        {
+            "scope": r.scope, "task_id": r.task_id, "operation": r.operation, "state": r.state,
+            "attempts": r.attempts, "age_seconds": round(r.age, 3),
+            "lease_left_seconds": None if r.lease_left is None else round(r.lease_left, 3),
+            "key": r.key, "audit": r.audit or None,
+        }
         for r in rows
     ]
-    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
-    return 0
 
 
-async def _ls_unknown(url: str | None, scope: str | None, limit: int) -> int:
+async def _unknown(url: str, scope: str | None, limit: int) -> list[dict[str, Any]]:
     from ._guard import Guard
 
     async with Guard(url) as guard:
         rows = await guard.unknown(scope=scope, limit=limit)
-    if not rows:
-        print("no operations with an unknown outcome")
+    return [
+        {"scope": r["scope"], "key": r["key"], "task_id": r["task_id"], "operation": r["operation"],
+         "step": r["step"], "attempts": int(r["attempts"]), "age_seconds": round(float(r["age"]), 3)}
+        for r in rows
+    ]
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    headers = ("scope", "task", "operation", "state", "attempts", "age", "key", "audit")
+    table = [
+        (r["scope"], r["task_id"], r["operation"],
+         r["state"] + (f" ({r['lease_left_seconds']:.0f}s lease)" if r["lease_left_seconds"] else ""),
+         str(r["attempts"]), _age(r["age_seconds"]), r["key"],
+         json.dumps(r["audit"], default=str) if r["audit"] else "")
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _ls(args: argparse.Namespace) -> int:
+    ref = _existing_store(args)
+    scope = args.scope if args.scope is not None else ref.scope
+    if args.unknown:
+        held = asyncio.run(_unknown(ref.url, scope, args.limit))
+        if args.json:
+            print(json.dumps({"unknown": held}, default=str))
+        elif not held:
+            print("no operations with an unknown outcome")
+        else:
+            for r in held:
+                print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  "
+                      f"step={r['step']!r}  attempts={r['attempts']}  age={_age(r['age_seconds'])}")
         return 0
-    for r in rows:
-        print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  step={r['step']!r}  "
-              f"attempts={r['attempts']}  age={_age(float(r['age']))}")
+    rows = asyncio.run(_records(ref.url, scope, args.task_id, args.limit))
+    if args.json:
+        print(json.dumps({"records": rows}, default=str))
+    elif not rows:
+        print("no records")
+    else:
+        _print_table(rows)
     return 0
 
 
-async def _resolve(url: str | None, key: str, scope: str, result: str | None, retry: bool, abandon: bool) -> int:
-    from ._guard import Guard
-
-    kwargs: dict[str, Any] = {"retry": retry, "abandon": abandon}
-    if result is not None:
+def _resolve(args: argparse.Namespace) -> int:
+    kwargs: dict[str, Any] = {"retry": args.retry, "abandon": args.abandon}
+    if args.result is not None:
         try:
-            kwargs["result"] = json.loads(result)
+            kwargs["result"] = json.loads(args.result)
         except ValueError as exc:
-            raise ValueError(f"--result must be JSON: {exc}") from None
-    async with Guard(url) as guard:
-        print(await guard.resolve(key, scope=scope, **kwargs))
+            raise CommandError(f"--result must be JSON: {exc}") from None
+    ref = _existing_store(args)
+    scope = args.scope or ref.scope or "default"
+
+    async def go() -> str:
+        from ._guard import Guard
+
+        async with Guard(ref.url) as guard:
+            return await guard.resolve(args.key, scope=scope, **kwargs)
+
+    print(asyncio.run(go()))
     return 0
 
 
-async def _sweep(url: str | None, batch: int) -> int:
-    from ._guard import Guard
+def _sweep(args: argparse.Namespace) -> int:
+    ref = _existing_store(args)
 
-    async with Guard(url) as guard:
-        n = await guard.sweep(batch=batch)
+    async def go() -> int:
+        from ._guard import Guard
+
+        async with Guard(ref.url) as guard:
+            return await guard.sweep(batch=args.batch)
+
+    n = asyncio.run(go())
     print(f"deleted {n} expired record{'s' if n != 1 else ''}")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agentguard", description="At-most-once tool calls for AI agents.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _demo(args: argparse.Namespace) -> int:
+    if args.url:
+        _check_driver(args.url)
+    from ._demo import run_demo
 
-    p_demo = sub.add_parser("demo", help="run the offline demo on the embedded SQLite store")
-    _url_arg(p_demo)
+    return run_demo(args.url)
 
-    p_ls = sub.add_parser("ls", help="list records (task, operation, state, attempts, age)")
-    _url_arg(p_ls)
-    p_ls.add_argument("--scope")
-    p_ls.add_argument("--task", dest="task_id")
-    p_ls.add_argument("--limit", type=int, default=100)
-    p_ls.add_argument("--unknown", action="store_true", help="only operations with a step of unknown outcome")
 
-    p_resolve = sub.add_parser("resolve", help="settle an operation held on an unknown outcome")
-    _url_arg(p_resolve)
+def _mcp_proxy(args: argparse.Namespace) -> int:
+    require("mcp", "mcp_types", extra="mcp", by="agentguard mcp-proxy")
+    try:
+        from .mcp import proxy
+    except ImportError as exc:  # installed, but not a version this proxy works with
+        print(f"agentguard mcp-proxy could not import the MCP SDK ({exc}); reinstall it with "
+              "pip install 'agentguard[mcp]'", file=sys.stderr)
+        return EXIT_USAGE
+    return proxy.main(args.config)
+
+
+def _store_options(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--url", metavar="URL",
+                       help="the store's URL (default: $AGENTGUARD_URL, else sqlite+aiosqlite:///agentguard.db)")
+    where.add_argument("--config", metavar="TOML",
+                       help="read the store's URL and scope from the [store] table of a proxy config "
+                            "(agentguard.toml); a relative SQLite path is relative to the file's folder")
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentguard",
+        description="At-most-once tool calls for AI agents: run a tool once per task and operation, replay "
+                    "its stored outcome to every repeat.",
+        epilog="Run `agentguard COMMAND --help` for a command's options. Exit status: 0 done, 1 error, "
+               "2 usage error (also: no command given).",
+    )
+    parser.add_argument("--version", action="version", version=f"agentguard {__version__}",
+                        help="print agentguard's version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                help="one of these; `agentguard COMMAND --help` shows its options")
+
+    p_demo = sub.add_parser("demo", help="run the offline demo on the embedded SQLite store",
+                            description="A scripted agent retries a charge, races five identical calls, "
+                                        "crashes a worker with SIGKILL and resumes: one charge per order.")
+    p_demo.add_argument("--url", metavar="URL",
+                        help="run the demo on this store instead (default: $AGENTGUARD_URL, else "
+                             "sqlite+aiosqlite:///agentguard.db)")
+    p_demo.set_defaults(run=_demo)
+
+    p_ls = sub.add_parser("ls", help="list the latest records (task, operation, state, attempts, age)",
+                          description="List the most recently updated records, newest first.")
+    _store_options(p_ls)
+    p_ls.add_argument("--scope", help="only this scope (default: every scope; with --config, the config's scope)")
+    p_ls.add_argument("--task", dest="task_id", metavar="TASK_ID", help="only this task id")
+    p_ls.add_argument("--limit", type=_positive, default=100, metavar="N",
+                      help="at most N records (default: 100)")
+    p_ls.add_argument("--unknown", action="store_true",
+                      help="only operations held on a step of unknown outcome (settle them with resolve)")
+    p_ls.add_argument("--json", action="store_true",
+                      help='print one JSON document for scripts: {"records": [{scope, task_id, operation, state, '
+                           "attempts, age_seconds, lease_left_seconds, key, audit}]}; with --unknown "
+                           '{"unknown": [{scope, key, task_id, operation, step, attempts, age_seconds}]}')
+    p_ls.set_defaults(run=_ls)
+
+    p_resolve = sub.add_parser("resolve", help="settle an operation held on an unknown outcome",
+                               description="Settle an operation whose worker died inside a step "
+                                           "(on_unknown='hold'): record the step's real outcome, retry it, "
+                                           "or give the operation up.")
+    _store_options(p_resolve)
     p_resolve.add_argument("key", help="the operation's key (agentguard ls --unknown)")
-    p_resolve.add_argument("--scope", default="default")
+    p_resolve.add_argument("--scope", help="the operation's scope (default: the config's scope, else 'default')")
     how = p_resolve.add_mutually_exclusive_group(required=True)
-    how.add_argument("--result", help="the step's real outcome, as JSON (e.g. the provider's charge)")
+    how.add_argument("--result", metavar="JSON",
+                     help="the step's real outcome, as JSON (e.g. the provider's charge)")
     how.add_argument("--retry", action="store_true", help="run the step again (same sub-key) on the next attempt")
     how.add_argument("--abandon", action="store_true", help="give the operation up: every later call errors")
+    p_resolve.set_defaults(run=_resolve)
 
-    p_sweep = sub.add_parser("sweep", help="delete records past their retention")
-    _url_arg(p_sweep)
-    p_sweep.add_argument("--batch", type=int, default=1000)
+    p_sweep = sub.add_parser("sweep", help="delete records past their retention",
+                             description="Delete records past their retention, in bounded batches.")
+    _store_options(p_sweep)
+    p_sweep.add_argument("--batch", type=_positive, default=1000, metavar="N",
+                         help="delete at most N records per statement (default: 1000)")
+    p_sweep.set_defaults(run=_sweep)
 
-    p_proxy = sub.add_parser("mcp-proxy", help="serve a guarding MCP proxy over stdio (needs agentguard[mcp])")
-    p_proxy.add_argument("--config", required=True, help="path to agentguard.toml")
+    p_proxy = sub.add_parser("mcp-proxy", help="serve a guarding MCP proxy over stdio (needs agentguard[mcp])",
+                             description="Guard the tools a config names in front of any MCP server; "
+                                         "checks the store and the upstream's tools first (exit 2 on a problem).")
+    p_proxy.add_argument("--config", required=True, metavar="TOML", help="path to agentguard.toml")
+    p_proxy.set_defaults(run=_mcp_proxy)
+    return parser
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
+    if args.command is None:  # only global options, e.g. `agentguard --url x`
+        parser.print_usage(sys.stderr)
+        print("agentguard: error: a command is required", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        if args.command == "demo":
-            from ._demo import run_demo
-
-            return run_demo(args.url)
-        if args.command == "ls":
-            if args.unknown:
-                return asyncio.run(_ls_unknown(args.url, args.scope, args.limit))
-            return asyncio.run(_ls(args.url, args.scope, args.task_id, args.limit))
-        if args.command == "resolve":
-            return asyncio.run(_resolve(args.url, args.key, args.scope, args.result, args.retry, args.abandon))
-        if args.command == "sweep":
-            return asyncio.run(_sweep(args.url, args.batch))
-        if args.command == "mcp-proxy":
-            try:
-                from .mcp import proxy
-            except ImportError as exc:
-                print(f"agentguard mcp-proxy needs the mcp extra: pip install 'agentguard[mcp]' ({exc})",
-                      file=sys.stderr)
-                return 2
-            return proxy.main(args.config)
-    except (GuardError, ValueError) as exc:
+        code: int = args.run(args)
+        if args.command != "mcp-proxy":
+            sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return code
+    except MissingExtraError as exc:
         print(f"agentguard: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE if args.command == "mcp-proxy" else EXIT_ERROR
+    except (CommandError, GuardError, ValueError) as exc:
+        print(f"agentguard: {_message(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (`agentguard ls | head`): stop quietly. stdout is pointed at /dev/null so the
+        # interpreter's final flush of what is still buffered cannot raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
     except KeyboardInterrupt:
-        return 130
-    parser.error(f"unknown command {args.command}")
-    return 2
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """DBOS: a durable workflow whose guarded step is called twice; the task id is the DBOS workflow id.
 
+Needs the dbos extra:  pip install 'agentguard[dbos]'
 Offline (SQLite system database in a temporary directory):  python examples/dbos_workflow.py
 Kill it mid-step and start it again and DBOS recovers the workflow; the guard makes the re-run step replay
 (or take over with the same downstream key), so the provider charges once — see tests/test_integration_dbos.py.
@@ -19,7 +20,8 @@ from agentguard.integrations.dbos import once
 tmp = Path(tempfile.mkdtemp(prefix="agentguard-dbos-"))
 guard = Guard(f"sqlite+aiosqlite:///{tmp / 'agentguard.db'}")
 ledger: list[str] = []
-DBOS(config={"name": "agentguard-example", "system_database_url": f"sqlite:///{tmp / 'dbos.sqlite'}"})
+DBOS(config={"name": "agentguard-example", "system_database_url": f"sqlite:///{tmp / 'dbos.sqlite'}",
+             "log_level": "WARNING"})  # DBOS logs every start-up step at INFO: this example prints its story
 
 
 @DBOS.step()                     # DBOS on top, agentguard underneath

@@ -1,10 +1,12 @@
 """The guarding MCP proxy, offline: a host retries a charge, the provider charges once.
 
-    python examples/mcp_proxy_demo.py
+Needs the mcp extra:  pip install 'agentguard[mcp]'
+Offline:  python examples/mcp_proxy_demo.py
 
-Starts ``agentguard mcp-proxy`` over stdio in front of ``servers/payments_demo.py`` (a Stripe-like fake),
-as Claude Code or Codex would, then calls ``create_charge`` three times with the same task id: the first
-call charges, the repeats are replays. A different amount for the same order is refused.
+Starts ``agentguard mcp-proxy`` over stdio in front of ``python -m agentguard.servers.payments_demo`` (a
+Stripe-like fake that ships with the package), as Claude Code or Codex would, then calls ``create_charge``
+three times with the same task id: the first call charges, the repeats are replays. A different amount for
+the same order is refused.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ async def main() -> None:
         config = Path(tmp) / "agentguard.toml"
         config.write_text(
             '[store]\nurl = "sqlite+aiosqlite:///claims.db"\n\n'
-            f'[upstream]\ncommand = ["python", "{ROOT / "servers" / "payments_demo.py"}"]\n'
-            'env = { PAYMENTS_DEMO_DB = "payments.db" }\n\n'
+            '[upstream]\ncommand = ["python", "-m", "agentguard.servers.payments_demo"]\n'
+            'env = { PAYMENTS_DEMO_DB = "payments.db" }\npass_env = ["PYTHONPATH"]\n\n'
             '[tools.create_charge]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
         )
         proxy = StdioServerParameters(
             command=sys.executable, args=["-m", "agentguard.cli", "mcp-proxy", "--config", str(config)],
-            env={"PYTHONPATH": str(ROOT), "AGENTGUARD_LOG": "WARNING"},
+            # The proxy logs each refusal as a WARNING on stderr, for a host's MCP log; this demo prints its own
+            # story, so it shows the proxy's errors only.
+            env={"PYTHONPATH": str(ROOT), "AGENTGUARD_LOG": "ERROR"},
         )
         charge = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd", "task_id": "ticket-8812"}
         async with Client(proxy) as client:

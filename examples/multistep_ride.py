@@ -3,7 +3,8 @@
 The first attempt fails after the charge; the retry resumes after the last recorded step, so the ride row
 is inserted once, the card is charged once and the receipt is sent once.
 
-    python examples/multistep_ride.py
+Needs no extra:  pip install agentguard
+Offline:  python examples/multistep_ride.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The README example, runnable offline: a plain async tool guarded by agentguard.
 
-    python examples/quickstart.py
+Needs no extra:  pip install agentguard
+Offline:  python examples/quickstart.py
 """
 
 from __future__ import annotations

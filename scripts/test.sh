@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: virtualenv, install, lint, type-check, then pytest twice —
-# once on embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit.
+# The whole test suite, on a fresh machine: virtualenv, install, lint, type-check, the core suite on the
+# lowest versions pyproject.toml allows (in a second, throwaway virtualenv), then pytest twice — once on
+# embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit.
 # Usage: bash scripts/test.sh [pytest args...]
+#   With pytest args the floors job is skipped (a quick loop); AGENTGUARD_FLOORS=1 runs it anyway,
+#   AGENTGUARD_FLOORS=0 skips it always.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,9 +17,42 @@ fi
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
 
 echo "== ruff"
-.venv/bin/ruff check agentguard tests servers examples benchmarks
+.venv/bin/ruff check agentguard tests servers examples benchmarks scripts
 echo "== mypy --strict"
 .venv/bin/mypy
+
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-test.XXXXXX")
+PGTMP=""
+cleanup() {
+  if [ -n "$PGTMP" ]; then
+    as_pg "$PGBIN/pg_ctl" -D "$PGTMP/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$PGTMP"
+  fi
+  rm -rf "$SCRATCH"
+}
+trap cleanup EXIT
+as_pg() { "$@"; }
+
+# -- the floors: the lowest versions pyproject.toml allows --------------------------------------------------
+# The core dependencies and those of the key-forwarding extras (httpx, httpx2, stripe) pinned to their
+# floors by scripts/floors.py; pytest and the other test tools at their newest. SQLite only, no other extra.
+FLOOR_TESTS=(tests/test_guard.py tests/test_keys.py tests/test_codec.py tests/test_ids.py
+             tests/test_store_failures.py tests/test_operations.py tests/test_cache.py tests/test_fingerprint_guarded.py
+             tests/test_fingerprint_property.py tests/test_read_first.py tests/test_sqlite_hops.py
+             tests/test_shutdown.py tests/test_downstream.py)
+if [ "${AGENTGUARD_FLOORS:-}" = 1 ] || { [ "${AGENTGUARD_FLOORS:-}" != 0 ] && [ $# -eq 0 ]; }; then
+  echo "== the core suite on the lowest versions pyproject.toml allows (SQLite)"
+  .venv/bin/python scripts/floors.py httpx httpx2 stripe > "$SCRATCH/floors.txt"
+  sed 's/^/   /' "$SCRATCH/floors.txt"
+  "$PY" -m venv "$SCRATCH/floors"
+  "$SCRATCH/floors/bin/python" -m pip install -q -c "$SCRATCH/floors.txt" -e ".[httpx,httpx2,stripe]" \
+    pytest anyio pytest-timeout hypothesis openai 2>&1 | grep -v "^WARNING: Location" || true
+  # (no framework is installed there, so importing an adapter rightly raises MissingExtraError)
+  AGENTGUARD_TEST_BACKEND=sqlite "$SCRATCH/floors/bin/python" -m pytest -q -p no:cacheprovider "${FLOOR_TESTS[@]}" \
+    --deselect tests/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
+else
+  echo "== (the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
+fi
 
 # -- a throwaway PostgreSQL ---------------------------------------------------------------------------
 find_pg_bin() {
@@ -37,7 +73,6 @@ fi
 
 PGTMP=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-pg.XXXXXX")
 PGPORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-as_pg() { "$@"; }
 if [ "$(id -u)" = 0 ]; then
   # initdb and pg_ctl refuse to run as root: use an unprivileged account.
   PGUSER_OS=postgres
@@ -45,11 +80,6 @@ if [ "$(id -u)" = 0 ]; then
   chown "$PGUSER_OS" "$PGTMP"
   as_pg() { runuser -u "$PGUSER_OS" -- "$@"; }
 fi
-cleanup() {
-  as_pg "$PGBIN/pg_ctl" -D "$PGTMP/data" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$PGTMP"
-}
-trap cleanup EXIT
 as_pg "$PGBIN/initdb" -D "$PGTMP/data" -A trust -U agentguard --no-sync >/dev/null
 as_pg "$PGBIN/pg_ctl" -D "$PGTMP/data" -l "$PGTMP/log" -w -t 60 start -o \
   "-p $PGPORT -k $PGTMP -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c full_page_writes=off" \

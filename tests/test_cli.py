@@ -1,13 +1,21 @@
-"""The `agentguard` command: the demo end to end, ls and sweep, as a user runs them."""
+"""The `agentguard` command as a user runs it, in a subprocess: the demo end to end, ls, sweep and resolve, their
+store options, help, version, exit statuses and errors."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.metadata
+import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from agentguard import Guard, __version__, task
 
 from conftest import BACKEND
 
@@ -36,6 +44,7 @@ def test_demo_on_the_embedded_default(tmp_path: Path) -> None:
 
 
 def test_ls_and_sweep(store_url: str, tmp_path: Path) -> None:
+    asyncio.run(Guard(store_url).ensure_schema())  # an empty store
     assert "no records" in agentguard("ls", cwd=tmp_path, url=store_url).stdout
     swept = agentguard("sweep", "--batch", "10", cwd=tmp_path, url=store_url)
     assert swept.returncode == 0 and "deleted 0 expired records" in swept.stdout
@@ -75,3 +84,258 @@ def test_redaction() -> None:
     assert redact_url("sqlite+aiosqlite:///a/b.db") == "sqlite+aiosqlite:///a/b.db"
     assert redact_url("postgresql+asyncpg://u:p@ss@host/db") == "postgresql+asyncpg://u:***@host/db"  # a raw "@"
     assert redact_text("failed for mysql://root:pw@db:3306/x; retry") == "failed for mysql://root:***@db:3306/x; retry"
+
+
+# -- the command line behaves like the tools people know ---------------------------------------------------
+
+COMMANDS = ("demo", "ls", "resolve", "sweep", "mcp-proxy")
+# Tests that never open the suite's store run once, in the SQLite pass.
+storeless = pytest.mark.skipif(BACKEND != "sqlite", reason="independent of the store's backend: runs with sqlite")
+
+
+def run(*args: str, cwd: Path, env: dict[str, str] | None = None, stdout: Any = subprocess.PIPE,
+        code: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it (or ``code`` run with ``python -c``, for an import blocked first)."""
+    full = {k: v for k, v in os.environ.items() if k != "AGENTGUARD_URL"} | (env or {})
+    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "agentguard.cli", *args]
+    return subprocess.run(argv, cwd=cwd, env=full, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def record(url: str, *, scope: str = "default", task_id: str = "t-1", n: int = 1) -> None:
+    """Put ``n`` succeeded records of one task into the store at ``url``."""
+    guard = Guard(url)
+
+    @guard.once(key=["i"])
+    def step(i: int) -> int:
+        return i
+
+    with task(task_id, scope=scope):
+        for i in range(n):
+            step(i)
+    guard.close()
+
+
+@storeless
+def test_no_command_prints_the_help_and_exits_2(tmp_path: Path) -> None:
+    # 2, argparse's status for every other usage error: nothing was done, so a script that forgot the
+    # command must not read success.
+    out = run(cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("usage: agentguard") and "commands:" in out.stderr
+    assert all(c in out.stderr for c in COMMANDS)
+    only_options = run("--url", "sqlite+aiosqlite:///x.db", cwd=tmp_path)
+    assert only_options.returncode == 2 and "error:" in only_options.stderr
+    assert run("--", cwd=tmp_path).returncode == 2
+
+
+@storeless
+def test_version(tmp_path: Path) -> None:
+    out = run("--version", cwd=tmp_path)
+    assert out.returncode == 0
+    assert out.stdout == f"agentguard {__version__}\n"
+    assert importlib.metadata.version("agentguard") == __version__  # one version, from __init__
+
+
+def help_entries(text: str) -> dict[str, str]:
+    """Each option or positional of an argparse help text -> its help (empty if it has none)."""
+    entries: dict[str, str] = {}
+    section = False
+    name = ""
+    for line in text.splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            section = line in ("options:", "positional arguments:", "commands:")
+            continue
+        if not section or not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent == 2:  # an entry: its invocation, then (after 2+ spaces) its help, or help on the next lines
+            invocation, _, help_text = line.strip().partition("  ")
+            name = invocation
+            entries[name] = help_text.strip()
+        elif name:
+            entries[name] = (entries[name] + " " + line.strip()).strip()
+    return entries
+
+
+@storeless
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_every_option_has_help(tmp_path: Path, command: str) -> None:
+    out = run(*([command] if command else []), "--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    entries = help_entries(out.stdout)
+    assert "-h, --help" in entries and len(entries) >= 2
+    assert [n for n, h in entries.items() if not h] == [], out.stdout
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(store_url: str, tmp_path: Path) -> None:
+    record(store_url, n=30)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # gone before the first byte: every write fails, deterministically
+    try:
+        out = run("ls", "--url", store_url, cwd=tmp_path, stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert out.returncode == 141 and out.stderr == ""  # 128 + SIGPIPE, as `ls` or `git log` end
+    # and as a user types it: whether head closes the pipe before or after the writes, nothing on stderr
+    shell = subprocess.run(["bash", "-c", f"{sys.executable} -m agentguard.cli ls --url '{store_url}' | head -1"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert shell.returncode == 0 and shell.stderr == "" and shell.stdout.startswith("scope")
+
+
+@storeless
+@pytest.mark.parametrize("args", [("ls",), ("ls", "--unknown"), ("ls", "--json"), ("sweep",),
+                                  ("resolve", "ag_x", "--retry")])
+def test_commands_that_read_or_settle_never_create_a_store(tmp_path: Path, args: tuple[str, ...]) -> None:
+    out = run(*args, cwd=tmp_path)  # the default store, agentguard.db here
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith(f"agentguard: no store at {tmp_path / 'agentguard.db'}"), out.stderr
+    nested = run(*args, "--url", "sqlite+aiosqlite:///deep/er/claims.db", cwd=tmp_path)
+    assert nested.returncode == 1 and f"no store at {tmp_path / 'deep' / 'er' / 'claims.db'}" in nested.stderr
+    memory = run(*args, "--url", "sqlite+aiosqlite://", cwd=tmp_path)
+    assert memory.returncode == 1 and "in-memory store" in memory.stderr, memory.stderr
+    assert list(tmp_path.iterdir()) == []  # no file, no folder
+    assert "Traceback" not in out.stderr + nested.stderr + memory.stderr
+
+
+@pytest.mark.skipif(BACKEND != "sqlite", reason="a relative SQLite path in the config")
+def test_config_names_the_store_as_the_proxy_reads_it(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agentguard.toml").write_text(
+        '[store]\nurl = "sqlite+aiosqlite:///.agentguard/claims.db"\nscope = "acct_42"\n\n'
+        '[upstream]\ncommand = ["python", "-m", "agentguard.servers.payments_demo"]\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    missing = run("ls", "--config", "../project/agentguard.toml", cwd=elsewhere)
+    assert missing.returncode == 1, missing.stderr
+    assert f"no store at {project / '.agentguard' / 'claims.db'} (the store of {project / 'agentguard.toml'})" in (
+        missing.stderr)
+    url = f"sqlite+aiosqlite:///{project / '.agentguard' / 'claims.db'}"
+    record(url, scope="acct_42", task_id="ticket-1", n=2)
+    record(url, scope="other", task_id="ticket-2")
+    listed = run("ls", "--config", "../project/agentguard.toml", "--json", cwd=elsewhere)  # the config's scope
+    assert listed.returncode == 0, listed.stderr
+    assert {(r["scope"], r["task_id"]) for r in json.loads(listed.stdout)["records"]} == {("acct_42", "ticket-1")}
+    other = run("ls", "--config", str(project / "agentguard.toml"), "--scope", "other", "--json", cwd=elsewhere)
+    assert [r["task_id"] for r in json.loads(other.stdout)["records"]] == ["ticket-2"]
+    swept = run("sweep", "--config", str(project / "agentguard.toml"), cwd=elsewhere)
+    assert swept.returncode == 0 and swept.stdout == "deleted 0 expired records\n"
+    resolved = run("resolve", "ag_nope", "--abandon", "--config", str(project / "agentguard.toml"), cwd=elsewhere)
+    assert resolved.returncode == 1 and "in scope 'acct_42'" in resolved.stderr, resolved.stderr
+    both = run("ls", "--config", "x.toml", "--url", url, cwd=elsewhere)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    assert sorted(p.name for p in elsewhere.iterdir()) == []
+
+
+@storeless
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (None, "no config file at"),
+        ("[store\n", "is not valid TOML"),
+        ('store = "x"\n', "[store] must be a table"),
+        ("[store]\nurl = 5\n", "[store] url must be a non-empty string"),
+        ('[store]\nscope = ""\n', "[store] scope must be a non-empty string"),
+    ],
+)
+def test_a_bad_config_is_named(tmp_path: Path, text: str | None, problem: str) -> None:
+    if text is not None:
+        (tmp_path / "agentguard.toml").write_text(text)
+    out = run("ls", "--config", "agentguard.toml", cwd=tmp_path)
+    assert out.returncode == 1 and problem in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@storeless
+def test_config_without_a_store_url_uses_the_environment_then_the_default(tmp_path: Path) -> None:
+    (tmp_path / "agentguard.toml").write_text('[upstream]\ncommand = ["x"]\n')
+    out = run("ls", "--config", "agentguard.toml", cwd=tmp_path)
+    assert f"no store at {tmp_path / 'agentguard.db'}" in out.stderr
+    env = run("ls", "--config", "agentguard.toml", cwd=tmp_path,
+              env={"AGENTGUARD_URL": "sqlite+aiosqlite:///from-env.db"})
+    assert f"no store at {tmp_path / 'from-env.db'}" in env.stderr
+
+
+def test_ls_json_is_one_document_with_stable_fields(store_url: str, tmp_path: Path) -> None:
+    empty = run("ls", "--json", "--url", store_url, cwd=tmp_path) if BACKEND == "postgres" else None
+    record(store_url, task_id="ticket-9", n=2)
+    out = run("ls", "--json", "--url", store_url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert list(doc) == ["records"] and len(doc["records"]) == 2
+    for r in doc["records"]:
+        assert list(r) == ["scope", "task_id", "operation", "state", "attempts", "age_seconds",
+                           "lease_left_seconds", "key", "audit"]
+        assert (r["scope"], r["task_id"], r["state"], r["attempts"]) == ("default", "ticket-9", "succeeded", 1)
+        assert r["operation"].startswith("step[") and r["key"].startswith("ag_") and r["audit"] is None
+    unknown = run("ls", "--json", "--unknown", "--url", store_url, cwd=tmp_path)
+    assert json.loads(unknown.stdout) == {"unknown": []}
+    if empty is not None:
+        assert json.loads(empty.stdout) == {"records": []}
+
+
+@storeless
+def test_cli_errors_never_say_a_tool_was_not_run(tmp_path: Path) -> None:
+    for args in (("ls",), ("sweep",), ("resolve", "ag_x", "--retry")):
+        out = run(*args, "--url", "postgresql+asyncpg://u@127.0.0.1:1/db", cwd=tmp_path)
+        assert out.returncode == 1 and "the store failed" in out.stderr, out.stderr
+        assert "not run" not in out.stderr and "tool" not in out.stderr, out.stderr
+
+
+BLOCK = (  # the import of these top-level modules fails, as if their extra were not installed
+    "import sys\n"
+    "for name in sys.argv[1].split(','):\n"
+    "    sys.modules[name] = None\n"
+    "del sys.argv[1]\n"
+    "from agentguard.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@storeless
+def test_a_postgres_url_without_asyncpg_names_the_extra(tmp_path: Path) -> None:
+    for args in (("ls",), ("sweep",), ("demo",)):
+        out = run("asyncpg", *args, "--url", "postgresql+asyncpg://u@127.0.0.1:1/db", cwd=tmp_path, code=BLOCK)
+        assert out.returncode == 1, out.stderr
+        assert out.stderr == (
+            "agentguard: a postgresql+asyncpg:// store needs the postgres extra (no module named 'asyncpg' is "
+            "installed): pip install 'agentguard[postgres]'\n"
+        )
+
+
+@storeless
+def test_mcp_proxy_without_the_mcp_extra_names_it(tmp_path: Path) -> None:
+    (tmp_path / "agentguard.toml").write_text('[upstream]\ncommand = ["x"]\n')
+    for blocked in ("mcp", "mcp_types"):
+        out = run(blocked, "mcp-proxy", "--config", "agentguard.toml", cwd=tmp_path, code=BLOCK)
+        assert out.returncode == 2 and out.stdout == ""
+        assert out.stderr == (f"agentguard: agentguard mcp-proxy needs the mcp extra (no module named {blocked!r} "
+                              "is installed): pip install 'agentguard[mcp]'\n")
+
+
+def test_the_resolve_command_a_hint_names_points_at_the_same_store(store_url: str, tmp_path: Path) -> None:
+    from agentguard._storeconfig import resolve_command
+
+    record(store_url, scope="acct 42")
+    cmd = resolve_command(store_url, "ag_abc", "acct 42")
+    assert cmd.endswith(" --result JSON | --retry | --abandon") and "hunter2" not in cmd
+    argv = shlex.split(cmd.removesuffix(" --result JSON | --retry | --abandon"))
+    assert argv[:2] == ["agentguard", "resolve"]
+    out = run(*argv[1:], "--retry", cwd=tmp_path)  # another folder: the URL is absolute
+    assert out.returncode == 1 and out.stderr == (
+        "agentguard: no operation 'ag_abc' in scope 'acct 42' has a step with an unknown outcome\n"), out.stderr
+
+
+@storeless
+def test_resolve_command_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentguard._storeconfig import resolve_command
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_command("sqlite+aiosqlite:///agentguard.db", "ag_1", "default") == (
+        f"agentguard resolve ag_1 --scope default --url sqlite+aiosqlite:///{tmp_path / 'agentguard.db'} "
+        "--result JSON | --retry | --abandon")
+    assert " --url 'postgresql+asyncpg://u:***@h/db' " in resolve_command(
+        "postgresql+asyncpg://u:hunter2@h/db", "ag_1", "default")
+    assert resolve_command("x", "ag_1", "s", config="agentguard.toml") == (
+        f"agentguard resolve ag_1 --scope s --config {tmp_path / 'agentguard.toml'} "
+        "--result JSON | --retry | --abandon")

@@ -1,8 +1,11 @@
-"""Every example under examples/ runs offline and ends well (they stay true as the code changes)."""
+"""Every example under examples/ runs offline, ends well and prints only its story (they stay true as the code
+changes); each says which extra it needs and how to run it."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,4 +32,17 @@ def test_example_runs(path: Path, tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Traceback" not in out.stderr
+    # Quiet: no library's log lines or warnings (they go to stderr), and no log-like line in the story either.
+    assert out.stderr == "", out.stderr
+    assert not LOG_LINE.search(out.stdout), out.stdout
+
+
+LOG_LINE = re.compile(r"^.*\b(DEBUG|INFO|WARNING|WARN)\b.*$", re.MULTILINE)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_says_what_it_needs_and_how_to_run_it(path: Path) -> None:
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    assert f"python examples/{path.name}" in doc, doc
+    assert re.search(r"^Needs (no extra|the [a-z, -]+ extras?):\s+pip install (agentguard|'agentguard\[[a-z,-]+\]')",
+                     doc, re.MULTILINE), doc

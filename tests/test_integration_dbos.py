@@ -13,7 +13,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +22,6 @@ sys.path.insert(0, str(ROOT))
 
 from agentguard import Guard, MissingTaskError, task  # noqa: E402
 from agentguard.integrations import dbos as dbos_adapter  # noqa: E402
-from agentguard.integrations import temporal as temporal_adapter  # noqa: E402
 from tests.fake_provider import FakeProvider  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -122,28 +120,6 @@ async def test_dbos_outside_a_workflow_refuses(make_guard: Callable[..., Guard])
     async with task("explicit"):
         assert await charge("o-1") == "ok"
     assert runs == ["o-1"]
-
-
-async def test_temporal_activity_uses_the_workflow_id(
-    make_guard: Callable[..., Guard], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # temporalio is not a test dependency: stand in for activity.info() inside an activity.
-    guard = make_guard()
-    runs = []
-
-    @temporal_adapter.once(guard, key="order_id")
-    async def charge(order_id: str, amount_cents: int) -> int:
-        runs.append(amount_cents)
-        return amount_cents
-
-    with pytest.raises(MissingTaskError, match="Temporal activity"):
-        await charge("o-1", 500)
-    for attempt in (1, 2):  # a retried activity: same workflow, new attempt
-        info = SimpleNamespace(workflow_id="order-wf-7", workflow_run_id=f"run-{attempt}", attempt=attempt)
-        monkeypatch.setattr(temporal_adapter, "activity_info", lambda info=info: info)
-        assert await charge("o-1", 500) == 500
-    assert runs == [500]
-    assert [r.task_id for r in await guard.records()] == ["order-wf-7"]
 
 
 if __name__ == "__main__":

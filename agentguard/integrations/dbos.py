@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._extras import require
 from ._common import engine_once
+
+require("dbos", extra="dbos", by=__name__)
 
 
 def workflow_id(_context: Any = None) -> str | None:

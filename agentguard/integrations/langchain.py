@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 from .._errors import GuardError
+from .._extras import require
 from .._guard import Guard
 from ._common import (
     KeyArg,
@@ -36,6 +37,8 @@ from ._common import (
     refusal_message,
     subclass_of,
 )
+
+require("langchain_core", "langgraph", "langchain", extra="langchain", by=__name__)
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig

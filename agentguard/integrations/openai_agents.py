@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .._errors import GuardError
+from .._extras import require
 from .._guard import Guard
 from ._common import (
     KeyArg,
@@ -35,6 +36,8 @@ from ._common import (
     resolve_task,
     subclass_of,
 )
+
+require("agents", extra="openai-agents", by=__name__)
 
 if TYPE_CHECKING:
     from agents import FunctionTool, RunContextWrapper

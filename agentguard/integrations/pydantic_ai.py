@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 from .._errors import GuardError
+from .._extras import require
 from .._guard import Guard
 from ._common import (
     KeyArg,
@@ -35,6 +36,8 @@ from ._common import (
     refusal_message,
     subclass_of,
 )
+
+require("pydantic_ai", extra="pydantic-ai", by=__name__)
 
 if TYPE_CHECKING:
     from pydantic_ai import RunContext

@@ -8,6 +8,8 @@ Temporal retries a failed or timed-out activity (a new attempt, same activity id
 calls the activity again gets a new activity id: neither is a stable key, and ``workflow_run_id`` changes on
 reset and continue-as-new. ``activity.info().workflow_id`` is stable across all of them, so that is the task.
 
+Needs the ``temporal`` extra (``pip install 'agentguard[temporal]'``).
+
 Task id: ``task_id=`` (a callable of ``activity.Info``) → ``with agentguard.task(...)`` → the workflow id →
 refused. Refusals are raised as the :class:`agentguard.GuardError` they are; make them non-retryable in
 your retry policy if a retry cannot change the answer (``KeyReuseError``, ``MissingTaskError``).
@@ -17,19 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._extras import require
 from ._common import engine_once
+
+require("temporalio", extra="temporal", by=__name__)
 
 
 def activity_info() -> Any:
-    """``temporalio.activity.info()`` inside an activity, else None."""
-    try:
-        from temporalio import activity  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return None
-    try:
-        return activity.info()
-    except RuntimeError:  # not in an activity context
-        return None
+    """``temporalio.activity.info()`` inside an activity (a worker's or ``ActivityEnvironment``'s), else None."""
+    from temporalio import activity
+
+    return activity.info() if activity.in_activity() else None
 
 
 def workflow_id(info: Any = None) -> str | None:
