@@ -24,6 +24,7 @@ from ._events import Events, GuardEvent
 from ._operation import Reconcile
 from ._portal import Portal
 from ._spec import KeyOption, Spec
+from ._storeconfig import DEFAULT_URL, ENV_URL
 from .stores import Listing, SQLStore
 
 __all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
@@ -34,7 +35,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
-DEFAULT_URL = "sqlite+aiosqlite:///agentguard.db"
 DEFAULT_LEASE = 30.0
 DEFAULT_RETENTION = timedelta(days=7)
 _UNSET: Any = object()
@@ -98,7 +98,7 @@ class Guard:
         cache_size: int = 1024,
         outage_window: float | timedelta | None = None,
     ) -> None:
-        url = url or os.environ.get("AGENTGUARD_URL") or DEFAULT_URL
+        url = url or os.environ.get(ENV_URL) or DEFAULT_URL
         self._lease = _seconds(lease, "lease")
         self._retention = _seconds(retention, "retention")
         # How long a write after the body ran (completion, release, a step's result) is retried through a

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ._codec import Codec
 from ._errors import GuardError, OutcomeUnknownError, StepOrderError
 from ._keys import sub_key
+from ._storeconfig import resolve_command
 from .stores import DONE, STARTED
 
 __all__ = ["Identity", "Operation", "Reconcile", "StepLog", "StepOrderError"]
@@ -53,6 +54,11 @@ class StepLog(Protocol):
 
     @property
     def identity(self) -> Identity: ...
+
+    @property
+    def store_url(self) -> str:
+        """The store's URL, for the command a person runs to settle a held outcome."""
+        ...
 
     def codec_for(self, annotation: Any) -> Codec: ...
 
@@ -197,8 +203,7 @@ class Operation:
                 OutcomeUnknownError,
                 f"step {name!r} of {self.operation!r} started on an earlier attempt whose worker died before "
                 "recording its outcome; on_unknown='hold', so nothing more was run. Settle it with "
-                f"`agentguard resolve {self.downstream_key} --scope {self.scope} --result JSON | --retry | "
-                "--abandon`.",
+                f"`{resolve_command(self._steps.store_url, self.downstream_key, self.scope)}`.",
                 step=name,
             )
         if policy == "reconcile":

@@ -36,6 +36,10 @@ class ClaimSteps:
         call = self._claim.call
         return Identity(call.key, call.task_id, call.scope, call.operation, self._claim.attempt)
 
+    @property
+    def store_url(self) -> str:
+        return self._engine.store.url
+
     def codec_for(self, annotation: Any) -> Codec:
         return self._codec_for(annotation)
 

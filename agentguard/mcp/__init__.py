@@ -6,6 +6,10 @@
     async def create_charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> Charge: ...
 """
 
+from .._extras import require
+
+require("mcp", "mcp_types", extra="mcp", by=__name__)
+
 from ._config import Config, ConfigError, load_config, parse_config
 from ._meta import META_KEY, META_REPLAYED, META_TASK_ID
 from .native import guarded_tool

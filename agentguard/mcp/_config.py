@@ -29,8 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-DEFAULT_STORE = "sqlite+aiosqlite:///agentguard.db"
-ENV_URL = "AGENTGUARD_URL"
+from .._storeconfig import DEFAULT_URL, ENV_URL, absolute_sqlite
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 PositiveSeconds = Annotated[float, Field(gt=0)]
@@ -172,14 +171,7 @@ class Config(_Model):
 
     def store_url(self, environ: Mapping[str, str] | None = None) -> str:
         environ = os.environ if environ is None else environ
-        url = self.store.url or environ.get(ENV_URL) or DEFAULT_STORE
-        prefix = "sqlite+aiosqlite:///"
-        if url.startswith(prefix):
-            path = url[len(prefix):]
-            db, sep, query = path.partition("?")
-            if db and db != ":memory:" and not Path(db).is_absolute():
-                return f"{prefix}{(self.base_dir / db).resolve()}{sep}{query}"
-        return url
+        return absolute_sqlite(self.store.url or environ.get(ENV_URL) or DEFAULT_URL, self.base_dir)
 
     def upstream_cwd(self) -> Path:
         cwd = Path(self.upstream.cwd) if self.upstream.cwd else Path(".")

@@ -20,7 +20,8 @@ import mcp_types as types
 from .._errors import GuardError, StoreError
 from .._guard import Guard
 from .._redact import redact_text, redact_url
-from ._config import ENV_URL, Config, tool_problems
+from .._storeconfig import ENV_URL
+from ._config import Config, tool_problems
 from ._upstream import Checker, TargetFactory, Upstream, _Unavailable
 
 log = logging.getLogger("agentguard.mcp")
