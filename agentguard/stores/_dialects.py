@@ -30,7 +30,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._errors import StoreError
 from .._redact import redact_url
-from . import _aiosqlite, _claims
+from ._aiosqlite import Opened, connector, runs_functions
+from ._aiosqlite import fetch_pair as aiosqlite_pair
+from ._aiosqlite import fetch_row as aiosqlite_row
+from ._claims import ClaimWay, by_function, by_insert, in_one_hop
 
 # SQLSTATE classes and codes of failures that may pass: connection exceptions, operator intervention (a
 # server shutting down or starting up), insufficient resources (too many connections), and conflicts that
@@ -69,7 +72,7 @@ class Dialect:
     step_isolation: str  # of the transactions that record a step
     read_is_cheaper = False  # a plain read of a record costs less than a claim that finds it
     claim_function = False  # the store makes (and claims through) the read-or-claim function
-    claim: _claims.ClaimWay  # how a claim is asked (see _claims)
+    claim: ClaimWay  # how a claim is asked (see _claims)
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
 
     def __init__(self, url: str, options: Options) -> None:
@@ -79,7 +82,7 @@ class Dialect:
     def prepare(self) -> None:
         """Anything to do once before the first connection."""
 
-    def engine_kwargs(self, opened: _aiosqlite.Opened) -> dict[str, Any]:
+    def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
         """``create_async_engine``'s arguments. Autocommit: each statement is its own transaction. No reset on
         return: every connection comes back autocommitted, or with its transaction ended by its context
         manager."""
@@ -145,7 +148,7 @@ class SQLite(Dialect):
         db = make_url(url).database
         self.memory = db in (None, "", ":memory:") or "mode=memory" in url
         # SQLite's claim reads first already, in the same hop: no separate read is cheaper.
-        self.claim = _claims.in_one_hop if _aiosqlite.runs_functions() else _claims.by_insert
+        self.claim = in_one_hop if runs_functions() else by_insert
 
     def prepare(self) -> None:
         """Create the SQLite file's folder (``.agentguard/claims.db`` works from an empty directory), or say
@@ -161,8 +164,8 @@ class SQLite(Dialect):
         if not os.access(folder, os.W_OK | os.X_OK):
             raise StoreError(f"the store failed (the SQLite file's folder {folder!r} is not writable)")
 
-    def engine_kwargs(self, opened: _aiosqlite.Opened) -> dict[str, Any]:
-        return {**super().engine_kwargs(opened), "async_creator": _aiosqlite.connector(self.url, opened)}
+    def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
+        return {**super().engine_kwargs(opened), "async_creator": connector(self.url, opened)}
 
     def set_up(self, engine: AsyncEngine) -> None:
         synchronous = self.options.sqlite_synchronous.upper()
@@ -178,11 +181,11 @@ class SQLite(Dialect):
             cur.close()
 
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
-        return _aiosqlite.fetch_row(drv, sql, args)
+        return aiosqlite_row(drv, sql, args)
 
     def fetch_pair(self, drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]
                    ) -> Awaitable[Any]:
-        return _aiosqlite.fetch_pair(drv, sql, args, then_sql, then_args)  # type: ignore[no-any-return]
+        return aiosqlite_pair(drv, sql, args, then_sql, then_args)  # type: ignore[no-any-return]
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
         return isinstance(exc, ValueError)  # aiosqlite: "no active connection"
@@ -208,9 +211,9 @@ class Postgres(Dialect):
 
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
-        self.claim = _claims.by_function
+        self.claim = by_function
 
-    def engine_kwargs(self, opened: _aiosqlite.Opened) -> dict[str, Any]:
+    def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
         o = self.options
         settings = {"application_name": "agentguard"}
         if o.pg_synchronous_commit:

@@ -20,7 +20,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from .._errors import StoreError
 from .._redact import redact_text
-from . import _aiosqlite
+from ._aiosqlite import join_threads
 from ._dialects import Dialect
 
 IDLE_MAX = 2  # driver connections kept between hot statements, per event loop
@@ -135,7 +135,7 @@ class Engines:
         engine = self._engines.pop(loop, None)
         if engine is not None:
             await engine.dispose()
-        await _aiosqlite.join_threads(self._opened.pop(loop, []))
+        await join_threads(self._opened.pop(loop, []))
 
 
 def _adopt(idle: Idle, opening: asyncio.Future[Any]) -> None:
