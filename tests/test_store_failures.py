@@ -139,7 +139,7 @@ class SweptAfterAMiss(SQLStore):
 async def test_whitebox_sweeper_deleting_the_winners_row_before_the_losers_read(
     make_guard: Callable[..., Guard],
 ) -> None:
-    """White-box: the guard's store is replaced through its private attribute (until ``Guard(store=...)``)."""
+    """White-box: the guard's store is replaced through private attributes (until ``Guard(store=...)``)."""
     guard = make_guard(retention=0.3)
     store = SweptAfterAMiss(guard.url, make_guard())
     runs = 0
@@ -153,11 +153,12 @@ async def test_whitebox_sweeper_deleting_the_winners_row_before_the_losers_read(
     with task(tid()):
         assert await charge(1) == 1
         await asyncio.sleep(0.5)  # the record is past retention; the loser's insert still conflicts
-        guard._store = store
+        replaced, guard._store = guard._store, store
+        guard._engine.store = store
         try:
             assert await charge(1) == 2  # the row vanished before the read: claim again, no crash
         finally:
-            await store.dispose()
+            await replaced.dispose()  # the guard closes the store it holds now
     assert store.swept == [1]
 
 
