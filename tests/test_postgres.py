@@ -11,7 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from agentguard import Guard, GuardEvent, StoreError, task
-from agentguard.stores._sql import CLAIM_FUNCTION
+from agentguard.stores._statements import CLAIM_FUNCTION
 
 from conftest import PG_URL, pg_dsn, tid
 

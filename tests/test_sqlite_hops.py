@@ -11,6 +11,7 @@ import aiosqlite
 import pytest
 
 from agentguard import Guard, task
+from agentguard.stores._claims import in_one_hop
 
 from conftest import BACKEND, tid
 
@@ -33,7 +34,8 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 async def test_each_step_is_one_thread_hop(store_url: str, hops: list[str]) -> None:
     async with Guard(store_url, cache_size=0) as guard, Guard(store_url) as cached:
-        assert guard._store._one_hop, "this aiosqlite cannot run a function on its thread: claims take two hops"
+        assert guard._store.dialect.claim is in_one_hop, (
+            "this aiosqlite cannot run a function on its thread: claims take two hops")
         runs = 0
 
         async def body(amount: int) -> int:
@@ -57,7 +59,7 @@ async def test_each_step_is_one_thread_hop(store_url: str, hops: list[str]) -> N
             hops.clear()
             assert await charge_cached(2) == 2
             cached_replay = list(hops)
-    assert first == ["_read_or_claim", "_execute_fetchall"]  # read-or-claim, complete
-    assert replay == ["_read_or_claim"]  # the read finds the completed record; no insert
+    assert first == ["read_or_claim", "_execute_fetchall"]  # read-or-claim, complete
+    assert replay == ["read_or_claim"]  # the read finds the completed record; no insert
     assert cached_replay == []
     assert runs == 3  # 0, 1 and 2

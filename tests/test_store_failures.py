@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentguard import Guard, GuardError, KeyReuseError, StoreError, task
+from agentguard.stores import Record, SQLStore
 
 from conftest import BACKEND, raw_exec, tid
 
@@ -118,9 +119,29 @@ async def test_result_that_cannot_be_stored_keeps_the_claim_held(make_guard: Cal
     assert len(keys) == 2 and keys[0] == keys[1]
 
 
-async def test_sweeper_deleting_the_winners_row_before_the_losers_read(make_guard: Callable[..., Guard]) -> None:
+class SweptAfterAMiss(SQLStore):
+    """A store whose claim, when it meets an existing record, lets a sweeper delete it before the caller acts
+    on it, then reads it again (as the general claim does after a conflict): the record has vanished."""
+
+    def __init__(self, url: str, sweeper: Guard) -> None:
+        super().__init__(url)
+        self.sweeper = sweeper
+        self.swept: list[int] = []
+
+    async def claim(self, params: dict[str, Any]) -> int | Record | None:
+        got = await super().claim(params)
+        if isinstance(got, int) or self.swept:
+            return got
+        self.swept.append(await self.sweeper.sweep())
+        return await self.read(params["scope"], params["key"])
+
+
+async def test_whitebox_sweeper_deleting_the_winners_row_before_the_losers_read(
+    make_guard: Callable[..., Guard],
+) -> None:
+    """White-box: the guard's store is replaced through private attributes (until ``Guard(store=...)``)."""
     guard = make_guard(retention=0.3)
-    sweeper = make_guard()
+    store = SweptAfterAMiss(guard.url, make_guard())
     runs = 0
 
     @guard.once
@@ -129,18 +150,16 @@ async def test_sweeper_deleting_the_winners_row_before_the_losers_read(make_guar
         runs += 1
         return runs
 
-    swept: list[int] = []
-
-    async def sweep_now() -> None:
-        swept.append(await sweeper.sweep())
-
     with task(tid()):
         assert await charge(1) == 1
         await asyncio.sleep(0.5)  # the record is past retention; the loser's insert still conflicts
-        guard._store.after_claim_miss = sweep_now
-        assert await charge(1) == 2  # the row vanished before the read: claim again, no crash
-        guard._store.after_claim_miss = None
-    assert swept == [1]
+        replaced, guard._store = guard._store, store
+        guard._engine.store = store
+        try:
+            assert await charge(1) == 2  # the row vanished before the read: claim again, no crash
+        finally:
+            await replaced.dispose()  # the guard closes the store it holds now
+    assert store.swept == [1]
 
 
 async def test_replays_in_this_process_come_from_the_cache(store_url: str) -> None:

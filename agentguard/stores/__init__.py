@@ -1,5 +1,37 @@
-"""Stores: one SQLAlchemy Core async store serves SQLite (embedded default) and Postgres (a fleet)."""
+"""Stores: one SQLAlchemy Core async store serves SQLite (embedded default) and Postgres (a fleet).
 
-from ._sql import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Listing, Record, SQLStore
+What the guard asks of a store is written as three protocols (``ClaimStore``, ``StepStore``,
+``AdminStore``; ``Store`` is all three); ``SQLStore`` implements them. Inside, one module per concept:
 
-__all__ = ["DONE", "FAILED", "RELEASED", "RUNNING", "STARTED", "SUCCEEDED", "Listing", "Record", "SQLStore"]
+- ``_schema``      the tables, the one row layout a record is read in, ``Record`` and ``Listing``;
+- ``_statements``  every statement, and the Postgres read-or-claim function, generated from the layout;
+- ``_dialects``    every SQLite/Postgres difference, in one object chosen when the store is made;
+- ``_claims``      the three ways to ask for a claim (the dialect picks one);
+- ``_aiosqlite``   what the store needs of aiosqlite beyond SQLAlchemy (connections, threads, one hop);
+- ``_engines``     one engine per event loop, the idle connections of the hot path, letting go;
+- ``_executor``    running statements: the hot path, the general path, one retry policy, ``StoreError``;
+- ``_store``       ``SQLStore``: the verbs;
+- ``_protocols``   the interfaces.
+"""
+
+from ._protocols import AdminStore, ClaimStore, StepStore, StepTransaction, Store
+from ._schema import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Listing, Record, record_of
+from ._store import SQLStore
+
+__all__ = [
+    "DONE",
+    "FAILED",
+    "RELEASED",
+    "RUNNING",
+    "STARTED",
+    "SUCCEEDED",
+    "AdminStore",
+    "ClaimStore",
+    "Listing",
+    "Record",
+    "SQLStore",
+    "StepStore",
+    "StepTransaction",
+    "Store",
+    "record_of",
+]

@@ -1,43 +1,266 @@
-"""The few places where SQLite and Postgres differ, named and kept small.
+"""Every place where SQLite and Postgres differ, in one object chosen once, when the store is made.
 
 - the clock: always the database's, never the worker's, so leases and retention agree across machines;
-- connection set-up: SQLite needs WAL and a busy timeout so several processes can share one file;
-- schema creation under concurrency: Postgres serialises it with an advisory lock.
-Both dialects share the upsert flavour (``INSERT ... ON CONFLICT (...) DO NOTHING RETURNING``), so claims
-never need unique-violation detection.
+- schema creation under concurrency: Postgres serialises it with an advisory lock (and makes its claim
+  function); SQLite through its single writer lock;
+- the claim (see ``_claims``): Postgres' read-or-claim function, or SQLite's read-or-claim in one hop to
+  aiosqlite's thread (two hops where aiosqlite cannot run a function there);
+- whether a plain read costs less than a claim (Postgres: the claim is a function call);
+- one statement at the driver level, and which driver errors mean the connection is gone, or an outage;
+- the engine and its connections: pool and server settings (Postgres); WAL, busy timeout and the
+  synchronous level, and a connector that registers every connection so its thread is joined (SQLite).
+
+Both share the upsert flavour (``INSERT ... ON CONFLICT (...) DO NOTHING RETURNING``), so claims never need
+unique-violation detection. Nothing outside this module asks which database it is.
 """
 
 from __future__ import annotations
 
+import os
+import sqlite3
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .._errors import StoreError
+from .._redact import redact_url
+from ._aiosqlite import Opened, connector, runs_functions
+from ._aiosqlite import fetch_pair as aiosqlite_pair
+from ._aiosqlite import fetch_row as aiosqlite_row
+from ._claims import ClaimWay, by_function, by_insert, in_one_hop
+
+# SQLSTATE classes and codes of failures that may pass: connection exceptions, operator intervention (a
+# server shutting down or starting up), insufficient resources (too many connections), and conflicts that
+# a retry resolves.
+_TRANSIENT_CLASSES = frozenset({"08", "57", "53"})
+_TRANSIENT_STATES = frozenset({"40001", "40P01"})
+
+_ACCEPTED = "sqlite+aiosqlite:///path/to/file.db, sqlite+aiosqlite:// (in memory) or postgresql+asyncpg://user:password@host:5432/db"
 
 
 @dataclass(frozen=True, slots=True)
+class Options:
+    """The store's settings, checked once."""
+
+    pool_size: int = 10
+    connect_timeout: float = 10.0
+    sqlite_synchronous: str = "FULL"
+    pg_synchronous_commit: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+        if self.sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError("sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA")
+        if self.pg_synchronous_commit not in (None, "on", "off", "local", "remote_write", "remote_apply"):
+            raise ValueError("pg_synchronous_commit must be on, off, local, remote_write or remote_apply")
+
+
 class Dialect:
+    """What a database needs of the store, and how its driver is driven. One instance per store."""
+
     name: str
     now: str  # SQL for "seconds since the epoch, as a double, from the database clock"
-    schema_lock: str | None  # taken in the schema-creation transaction, if any
+    schema_begin = "BEGIN"  # opens the schema-creation transaction
+    schema_lock: str | None = None  # taken in the schema-creation transaction, if any
+    step_isolation: str  # of the transactions that record a step
+    read_is_cheaper = False  # a plain read of a record costs less than a claim that finds it
+    claim_function = False  # the store makes (and claims through) the read-or-claim function
+    claim: ClaimWay  # how a claim is asked (see _claims)
+    memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
+
+    def __init__(self, url: str, options: Options) -> None:
+        self.url = url  # normalised: always names the driver
+        self.options = options
+
+    def prepare(self) -> None:
+        """Anything to do once before the first connection."""
+
+    def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
+        """``create_async_engine``'s arguments. Autocommit: each statement is its own transaction. No reset on
+        return: every connection comes back autocommitted, or with its transaction ended by its context
+        manager."""
+        return {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None}
+
+    def set_up(self, engine: AsyncEngine) -> None:
+        """Connection set-up, registered on a new engine."""
+
+    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
+        """One statement on the driver connection ``drv``: its first row, or None."""
+        raise NotImplementedError
+
+    def fetch_pair(self, drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]
+                   ) -> Awaitable[Any]:
+        """The read-or-claim pair in one driver call (only for :func:`_claims.in_one_hop`)."""
+        raise NotImplementedError(f"{self.name} runs no statement pair in one call")
+
+    def connection_lost(self, exc: BaseException, drv: Any = None) -> bool:
+        """Whether ``exc`` says the connection is gone (killed since it was pooled, a server restart), so the
+        statement may be repeated on a fresh one. ``drv``: the driver connection, when the caller has it."""
+        if isinstance(exc, DBAPIError):  # SQLAlchemy's own verdict (it invalidated the connection)
+            return bool(exc.connection_invalidated)
+        return isinstance(exc, OSError | ConnectionError) or self._driver_lost(exc, drv)
+
+    def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
+        return False
+
+    def transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` looks like an outage that may pass (connection refused or lost, a timeout, a
+        server restarting, a locked SQLite file) rather than a store that cannot work as configured."""
+        seen: set[int] = set()
+        stack: list[BaseException | None] = [exc]
+        while stack:
+            e = stack.pop()
+            if e is None or id(e) in seen:
+                continue
+            seen.add(id(e))
+            if isinstance(e, DBAPIError) and e.connection_invalidated:
+                return True
+            if isinstance(e, OSError | TimeoutError | PoolTimeout):
+                return True
+            state = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+            if isinstance(state, str) and (state[:2] in _TRANSIENT_CLASSES or state in _TRANSIENT_STATES):
+                return True
+            if self._transient_here(e):
+                return True
+            stack.extend((getattr(e, "orig", None), e.__cause__, e.__context__))
+        return False
+
+    def _transient_here(self, e: BaseException) -> bool:
+        return False
 
 
-SQLITE = Dialect(
-    name="sqlite",
+class SQLite(Dialect):
+    name = "sqlite"
     # julianday('now') has millisecond resolution and is fixed within one statement.
-    now="((julianday('now') - 2440587.5) * 86400.0)",
-    schema_lock=None,  # SQLite serialises DDL through its single writer lock
-)
+    now = "((julianday('now') - 2440587.5) * 86400.0)"
+    schema_begin = "BEGIN IMMEDIATE"  # DDL is serialised by SQLite's single writer lock
+    step_isolation = "SERIALIZABLE"
 
-POSTGRES = Dialect(
-    name="postgresql",
+    def __init__(self, url: str, options: Options) -> None:
+        super().__init__(url, options)
+        db = make_url(url).database
+        self.memory = db in (None, "", ":memory:") or "mode=memory" in url
+        # SQLite's claim reads first already, in the same hop: no separate read is cheaper.
+        self.claim = in_one_hop if runs_functions() else by_insert
+
+    def prepare(self) -> None:
+        """Create the SQLite file's folder (``.agentguard/claims.db`` works from an empty directory), or say
+        precisely why it cannot be: once, before the first connection."""
+        if self.memory:
+            return
+        folder = os.path.dirname(os.path.abspath(make_url(self.url).database or ""))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+            raise StoreError(f"the store failed (cannot create the SQLite file's folder {folder!r}: {why})") from exc
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StoreError(f"the store failed (the SQLite file's folder {folder!r} is not writable)")
+
+    def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
+        return {**super().engine_kwargs(opened), "async_creator": connector(self.url, opened)}
+
+    def set_up(self, engine: AsyncEngine) -> None:
+        synchronous = self.options.sqlite_synchronous.upper()
+        memory = self.memory
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA busy_timeout = 30000")
+            if not memory:
+                cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
+            cur.execute(f"PRAGMA synchronous = {synchronous}")
+            cur.close()
+
+    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
+        return aiosqlite_row(drv, sql, args)
+
+    def fetch_pair(self, drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]
+                   ) -> Awaitable[Any]:
+        return aiosqlite_pair(drv, sql, args, then_sql, then_args)  # type: ignore[no-any-return]
+
+    def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
+        return isinstance(exc, ValueError)  # aiosqlite: "no active connection"
+
+    def _transient_here(self, e: BaseException) -> bool:
+        if isinstance(e, sqlite3.OperationalError) and any(w in str(e) for w in ("locked", "busy")):
+            return True
+        # aiosqlite's, for a connection closed under us
+        return isinstance(e, ValueError) and str(e) in ("no active connection", "Connection closed")
+
+
+class Postgres(Dialect):
+    name = "postgresql"
     # clock_timestamp(), not now(): now() is frozen at transaction start.
-    now="(extract(epoch from clock_timestamp())::float8)",
+    now = "(extract(epoch from clock_timestamp())::float8)"
     # Concurrent CREATE TABLE IF NOT EXISTS can still fail on pg_type's unique index; serialise it.
-    schema_lock="SELECT pg_advisory_xact_lock(7283950271)",
-)
+    schema_lock = "SELECT pg_advisory_xact_lock(7283950271)"
+    step_isolation = "READ COMMITTED"
+    # A plain SELECT of a record costs less than the claim function, so a call that is likely a replay may
+    # read first (the guard decides when).
+    read_is_cheaper = True
+    claim_function = True
+
+    def __init__(self, url: str, options: Options) -> None:
+        super().__init__(url, options)
+        self.claim = by_function
+
+    def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
+        o = self.options
+        settings = {"application_name": "agentguard"}
+        if o.pg_synchronous_commit:
+            settings["synchronous_commit"] = o.pg_synchronous_commit
+        return {
+            **super().engine_kwargs(opened), "pool_size": o.pool_size, "max_overflow": o.pool_size * 2,
+            "connect_args": {"timeout": o.connect_timeout, "server_settings": settings},
+        }
+
+    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
+        return drv.fetchrow(sql, *args)  # type: ignore[no-any-return]
+
+    def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
+        return _asyncpg_connection_error(exc) or (drv is not None and drv.is_closed())
+
+    def _transient_here(self, e: BaseException) -> bool:
+        return _asyncpg_connection_error(e)
 
 
-def dialect_for(backend: str) -> Dialect:
+def _asyncpg_connection_error(exc: BaseException) -> bool:
+    """The connection is gone or unusable: closed, killed (``pg_terminate_backend``, a server shutting down or
+    restarting), or left mid-protocol by a FATAL error that arrived while it sat idle (asyncpg then reports
+    "cannot switch to state ...; another operation is in progress" before it sees the socket close)."""
+    import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+    return isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError | asyncpg.PostgresConnectionError
+                      | asyncpg.AdminShutdownError | asyncpg.CrashShutdownError | asyncpg.CannotConnectNowError)
+
+
+def dialect_for(url: str, **settings: Any) -> Dialect:
+    """The dialect of a store URL (``sqlite+aiosqlite://...`` or ``postgresql+asyncpg://...``), with the
+    store's ``settings`` (see :class:`Options`)."""
+    try:
+        u = make_url(url)
+    except Exception:  # ArgumentError and ValueError both mean a malformed URL
+        raise ValueError(f"malformed store URL {redact_url(url)!r}: use {_ACCEPTED}") from None
+    backend, _, driver = u.drivername.partition("+")
+    if backend in ("postgres", "postgresql"):
+        if driver not in ("", "asyncpg"):
+            raise ValueError(f"Postgres is supported through asyncpg only (postgresql+asyncpg://...), got "
+                             f"{redact_url(url)!r}")
+        normal = u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+        return Postgres(normal, Options(**settings))
     if backend == "sqlite":
-        return SQLITE
-    if backend == "postgresql":
-        return POSTGRES
-    raise ValueError(f"unsupported database backend {backend!r}: use sqlite+aiosqlite or postgresql+asyncpg")
+        if driver not in ("", "aiosqlite"):
+            raise ValueError(f"SQLite is supported through aiosqlite only (sqlite+aiosqlite://...), got "
+                             f"{redact_url(url)!r}")
+        normal = u.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
+        return SQLite(normal, Options(**settings))
+    raise ValueError(f"unsupported store URL {redact_url(url)!r}: use {_ACCEPTED}")

@@ -1,0 +1,115 @@
+"""What the store needs of aiosqlite beyond SQLAlchemy's own use of it.
+
+aiosqlite runs each connection on a thread of its own and hands every call to it through one queue
+(``Connection._execute``): one *thread hop* per call. So:
+
+- :func:`connector` opens connections as SQLAlchemy would, but registers each, so that its thread can be
+  joined (:func:`join_threads`) before the event loop it reports to is let go;
+- :func:`fetch_row` is one statement in one hop (``execute_fetchall``);
+- :func:`fetch_pair` runs :func:`read_or_claim` on the connection's thread: two statements, one hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger("agentguard.store")
+
+Opened = MutableMapping[asyncio.AbstractEventLoop, list[Any]]  # the driver connections opened on each loop
+
+
+def connector(url: str, opened: Opened) -> Callable[[], Any]:
+    """An ``async_creator`` for SQLAlchemy: the same arguments SQLAlchemy's aiosqlite dialect would pass, and
+    every connection recorded in ``opened`` under the loop that opens it."""
+    import aiosqlite
+    from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
+
+    cargs, cparams = SQLiteDialect_aiosqlite().create_connect_args(make_url(url))
+    cparams.setdefault("timeout", 30.0)
+
+    def connect() -> Any:
+        conn = aiosqlite.connect(*cargs, **cparams)
+        conn._thread.daemon = True  # as SQLAlchemy's own connect does: never keeps the process alive
+        here = opened.setdefault(asyncio.get_running_loop(), [])
+        here[:] = [d for d in here if _thread_alive(d) or not _thread_started(d)]
+        here.append(conn)
+        return conn  # awaited by SQLAlchemy, which starts the thread and connects
+
+    return connect
+
+
+async def join_threads(drivers: Sequence[Any]) -> None:
+    """Close every one of ``drivers`` (aiosqlite connections opened on one loop) and wait for its thread to end.
+
+    Each thread reports back with ``loop.call_soon_threadsafe``. A connect or statement abandoned by a
+    cancelled caller (aiosqlite then stops the connection without waiting) still reports when it finishes: if
+    the loop has closed by then, the thread dies with "Event loop is closed". So the loop is let go only once
+    every thread opened on it has ended.
+    """
+    for _ in range(2000):  # ~10 s at most; each pass takes no time unless a thread is still busy
+        busy = False
+        for drv in drivers:
+            if not _thread_alive(drv):
+                continue
+            if getattr(drv, "_connection", None) is not None and getattr(drv, "_running", False):
+                with contextlib.suppress(Exception):
+                    await drv.close()  # queued behind whatever it still runs; ends its thread
+            busy = busy or _thread_alive(drv)
+        if not busy:
+            return
+        await asyncio.sleep(0.005)  # a connect still opening: its thread stops by itself once done
+    log.warning("aiosqlite threads still running while their event loop is let go")
+
+
+def _thread_alive(drv: Any) -> bool:
+    """Whether an aiosqlite connection's worker thread still runs (it ends after the connection stops)."""
+    thread = getattr(drv, "_thread", None)
+    return thread is not None and thread.is_alive()
+
+
+def _thread_started(drv: Any) -> bool:
+    thread = getattr(drv, "_thread", None)
+    return thread is not None and thread.ident is not None
+
+
+def runs_functions() -> bool:
+    """Whether this aiosqlite lets :func:`fetch_pair` run a function on a connection's thread (through the
+    queue every aiosqlite call uses)."""
+    try:
+        import aiosqlite
+    except ImportError:
+        return False
+    conn = getattr(aiosqlite, "Connection", None)
+    return asyncio.iscoroutinefunction(getattr(conn, "_execute", None)) and isinstance(
+        getattr(conn, "_conn", None), property
+    )
+
+
+async def fetch_row(drv: Any, sql: str, args: Sequence[Any]) -> Any:
+    rows = await drv.execute_fetchall(sql, args)
+    return rows[0] if rows else None
+
+
+def fetch_pair(drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]) -> Any:
+    """:func:`read_or_claim` in one hop (awaitable)."""
+    return drv._execute(read_or_claim, drv._conn, sql, args, then_sql, then_args)
+
+
+def read_or_claim(conn: Any, read_sql: str, read_args: Sequence[Any], claim_sql: str,
+                  claim_args: Sequence[Any]) -> int | tuple[Any, ...] | None:
+    """Runs on aiosqlite's thread (autocommit): the record's columns, or the fence we inserted. A racing
+    insert from another process between the read and the insert makes the insert do nothing: read again."""
+    for _ in range(3):
+        rows = conn.execute(read_sql, read_args).fetchall()
+        if rows:
+            return tuple(rows[0])
+        rows = conn.execute(claim_sql, claim_args).fetchall()  # fetch all: the statement ends, it commits
+        if rows:
+            return int(rows[0][0])
+    return None  # the row keeps vanishing and reappearing: the caller's bounded retry decides

@@ -1,0 +1,238 @@
+"""Running the store's statements: the schema made before the first, two ways to run one, one retry policy,
+and every failure turned into a ``StoreError`` that says what failed.
+
+- :meth:`Executor.one` — the hot path: one statement handed straight to the driver on an idle connection.
+- :meth:`Executor.run` — the general path: a function of a SQLAlchemy connection (optionally in a
+  transaction), for everything off the hot path.
+- :meth:`Executor.transaction` — a transaction the caller runs its own statements in (not retried).
+
+One policy for a lost connection, on both paths (:meth:`Executor._retry_lost`): a statement whose connection
+was found dead (killed since it was pooled: a server restart, ``pg_terminate_backend``) is repeated once on a
+fresh connection. Every statement of the store is safe to repeat once: claims carry an owner token, writes
+are fenced. A failure to connect is not retried here: it is an outage, and the guard decides what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import operator
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .._errors import StoreError
+from .._redact import redact_text
+from ._dialects import Dialect
+from ._engines import IDLE_MAX, Engines
+
+log = logging.getLogger("agentguard.store")
+T = TypeVar("T")
+
+Compiled = tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]
+
+
+class Executor:
+    """Runs statements for one store. ``make_schema`` creates the schema on a connection (autocommit)."""
+
+    def __init__(self, dialect: Dialect, make_schema: Callable[[AsyncConnection], Awaitable[None]]) -> None:
+        self.dialect = dialect
+        self.engines = Engines(dialect)
+        self._make_schema_on = make_schema
+        self._fetch = dialect.fetch_row
+        self._fetch_pair = dialect.fetch_pair
+        self._compiled_sql: dict[int, Compiled] = {}
+        self.schema_ready = False
+        self._schema_tasks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- the schema, before the first statement -------------------------------------------------------
+
+    async def ensure_schema(self) -> None:
+        """Create the tables (and functions) if missing; safe when many processes start at once.
+
+        Runs once per loop in its own task, which callers await shielded: a caller cancelled meanwhile (a
+        client timeout on the very first call) never cuts a connect or a DDL transaction in half."""
+        if self.schema_ready:
+            return
+        loop = asyncio.get_running_loop()
+        making = self._schema_tasks.get(loop)
+        if making is None:
+            making = self._schema_tasks[loop] = loop.create_task(self._make_schema())
+            making.add_done_callback(functools.partial(self._schema_done, loop))
+        await asyncio.shield(making)
+
+    def _schema_done(self, loop: asyncio.AbstractEventLoop, making: asyncio.Task[None]) -> None:
+        # Forget it (the task holds the loop: a weak key must not stay reachable from its value); a failure
+        # is seen by its awaiters, and the next caller tries again.
+        if self._schema_tasks.get(loop) is making:
+            del self._schema_tasks[loop]
+        if not making.cancelled():
+            making.exception()
+
+    async def _make_schema(self) -> None:
+        if self.schema_ready:
+            return
+        self.dialect.prepare()
+        engine = self.engines.engine()
+        try:
+            async with engine.connect() as conn:
+                await self._make_schema_on(conn)
+        except (SQLAlchemyError, OSError) as exc:
+            raise self.error("creating the schema", exc, False) from exc
+        self.schema_ready = True
+
+    # -- the hot path -----------------------------------------------------------------------------------
+
+    def _compiled(self, stmt: Any, engine: AsyncEngine) -> Compiled:
+        """The driver-level SQL of one of the store's statements and a getter of its positional arguments
+        from the named parameters, built once."""
+        found = self._compiled_sql.get(id(stmt))
+        if found is None:
+            compiled = stmt.compile(dialect=engine.dialect)
+            names = tuple(compiled.positiontup or ())
+            getter = operator.itemgetter(*names) if len(names) > 1 else lambda p: tuple(p[n] for n in names)
+            found = self._compiled_sql[id(stmt)] = (compiled.string, getter)
+        return found
+
+    async def one(
+        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False, then: Any = None
+    ) -> Any:
+        """One statement, one round trip (one thread hop on SQLite): its first row, or None.
+
+        A shortcut beside :meth:`run`: SQLAlchemy still owns the pool, the dialect and the compiled SQL, but
+        the statement goes straight to the driver (asyncpg's prepared-statement cache, aiosqlite's
+        ``execute_fetchall``) on an idle connection (see ``Engines``), skipping the per-statement cursor,
+        result and reset steps of the general path — on aiosqlite each of them a thread hop. It must answer
+        what ``run(what, lambda conn: conn.execute(stmt, params).first())`` answers.
+
+        ``then``: a second statement for the same driver call, run only if ``stmt`` finds no row (the
+        dialect's ``fetch_pair``: SQLite's read-or-claim in one hop; see ``_claims.in_one_hop``).
+        ``body_ran``: whether the tool body had run, for the ``StoreError`` if it fails.
+        """
+        if not self.schema_ready:
+            await self.ensure_schema()
+        engines = self.engines
+        engine, idle = engines.here()
+        sql, getter = self._compiled(stmt, engine)
+        args = getter(params)
+        if then is not None:
+            then_sql, then_getter = self._compiled(then, engine)
+            then_args = then_getter(params)
+        for attempt in (1, 2):
+            if idle:
+                raw, drv = idle.pop()
+            else:
+                try:
+                    raw = await engines.connect(engine, idle)
+                except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
+                    raise self.error(what, exc, body_ran) from exc
+                drv = raw.driver_connection
+            keep = False
+            try:
+                if then is None:
+                    row = await self._fetch(drv, sql, args)
+                else:
+                    row = await self._fetch_pair(drv, sql, args, then_sql, then_args)
+                keep = len(idle) < IDLE_MAX
+                return row
+            except Exception as exc:
+                if not await self._retry_lost(what, exc, attempt, raw, drv):
+                    raise self.error(what, exc, body_ran) from exc
+            finally:
+                # Cancelled mid-statement (keep is False): both drivers recover the connection by themselves
+                # (asyncpg completes its cancel request before the next query; aiosqlite finishes the
+                # statement on its thread), so it goes back to the pool as it is; terminating it here would
+                # race asyncpg's cancel protocol.
+                if keep:
+                    idle.append((raw, drv))
+                else:
+                    await engines.give_back(raw)
+        raise AssertionError("unreachable")
+
+    # -- the general path --------------------------------------------------------------------------------
+
+    async def run(
+        self, what: str, fn: Callable[[AsyncConnection], Awaitable[T]], *, body_ran: bool | None,
+        transaction: bool = False,
+    ) -> T:
+        """``fn(conn)`` on a connection checked out for it (in a transaction at the dialect's step isolation
+        if ``transaction``), retried once on a fresh connection if its connection was lost."""
+        if not self.schema_ready:
+            await self.ensure_schema()
+        engine = self.engines.engine()
+        for attempt in (1, 2):
+            opened = False
+            try:
+                async with engine.connect() as conn:
+                    opened = True
+                    if not transaction:
+                        return await fn(conn)
+                    tx_conn = await conn.execution_options(isolation_level=self.dialect.step_isolation)
+                    async with tx_conn.begin():
+                        return await fn(tx_conn)
+            except (SQLAlchemyError, OSError) as exc:
+                if not (opened and await self._retry_lost(what, exc, attempt)):
+                    raise self.error(what, exc, body_ran) from exc
+        raise AssertionError("unreachable")
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, what: str, *, body_ran: bool | None) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction at the dialect's step isolation, for the caller's own statements;
+        committed when the block ends, rolled back if it raises. The caller's own errors pass through as they
+        are; the store's (connecting, committing) become a ``StoreError``. Not retried: the caller's work in
+        it would run twice."""
+        if not self.schema_ready:
+            await self.ensure_schema()
+        raised_inside: BaseException | None = None
+        try:
+            async with self.engines.engine().connect() as conn:
+                tx_conn = await conn.execution_options(isolation_level=self.dialect.step_isolation)
+                async with tx_conn.begin():
+                    try:
+                        yield tx_conn
+                    except BaseException as exc:  # the caller's own error (e.g. its IntegrityError): not ours
+                        raised_inside = exc
+                        raise
+        except (SQLAlchemyError, OSError) as exc:
+            if exc is raised_inside:
+                raise
+            raise self.error(what, exc, body_ran) from exc
+
+    async def execute(self, what: str, conn: AsyncConnection, stmt: Any, params: dict[str, Any], *,
+                      body_ran: bool | None) -> Any:
+        """The store's own statement inside a :meth:`transaction`: its result, or a ``StoreError``."""
+        try:
+            return await conn.execute(stmt, params)
+        except (SQLAlchemyError, OSError) as exc:
+            raise self.error(what, exc, body_ran) from exc
+
+    # -- failures ------------------------------------------------------------------------------------------
+
+    async def _retry_lost(self, what: str, exc: BaseException, attempt: int, raw: Any = None,
+                          drv: Any = None) -> bool:
+        """The one retry policy: whether to run the statement again, after ``exc`` on ``attempt`` (1 or 2).
+        A lost connection is invalidated (``raw``, if the caller holds it; SQLAlchemy already did on the
+        general path), and so are the idle ones: they are likely dead too."""
+        if not self.dialect.connection_lost(exc, drv):
+            return False
+        if raw is not None:
+            raw.invalidate()
+        await self.engines.drop_idle()
+        if attempt > 1:
+            return False
+        log.warning("store connection lost during %s; retrying once on a new connection", what)
+        return True
+
+    def error(self, what: str, exc: BaseException, body_ran: bool | None) -> StoreError:
+        """What failed, as a ``StoreError``: ``the store failed (WHAT: DETAIL)``, the detail without secrets.
+        ``body_ran``: whether the tool body had run (None: not a call's step, e.g. an operator's listing)."""
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc) else type(exc).__name__
+        return StoreError(f"the store failed ({what}: {redact_text(detail)})", body_ran=bool(body_ran),
+                          transient=self.dialect.transient(exc))

@@ -1,0 +1,154 @@
+"""What the guard asks of a store, as three small interfaces. ``SQLStore`` implements all of them; a stand-in
+(an in-memory dict for a benchmark, a store wrapped to inject a fault in a test) implements what it needs.
+
+Every write after the claim is conditional on the fence the caller holds, and answers False (never raises)
+when the claim is no longer the caller's. A store that cannot answer raises ``StoreError`` saying what
+failed, with ``body_ran`` (the verb runs after the tool body: completing, releasing, renewing, a step's
+write) and ``transient`` (the failure looks like an outage that may pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, runtime_checkable
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._schema import Listing, Record
+
+
+@runtime_checkable
+class ClaimStore(Protocol):
+    """The verbs of a guarded call's hot path: claim, replay, renew while the body runs, record or release.
+
+    ``params`` of a claim: ``scope``, ``key``, ``task_id``, ``operation``, ``fingerprint``, ``arg_hashes``,
+    ``fence`` (a fresh random fence for a new row), ``tool``, ``arguments``, ``owner`` (a token naming this
+    attempt), ``lease`` and ``retention`` (seconds), ``audit``; a takeover's also ``fence`` (the one seen) and
+    ``reset`` (1: the record was past retention, start it again as a new operation).
+    """
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def memory(self) -> bool:
+        """The database lives in one connection: use the store from one event loop only."""
+        ...
+
+    @property
+    def read_is_cheaper(self) -> bool:
+        """A plain :meth:`read` costs less than a :meth:`claim` that finds the record."""
+        ...
+
+    async def ensure_schema(self) -> None: ...
+
+    async def dispose(self) -> None:
+        """Let go of the running loop's connections (the store can be used again afterwards)."""
+        ...
+
+    async def claim(self, params: dict[str, Any]) -> int | Record | None:
+        """Our fence if we claimed the key; else the record there; None if it vanished meanwhile (claim
+        again)."""
+        ...
+
+    async def read(self, scope: str, key: str) -> Record | None: ...
+
+    async def take_over(self, params: dict[str, Any]) -> tuple[int, int] | None:
+        """(fence, origin) if we took the claim over: it was released, its lease expired, or it was past
+        retention, and nobody took it over since we read ``params["fence"]``."""
+        ...
+
+    async def renew(self, scope: str, key: str, fence: int, lease: float) -> bool: ...
+
+    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
+        """Record the outcome (``state`` succeeded or failed); idempotent for the fence that holds the claim."""
+        ...
+
+    async def release(self, scope: str, key: str, fence: int, retention: float) -> bool: ...
+
+    async def release_owned(self, scope: str, key: str, owner: str, retention: float) -> bool:
+        """Release a claim that a cancelled claimer may or may not have won, recognised by its owner token."""
+        ...
+
+
+@runtime_checkable
+class StepTransaction(Protocol):
+    """A transaction on the store's database that began by re-checking the claim (see
+    :meth:`StepStore.step_transaction`)."""
+
+    @property
+    def connection(self) -> AsyncConnection:
+        """For the caller's own statements, committed together with the step."""
+        ...
+
+    async def record(self, result: str) -> None:
+        """Record the step done with ``result``, in this transaction."""
+        ...
+
+
+@runtime_checkable
+class StepStore(Protocol):
+    """The verbs of a multi-step operation (``Operation``): its steps under the claim's origin, each write in a
+    transaction that first re-checks (and renews) the claim, so a stale worker can record nothing."""
+
+    async def load_steps(self, scope: str, key: str, origin: int) -> list[tuple[str, int, str, str | None]]:
+        """The recorded steps, (name, seq, state, result), in order."""
+        ...
+
+    async def put_step(
+        self, scope: str, key: str, *, fence: int, origin: int, lease: float, name: str, seq: int, state: str,
+        result: str | None,
+    ) -> bool:
+        """Record a step as started or done; False if the claim is no longer ours."""
+        ...
+
+    async def clear_step(self, scope: str, key: str, *, fence: int, origin: int, lease: float, name: str) -> bool:
+        """Remove a started step's mark (it raised: its outcome is known); False if the claim is no longer ours."""
+        ...
+
+    def step_transaction(
+        self, scope: str, key: str, *, fence: int, origin: int, lease: float, name: str, seq: int,
+    ) -> AbstractAsyncContextManager[StepTransaction | None]:
+        """A transaction for ``op.transaction``, or None (nothing opened durably) if the claim is no longer
+        ours. Errors raised in the block pass through as they are, and roll it back."""
+        ...
+
+
+@runtime_checkable
+class AdminStore(Protocol):
+    """An operator's verbs: retention, audit, and operations whose worker died inside a step."""
+
+    async def sweep(self, batch: int = 1000) -> int:
+        """Delete records past their retention, in batches; never a running claim whose lease is live."""
+        ...
+
+    async def listing(
+        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100
+    ) -> Sequence[Listing]: ...
+
+    async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[tuple[Any, ...]]:
+        """(scope, key, task_id, operation, step, attempts, age) of operations with a started step and no
+        live lease."""
+        ...
+
+    async def resolve_step(self, scope: str, key: str, name: str, state: str | None, result: str | None) -> bool:
+        """Settle a started step: record it ``state`` (done) with ``result``, or (state None) clear it for a
+        retry."""
+        ...
+
+    async def stalled(self, *, limit: int = 100) -> list[tuple[str, str, str, str, str]]:
+        """(scope, key, task_id, tool, arguments) of resumable operations nobody holds."""
+        ...
+
+    async def abandon(self, scope: str, key: str, result: str, retention: float) -> bool:
+        """Fail an operation nobody holds with ``result`` (an encoded error)."""
+        ...
+
+
+@runtime_checkable
+class Store(ClaimStore, StepStore, AdminStore, Protocol):
+    """Everything a ``Guard`` asks of its store."""

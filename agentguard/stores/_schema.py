@@ -1,0 +1,213 @@
+"""The two tables, and the one row layout a call record is read in.
+
+``ROW`` lists the columns of a read record, in order. Everything that knows that order is generated from it:
+the read's SELECT list, the Postgres claim function's result columns, and :func:`record_from_row`, which
+turns a row into a :class:`Record` (whose fields are ``scope``, ``key`` and then ``ROW``, in that order).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, cast
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Double,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+TABLE = "agentguard_calls"
+STEPS = "agentguard_steps"
+
+RUNNING, SUCCEEDED, FAILED, RELEASED = "running", "succeeded", "failed", "released"
+STARTED, DONE = "started", "done"  # step states
+
+metadata = MetaData()
+calls = Table(
+    TABLE,
+    metadata,
+    Column("scope", String(255), nullable=False),
+    Column("key", String(64), nullable=False),
+    Column("task_id", Text, nullable=False),  # audit only; the key is what identifies the record
+    Column("operation", Text, nullable=False),  # audit only
+    Column("fingerprint", String(64), nullable=False),
+    Column("arg_hashes", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    # The fence the row was (re)born with: steps belong to one origin, so steps of an operation that
+    # expired or was swept can never be mistaken for steps of a new one with the same key.
+    Column("origin", BigInteger, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("arguments", Text),  # only for resumable tools (complete_stalled)
+    Column("attempts", Integer, nullable=False),
+    Column("owner", String(64)),
+    Column("lease_until", Double),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("expires_at", Double, nullable=False),
+    Column("result", Text),
+    Column("audit", Text),
+    PrimaryKeyConstraint("scope", "key", name=f"{TABLE}_pkey"),
+    CheckConstraint(
+        f"state IN ('{RUNNING}', '{SUCCEEDED}', '{FAILED}', '{RELEASED}')", name=f"{TABLE}_state_check"
+    ),
+    Index(f"{TABLE}_expires_idx", "expires_at"),
+)
+
+steps = Table(
+    STEPS,
+    metadata,
+    Column("scope", String(255), nullable=False),
+    Column("key", String(64), nullable=False),
+    Column("origin", BigInteger, nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("result", Text),
+    Column("updated_at", Double, nullable=False),
+    PrimaryKeyConstraint("scope", "key", "origin", "name", name=f"{STEPS}_pkey"),
+    CheckConstraint(f"state IN ('{STARTED}', '{DONE}')", name=f"{STEPS}_state_check"),
+)
+
+
+async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, functions: Sequence[str]) -> None:
+    """Create the tables (if missing) and ``functions`` in one explicit transaction, so that ``lock`` (taken
+    first, if any) covers all of it; ``conn`` is in autocommit mode."""
+    await conn.exec_driver_sql(begin)
+    try:
+        if lock:
+            await conn.exec_driver_sql(lock)
+        await conn.run_sync(metadata.create_all, checkfirst=True)
+        for ddl in functions:
+            await conn.exec_driver_sql(ddl)
+        await conn.exec_driver_sql("COMMIT")
+    except BaseException:
+        await conn.exec_driver_sql("ROLLBACK")
+        raise
+
+
+class Record(NamedTuple):
+    """A stored call, as the state machine sees it (immutable; cheap to build on the hot path)."""
+
+    scope: str
+    key: str
+    state: str
+    fence: int
+    fingerprint: str
+    arg_hashes: str
+    result: str | None
+    attempts: int
+    owner: str | None
+    task_id: str
+    operation: str
+    live: bool  # running and its lease has not expired
+    expired: bool  # past retention (meaningful only when not live)
+    ttl: float  # seconds until the record's retention ends, by the database clock
+    origin: int = 0
+
+
+# ``Record(*fields)`` without the NamedTuple's Python-level ``__new__`` (a record is built on every claim that
+# meets one and on every completion): the fields in Record's order, already of their types. Equal to the
+# general constructor; tests/test_store_layout.py proves it.
+record_of = cast(Callable[[Iterable[Any]], Record], functools.partial(tuple.__new__, Record))
+
+
+def live_sql(now: str, c: str = "") -> str:
+    """SQL: the record is running and its lease has not expired (``c``: the table alias and a dot, or "")."""
+    return f"({c}state = '{RUNNING}' AND {c}lease_until > {now})"
+
+
+class Col(NamedTuple):
+    """One column of a read record."""
+
+    name: str
+    sql: str  # the expression; {c} is the table alias and a dot (or nothing), {now} the database clock
+    pg_type: str  # its type in the Postgres claim function's result
+    flag: bool = False  # computed as 0 or 1 (SQLite has no boolean type); a Record holds a bool
+
+
+ROW = (
+    Col("state", "{c}state", "text"),
+    Col("fence", "{c}fence", "bigint"),
+    Col("fingerprint", "{c}fingerprint", "text"),
+    Col("arg_hashes", "{c}arg_hashes", "text"),
+    Col("result", "{c}result", "text"),
+    Col("attempts", "{c}attempts", "int"),
+    Col("owner", "{c}owner", "text"),
+    Col("task_id", "{c}task_id", "text"),
+    Col("operation", "{c}operation", "text"),
+    Col("live", "CASE WHEN {live} THEN 1 ELSE 0 END", "int", flag=True),
+    Col("expired", "CASE WHEN {c}expires_at < {now} THEN 1 ELSE 0 END", "int", flag=True),
+    Col("ttl", "{c}expires_at - {now}", "float8"),
+    Col("origin", "{c}origin", "bigint"),
+)
+if Record._fields != ("scope", "key", *(col.name for col in ROW)):
+    raise AssertionError("Record's fields must be scope, key and then ROW's columns, in order")
+
+FENCE_AT = [col.name for col in ROW].index("fence")  # where a row holds the fence
+_FLAGS = tuple(2 + i for i, col in enumerate(ROW) if col.flag)  # where a Record holds a 0/1 flag
+
+
+def column_sql(col: Col, now: str, c: str = "") -> str:
+    return col.sql.format(c=c, now=now, live=live_sql(now, c))
+
+
+def select_list(now: str, c: str = "") -> str:
+    """ROW as a SELECT list: each column, computed ones named."""
+    return ", ".join(
+        sql if sql == f"{c}{col.name}" else f"{sql} AS {col.name}"
+        for col, sql in ((col, column_sql(col, now, c)) for col in ROW)
+    )
+
+
+def record_from_row(scope: str, key: str, row: Sequence[Any]) -> Record:
+    """The record of ``(scope, key)`` from a row in ROW's layout. Both drivers give int for the integer
+    columns and float for ttl (a REAL / float8 expression); only the 0/1 flags need converting."""
+    fields = [scope, key, *row]
+    for i in _FLAGS:
+        fields[i] = bool(fields[i])
+    return record_of(fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    scope: str
+    key: str
+    task_id: str
+    operation: str
+    state: str
+    attempts: int
+    age: float
+    lease_left: float | None
+    audit: dict[str, Any] | None = None  # what the caller recorded beside the key (e.g. host call ids)
+
+
+def listing_from_row(r: Sequence[Any]) -> Listing:
+    """A listing from the listing statement's row (scope, key, task_id, operation, state, attempts, age,
+    lease_left, audit)."""
+    return Listing(
+        scope=r[0], key=r[1], task_id=r[2], operation=r[3], state=r[4], attempts=int(r[5]), age=float(r[6]),
+        lease_left=None if r[7] is None else float(r[7]), audit=None if r[8] is None else _audit(r[8]),
+    )
+
+
+def _audit(text_: str) -> dict[str, Any] | None:
+    from .._codec import loads
+
+    try:
+        value = loads(text_)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -1,0 +1,200 @@
+"""Every statement the store sends, written once and built once per store (SQLAlchemy compiles each once per
+dialect), and the Postgres read-or-claim function.
+
+The claim's new row is described once (``NEW_ROW``, ``CLAIM_PARAMS``): the plain claim statement and the
+function's insert are both generated from it, as the read's columns and the function's result columns are
+generated from the row layout (``_schema.ROW``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from ._schema import FAILED, RELEASED, ROW, RUNNING, STARTED, STEPS, TABLE, column_sql, live_sql, select_list
+
+# The claim's parameters, in the function's argument order, with their Postgres types.
+CLAIM_PARAMS = (
+    ("scope", "text"), ("key", "text"), ("task_id", "text"), ("operation", "text"), ("fingerprint", "text"),
+    ("arg_hashes", "text"), ("fence", "bigint"), ("tool", "text"), ("arguments", "text"), ("owner", "text"),
+    ("lease", "float8"), ("retention", "float8"), ("audit", "text"),
+)
+
+# The row a claim inserts: (column, value), each value written with {p} before a parameter's name and {now}
+# for the database clock. A new row's origin is its first fence.
+NEW_ROW = (
+    ("scope", "{p}scope"), ("key", "{p}key"), ("task_id", "{p}task_id"), ("operation", "{p}operation"),
+    ("fingerprint", "{p}fingerprint"), ("arg_hashes", "{p}arg_hashes"), ("state", f"'{RUNNING}'"),
+    ("fence", "{p}fence"), ("origin", "{p}fence"), ("tool", "{p}tool"), ("arguments", "{p}arguments"),
+    ("attempts", "1"), ("owner", "{p}owner"), ("lease_until", "{now} + {p}lease"), ("created_at", "{now}"),
+    ("updated_at", "{now}"), ("expires_at", "{now} + {p}retention"), ("audit", "{p}audit"),
+)
+
+# Versioned by name: a changed body gets a new name, never a silent swap under running workers.
+# v2: generated from the row layout; its result is (claimed, then the read's columns in the read's order).
+CLAIM_FUNCTION = f"{TABLE}_claim_v2"
+
+
+def _insert(now: str, p: str, alias: str = "") -> str:
+    columns = ", ".join(name for name, _ in NEW_ROW)
+    values = ", ".join(value.format(p=p, now=now) for _, value in NEW_ROW)
+    return f"INSERT INTO {TABLE}{alias} ({columns}) VALUES ({values}) ON CONFLICT (scope, key) DO NOTHING"
+
+
+def claim_function_ddl(now: str) -> str:
+    """The read-or-claim function (Postgres): one round trip that reads first, so that a replay costs about
+    what a plain SELECT costs (less than a writable CTE: see docs/benchmarks.md), and inserts only when there
+    was nothing to read. Each statement in it takes a new snapshot (READ COMMITTED), so a racing insert that
+    wins between its read and its insert is read on its next turn.
+
+    Its rows are (claimed, then ROW's columns): claimed = 1 with our fence, or 0 with the existing record;
+    no row if the record kept vanishing between read and insert (the caller retries, bounded)."""
+    args = ",\n  ".join(f"p_{name} {pg_type}" for name, pg_type in CLAIM_PARAMS)
+    returns = ",\n  ".join(f"{col.name} {col.pg_type}" for col in ROW)
+    existing = ",\n      ".join(f"CAST({column_sql(col, now, 'c.')} AS {col.pg_type})" for col in ROW)
+    # A claim's own row carries only the fence (and the origin, the same number) that the claimer needs.
+    claimed = ",\n      ".join(
+        f"CAST({'c.' + col.name if col.name in ('fence', 'origin') else 'NULL'} AS {col.pg_type})" for col in ROW
+    )
+    return f"""
+CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION}(
+  {args})
+RETURNS TABLE (
+  claimed int,
+  {returns})
+LANGUAGE plpgsql VOLATILE AS $fn$
+#variable_conflict use_column
+BEGIN
+  FOR i IN 1..3 LOOP
+    RETURN QUERY SELECT 0,
+      {existing}
+      FROM {TABLE} c WHERE c.scope = p_scope AND c.key = p_key;
+    IF FOUND THEN RETURN; END IF;
+    RETURN QUERY {_insert(now, "p_", " AS c")}
+      RETURNING 1,
+      {claimed};
+    IF FOUND THEN RETURN; END IF;
+  END LOOP;
+END
+$fn$"""
+
+
+class Statements:
+    """The store's statements, for one database clock (``now``, the dialect's SQL for seconds since the
+    epoch). ``claim_function``: also the read-or-claim function and the statement that calls it."""
+
+    def __init__(self, now: str, *, claim_function: bool) -> None:
+        live = live_sql(now)
+        where_fenced = "scope = :scope AND key = :key AND fence = :fence"
+        self.claim = text(f"{_insert(now, ':')} RETURNING fence")
+        self.read = text(f"SELECT {select_list(now)} FROM {TABLE} WHERE scope = :scope AND key = :key")
+        self.claim_function: str | None = None
+        self.claim_or_fetch: TextClause | None = None
+        if claim_function:
+            self.claim_function = claim_function_ddl(now)
+            names = ", ".join(f":{name}" for name, _ in CLAIM_PARAMS)
+            self.claim_or_fetch = text(f"SELECT * FROM {CLAIM_FUNCTION}({names})")
+        # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
+        # released, lease expired, or past retention (then it restarts as a new operation: reset = 1).
+        self.take_over = text(
+            f"UPDATE {TABLE} SET fence = fence + 1, state = '{RUNNING}', owner = :owner,"
+            f" lease_until = {now} + :lease, updated_at = {now}, expires_at = {now} + :retention,"
+            " attempts = CASE WHEN :reset = 1 THEN 1 ELSE attempts + 1 END,"
+            f" created_at = CASE WHEN :reset = 1 THEN {now} ELSE created_at END,"
+            " fingerprint = :fingerprint, arg_hashes = :arg_hashes, task_id = :task_id,"
+            " operation = :operation, result = NULL, audit = COALESCE(:audit, audit), tool = :tool,"
+            " arguments = COALESCE(:arguments, arguments),"
+            " origin = CASE WHEN :reset = 1 THEN fence + 1 ELSE origin END"
+            f" WHERE {where_fenced} AND NOT {live}"
+            f" AND (state IN ('{RUNNING}', '{RELEASED}') OR expires_at < {now})"
+            " RETURNING fence, origin"
+        )
+        self.release_owned = text(
+            f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE scope = :scope AND key = :key AND owner = :owner"
+            f" AND state = '{RUNNING}' RETURNING fence"
+        )
+        self.renew = text(
+            f"UPDATE {TABLE} SET lease_until = {now} + :lease, updated_at = {now}"
+            f" WHERE {where_fenced} AND state = '{RUNNING}' RETURNING fence"
+        )
+        # Both are idempotent for the fence that holds the claim (a recording redone after a cancellation
+        # finds its own earlier write), and refuse any other fence.
+        self.complete = text(
+            f"UPDATE {TABLE} SET state = :state, result = :result, lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE {where_fenced}"
+            f" AND (state = '{RUNNING}' OR (state = :state AND result = :result)) RETURNING fence"
+        )
+        self.release = text(
+            f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE {where_fenced} AND state IN ('{RUNNING}', '{RELEASED}')"
+            " RETURNING fence"
+        )
+        # Bounded batches; the outer predicate is re-checked on rows changed meanwhile (a takeover
+        # between the sub-select and the delete refreshes expires_at, so it is not deleted).
+        dead = f"expires_at < {now} AND NOT {live}"
+        self.sweep = text(
+            f"DELETE FROM {TABLE} WHERE (scope, key) IN"
+            f" (SELECT scope, key FROM {TABLE} WHERE {dead} LIMIT :batch) AND {dead}"
+        )
+        # -- steps of multi-step operations (every write inside a transaction that first re-checks and
+        #    locks the claim: a takeover cannot interleave, a stale worker cannot record anything)
+        self.fence_check = text(
+            f"UPDATE {TABLE} SET lease_until = {now} + :lease, updated_at = {now}"
+            f" WHERE {where_fenced} AND state = '{RUNNING}' RETURNING origin"
+        )
+        self.load_steps = text(
+            f"SELECT name, seq, state, result FROM {STEPS}"
+            " WHERE scope = :scope AND key = :key AND origin = :origin ORDER BY seq"
+        )
+        self.put_step = text(
+            f"INSERT INTO {STEPS} (scope, key, origin, name, seq, state, fence, result, updated_at)"
+            f" VALUES (:scope, :key, :origin, :name, :seq, :state, :fence, :result, {now})"
+            " ON CONFLICT (scope, key, origin, name) DO UPDATE SET state = :state, fence = :fence,"
+            f" result = :result, updated_at = {now}"
+        )
+        self.clear_step = text(
+            f"DELETE FROM {STEPS} WHERE scope = :scope AND key = :key AND origin = :origin AND name = :name"
+            f" AND state = '{STARTED}'"
+        )
+        self.sweep_steps = text(
+            f"DELETE FROM {STEPS} WHERE NOT EXISTS (SELECT 1 FROM {TABLE} c WHERE c.scope = {STEPS}.scope"
+            f" AND c.key = {STEPS}.key AND c.origin = {STEPS}.origin)"
+        )
+        # -- an operator's view and settling of operations whose worker died inside a step
+        # Operations whose worker died inside a step: a started step, and nobody holds a live lease.
+        self.unknown = text(
+            f"SELECT c.scope, c.key, c.task_id, c.operation, s.name, c.attempts, {now} - c.created_at"
+            f" FROM {TABLE} c JOIN {STEPS} s ON s.scope = c.scope AND s.key = c.key AND s.origin = c.origin"
+            f" WHERE s.state = '{STARTED}' AND c.state IN ('{RUNNING}', '{RELEASED}')"
+            f" AND NOT (c.state = '{RUNNING}' AND c.lease_until > {now})"
+            " AND (CAST(:scope AS VARCHAR) IS NULL OR c.scope = :scope) ORDER BY c.updated_at DESC LIMIT :limit"
+        )
+        # A started step of the record's current origin: recorded done (held by nobody), or cleared so the
+        # next attempt runs it again.
+        current_origin = f"SELECT origin FROM {TABLE} WHERE scope = :scope AND key = :key"
+        self.resolve_step = text(
+            f"UPDATE {STEPS} SET state = :state, result = :result, updated_at = {now}"
+            f" WHERE scope = :scope AND key = :key AND name = :name AND state = '{STARTED}'"
+            f" AND origin = ({current_origin} AND NOT {live})"
+        )
+        self.retry_step = text(
+            f"DELETE FROM {STEPS} WHERE scope = :scope AND key = :key AND origin = ({current_origin})"
+            f" AND name = :name AND state = '{STARTED}'"
+        )
+        self.abandon = text(
+            f"UPDATE {TABLE} SET state = '{FAILED}', result = :result, lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE scope = :scope AND key = :key AND NOT {live}"
+            f" AND state IN ('{RUNNING}', '{RELEASED}') RETURNING fence"
+        )
+        self.stalled = text(
+            f"SELECT scope, key, task_id, tool, arguments FROM {TABLE} WHERE arguments IS NOT NULL"
+            f" AND state IN ('{RUNNING}', '{RELEASED}') AND NOT {live} AND expires_at > {now}"
+            " ORDER BY updated_at LIMIT :limit"
+        )
+        self.listing = text(
+            f"SELECT scope, key, task_id, operation, state, attempts, {now} - created_at AS age,"
+            f" CASE WHEN state = '{RUNNING}' THEN lease_until - {now} END AS lease_left, audit"
+            f" FROM {TABLE} WHERE (CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
+            " AND (CAST(:task_id AS VARCHAR) IS NULL OR task_id = :task_id)"
+            " ORDER BY updated_at DESC LIMIT :limit"
+        )

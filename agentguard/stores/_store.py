@@ -1,0 +1,239 @@
+"""``SQLStore``: one SQLAlchemy Core async store for ``sqlite+aiosqlite`` and ``postgresql+asyncpg``.
+
+Every hot statement is written once (``_statements``), compiled once per dialect and executed in autocommit
+mode: one statement, one round trip, one commit. No connection is held while a tool body runs. Every write
+after the claim is conditional on the fence the caller holds. What differs between the two databases is the
+dialect's (``_dialects``); how statements run, and fail, is the executor's (``_executor``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ._claims import READING
+from ._dialects import dialect_for
+from ._engines import Engines
+from ._executor import Executor
+from ._schema import DONE, Listing, Record, create_schema, listing_from_row, record_from_row
+from ._statements import Statements
+
+if TYPE_CHECKING:
+    from ._protocols import Store
+
+STEP = "recording a step"
+
+
+class SQLStore:
+    """The store (implements ``ClaimStore``, ``StepStore`` and ``AdminStore``). Engines are made lazily, one
+    per event loop; the schema is created on first use."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        sqlite_synchronous: str = "FULL",
+        pg_synchronous_commit: str | None = None,
+    ) -> None:
+        self.dialect = dialect_for(url, pool_size=pool_size, connect_timeout=connect_timeout,
+                                   sqlite_synchronous=sqlite_synchronous,
+                                   pg_synchronous_commit=pg_synchronous_commit)
+        self.url = self.dialect.url
+        self.backend = self.dialect.name
+        self.memory = self.dialect.memory
+        self.read_is_cheaper = self.dialect.read_is_cheaper
+        self.sql = Statements(self.dialect.now, claim_function=self.dialect.claim_function)
+        self._executor = Executor(self.dialect, self._create)
+        self._engines: Engines = self._executor.engines
+        self._claim = self.dialect.claim
+        # The door every hot statement passes through (benchmarks/_common.py observes it there).
+        self._one = self._executor.one
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def engine(self) -> AsyncEngine:
+        """The running loop's engine: for running SQL on the store's own database (tests, admin tools)."""
+        return self._engines.engine()
+
+    async def ensure_schema(self) -> None:
+        """Create the tables if missing; safe when many processes start at once."""
+        await self._executor.ensure_schema()
+
+    async def _create(self, conn: AsyncConnection) -> None:
+        d, fn = self.dialect, self.sql.claim_function
+        await create_schema(conn, d.schema_begin, d.schema_lock, [] if fn is None else [fn])
+
+    async def dispose(self) -> None:
+        """Dispose the engine of the running loop."""
+        await self._engines.dispose()
+
+    # -- a call's verbs ------------------------------------------------------------------------------------
+
+    async def claim(self, params: dict[str, Any]) -> int | Record | None:
+        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides), the dialect's way.
+
+        Returns our fence if we claimed it, else the existing record, or None if that record is not
+        visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
+        """
+        return await self._claim(self._one, self.sql, params)
+
+    async def read(self, scope: str, key: str) -> Record | None:
+        row = await self._one(READING, self.sql.read, {"scope": scope, "key": key})
+        return None if row is None else record_from_row(scope, key, row)
+
+    async def take_over(self, params: dict[str, Any]) -> tuple[int, int] | None:
+        """Returns (fence, origin) if we took the claim over."""
+        row = await self._one("taking over the claim", self.sql.take_over, params)
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    async def renew(self, scope: str, key: str, fence: int, lease: float) -> bool:
+        params = {"scope": scope, "key": key, "fence": fence, "lease": lease}
+        return await self._one("renewing the lease", self.sql.renew, params, body_ran=True) is not None
+
+    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
+        params = {
+            "scope": scope, "key": key, "fence": fence, "state": state, "result": result, "retention": retention,
+        }
+        return await self._one("storing the result", self.sql.complete, params, body_ran=True) is not None
+
+    async def release_owned(self, scope: str, key: str, owner: str, retention: float) -> bool:
+        """Release the claim a cancelled claimer may or may not have won, recognised by its owner token."""
+        params = {"scope": scope, "key": key, "owner": owner, "retention": retention}
+        return await self._one("releasing the claim", self.sql.release_owned, params, body_ran=None) is not None
+
+    async def release(self, scope: str, key: str, fence: int, retention: float) -> bool:
+        params = {"scope": scope, "key": key, "fence": fence, "retention": retention}
+        return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
+
+    # -- steps ---------------------------------------------------------------------------------------------
+
+    async def load_steps(self, scope: str, key: str, origin: int) -> list[tuple[str, int, str, str | None]]:
+        async def run(conn: AsyncConnection) -> list[tuple[str, int, str, str | None]]:
+            rows = await conn.execute(self.sql.load_steps, {"scope": scope, "key": key, "origin": origin})
+            return [(r[0], int(r[1]), r[2], r[3]) for r in rows]
+
+        return await self._executor.run("loading the recorded steps", run, body_ran=False)
+
+    async def put_step(
+        self, scope: str, key: str, *, fence: int, origin: int, lease: float, name: str, seq: int, state: str,
+        result: str | None,
+    ) -> bool:
+        step = {"scope": scope, "key": key, "origin": origin, "name": name, "seq": seq, "state": state,
+                "fence": fence, "result": result}
+        return await self._fenced_write(self.sql.put_step, step, lease)
+
+    async def clear_step(self, scope: str, key: str, *, fence: int, origin: int, lease: float, name: str) -> bool:
+        step = {"scope": scope, "key": key, "origin": origin, "name": name, "fence": fence}
+        return await self._fenced_write(self.sql.clear_step, step, lease)
+
+    async def _fenced_write(self, stmt: Any, step: dict[str, Any], lease: float) -> bool:
+        """``stmt`` in a transaction that first re-checks (locks, renews) the claim; False if it is not ours."""
+
+        async def run(conn: AsyncConnection) -> bool:
+            check = {"scope": step["scope"], "key": step["key"], "fence": step["fence"], "lease": lease}
+            if (await conn.execute(self.sql.fence_check, check)).first() is None:
+                return False
+            await conn.execute(stmt, step)
+            return True
+
+        return await self._executor.run(STEP, run, body_ran=True, transaction=True)
+
+    @contextlib.asynccontextmanager
+    async def step_transaction(
+        self, scope: str, key: str, *, fence: int, origin: int, lease: float, name: str, seq: int,
+    ) -> AsyncIterator[_StepTransaction | None]:
+        async with self.fenced(scope, key, fence, lease) as conn:
+            step = {"scope": scope, "key": key, "origin": origin, "name": name, "seq": seq, "fence": fence}
+            yield None if conn is None else _StepTransaction(self, conn, step)
+
+    @contextlib.asynccontextmanager
+    async def fenced(self, scope: str, key: str, fence: int, lease: float) -> AsyncIterator[AsyncConnection | None]:
+        """A transaction that starts by re-checking (and locking, and renewing) our claim; None, having opened
+        nothing durable, if the claim is no longer ours. (The engine's ``Operation`` uses it directly until it
+        moves to ``put_step``, ``clear_step`` and ``step_transaction``.)"""
+        async with self._executor.transaction(STEP, body_ran=True) as conn:
+            check = {"scope": scope, "key": key, "fence": fence, "lease": lease}
+            found = await self._executor.execute(STEP, conn, self.sql.fence_check, check, body_ran=True)
+            yield None if found.first() is None else conn
+
+    # -- an operator's verbs -------------------------------------------------------------------------------
+
+    async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[tuple[Any, ...]]:
+        async def run(conn: AsyncConnection) -> list[tuple[Any, ...]]:
+            return [tuple(r) for r in await conn.execute(self.sql.unknown, {"scope": scope, "limit": limit})]
+
+        return await self._executor.run("listing unknown outcomes", run, body_ran=None)
+
+    async def resolve_step(self, scope: str, key: str, name: str, state: str | None, result: str | None) -> bool:
+        """Settle a started step: record it done with ``result``, or (state None) clear it for a retry."""
+        params: dict[str, str | None] = {"scope": scope, "key": key, "name": name}
+        if state is None:
+            stmt = self.sql.retry_step
+        else:
+            stmt, params = self.sql.resolve_step, {**params, "state": state, "result": result}
+
+        async def run(conn: AsyncConnection) -> bool:
+            return bool((await conn.execute(stmt, params)).rowcount)
+
+        return await self._executor.run("resolving the step", run, body_ran=None)
+
+    async def stalled(self, *, limit: int = 100) -> list[tuple[str, str, str, str, str]]:
+        async def run(conn: AsyncConnection) -> list[tuple[str, str, str, str, str]]:
+            return [(r[0], r[1], r[2], r[3], r[4]) for r in await conn.execute(self.sql.stalled, {"limit": limit})]
+
+        return await self._executor.run("listing stalled operations", run, body_ran=None)
+
+    async def abandon(self, scope: str, key: str, result: str, retention: float) -> bool:
+        params = {"scope": scope, "key": key, "result": result, "retention": retention}
+        return await self._one("abandoning the operation", self.sql.abandon, params, body_ran=None) is not None
+
+    async def sweep(self, batch: int = 1000) -> int:
+        """Delete records past their retention, in batches; never a running claim whose lease is live."""
+
+        async def run(conn: AsyncConnection) -> int:
+            return int((await conn.execute(self.sql.sweep, {"batch": batch})).rowcount or 0)
+
+        total = 0
+        while True:
+            n = await self._executor.run("sweeping expired records", run, body_ran=None)
+            total += n
+            if n < batch:
+                break
+
+        async def orphans(conn: AsyncConnection) -> None:
+            await conn.execute(self.sql.sweep_steps)
+
+        # Steps of deleted records are unreachable anyway (a new record has a new origin): tidy them.
+        await self._executor.run("sweeping orphaned steps", orphans, body_ran=None)
+        return total
+
+    async def listing(
+        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100
+    ) -> Sequence[Listing]:
+        async def run(conn: AsyncConnection) -> list[Listing]:
+            rows = await conn.execute(self.sql.listing, {"scope": scope, "task_id": task_id, "limit": limit})
+            return [listing_from_row(r) for r in rows]
+
+        return await self._executor.run("listing records", run, body_ran=None)
+
+
+class _StepTransaction:
+    """``op.transaction``'s transaction: the caller's statements on ``connection``, and the step's record."""
+
+    __slots__ = ("_step", "_store", "connection")
+
+    def __init__(self, store: SQLStore, conn: AsyncConnection, step: dict[str, Any]) -> None:
+        self._store, self.connection, self._step = store, conn, step
+
+    async def record(self, result: str) -> None:
+        params = {**self._step, "state": DONE, "result": result}
+        await self._store._executor.execute(STEP, self.connection, self._store.sql.put_step, params, body_ran=True)
+
+
+if TYPE_CHECKING:  # mypy proves that SQLStore implements every interface
+    _implements: Store = SQLStore("sqlite+aiosqlite://")
