@@ -31,8 +31,7 @@ from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError,
 from ._events import Events
 from ._lease import Heartbeats, new_fence, new_owner
 from ._portal import Portal
-from .stores import FAILED, RUNNING, SUCCEEDED, Record
-from .stores import SQLStore as Store
+from .stores import FAILED, RUNNING, SUCCEEDED, Record, Store, record_of
 
 log = logging.getLogger("agentguard")
 T = TypeVar("T")
@@ -129,6 +128,19 @@ class Engine:
             "worker took over; this worker's outcome was not stored and the other worker's stands",
         )
 
+    @staticmethod
+    def not_run(call: Call, exc: StoreError) -> StoreError:
+        """The store's fact, with what it means before the body: nothing ran."""
+        return call.error(StoreError, f"{exc}; the tool was not run", transient=exc.transient)  # type: ignore[no-any-return]
+
+    def held(self, call: Call, exc: StoreError, retried: bool) -> StoreError:
+        """The store's fact, with what it means after the body: the claim stays held, a takeover follows."""
+        retry = f" (retried for {self.window:g}s, the guard's outage_window)" if retried else ""
+        return call.error(  # type: ignore[no-any-return]
+            StoreError, f"{exc}{retry}; the tool body already ran, so the claim is left held: after the lease "
+            "expires the next caller takes over with the same downstream key", body_ran=True, transient=exc.transient,
+        )
+
     def cached(self, call: Call) -> Replay | None:
         """A replay served from the in-process cache: no round trip (raises on a fingerprint mismatch)."""
         rec = self.cache.get(call.scope, call.key)
@@ -153,9 +165,9 @@ class Engine:
     def remember(self, claim: Claim, state: str, stored: str, started: float) -> None:
         call = claim.call
         if self.cache.maxsize:
-            rec = Record(call.scope, call.key, state, claim.fence, call.fingerprint, call.arg_hashes_json, stored,
-                         claim.attempt, None, call.task_id, call.operation, False, False, self.retention,
-                         claim.origin)
+            rec = record_of((call.scope, call.key, state, claim.fence, call.fingerprint, call.arg_hashes_json,
+                             stored, claim.attempt, None, call.task_id, call.operation, False, False,
+                             self.retention, claim.origin))
             self.cache.put(rec, started + self.retention)
 
     # -- claim --------------------------------------------------------------------------------------------
@@ -271,7 +283,7 @@ class Engine:
             return await write()
         except StoreError as exc:
             if not exc.transient or self.window <= 0:
-                raise
+                raise self.held(claim.call, exc, retried=False) from exc
             error = exc
         call = claim.call
         loop = asyncio.get_running_loop()
@@ -289,8 +301,7 @@ class Engine:
                 result = await write()
             except StoreError as exc:
                 if not exc.transient or loop.time() >= deadline:
-                    raise call.error(StoreError, f"{exc} (retried for {self.window:g}s, the guard's "
-                                     "outage_window)", body_ran=True, transient=exc.transient) from exc
+                    raise self.held(call, exc, retried=True) from exc
                 delay = min(delay * 2, 1.0)
                 continue
             log.info("%s of %s landed after the store came back", what.capitalize(), call.operation)
@@ -352,7 +363,10 @@ class Engine:
         memory = self.store.memory
         outcome: Claim | Replay | None = self.cached(call)
         if outcome is None:
-            outcome = await (self.portal.arun(self.begin(call)) if memory else self.begin(call))
+            try:
+                outcome = await (self.portal.arun(self.begin(call)) if memory else self.begin(call))
+            except StoreError as exc:
+                raise self.not_run(call, exc) from exc
         if isinstance(outcome, Replay):
             return outcome.result(), True
         claim = outcome
@@ -377,7 +391,10 @@ class Engine:
         portal = self.portal
         outcome: Claim | Replay | None = self.cached(call)
         if outcome is None:
-            outcome = portal.run(self.begin(call))
+            try:
+                outcome = portal.run(self.begin(call))
+            except StoreError as exc:
+                raise self.not_run(call, exc) from exc
         if isinstance(outcome, Replay):
             return outcome.result(), True
         token = _key.set(call.key)

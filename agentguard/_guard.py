@@ -25,7 +25,7 @@ from ._operation import Reconcile
 from ._portal import Portal
 from ._spec import KeyOption, Spec
 from ._storeconfig import DEFAULT_URL, ENV_URL
-from .stores import Listing, SQLStore
+from .stores import Listing, SQLStore, Store
 
 __all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
 
@@ -79,7 +79,9 @@ class Guard:
 
     ``url``: ``sqlite+aiosqlite:///path.db`` (default ``$AGENTGUARD_URL``, else ``agentguard.db`` in the
     working directory), ``sqlite+aiosqlite://`` for an in-memory store in tests, or
-    ``postgresql+asyncpg://user@host/db`` for a fleet of workers.
+    ``postgresql+asyncpg://user@host/db`` for a fleet of workers. ``store``: instead of a URL, any object
+    implementing :class:`agentguard.stores.Store` (an ``SQLStore`` you made, a stand-in for a benchmark, a
+    store wrapped to inject a fault in a test); the store options (``pool_size`` ...) then do not apply.
     """
 
     def __init__(
@@ -97,8 +99,8 @@ class Guard:
         pg_synchronous_commit: str | None = None,
         cache_size: int = 1024,
         outage_window: float | timedelta | None = None,
+        store: Store | None = None,
     ) -> None:
-        url = url or os.environ.get(ENV_URL) or DEFAULT_URL
         self._lease = _seconds(lease, "lease")
         self._retention = _seconds(retention, "retention")
         # How long a write after the body ran (completion, release, a step's result) is retried through a
@@ -115,10 +117,17 @@ class Guard:
             raise ValueError(f"on_conflict must be 'wait' or 'raise', got {on_conflict!r}")
         self._on_conflict = on_conflict
         self._wait_timeout = None if wait_timeout is None else _seconds(wait_timeout, "wait_timeout")
-        self._store = SQLStore(
-            url, pool_size=pool_size, connect_timeout=connect_timeout, sqlite_synchronous=sqlite_synchronous,
-            pg_synchronous_commit=pg_synchronous_commit,
-        )
+        if store is None:
+            store = SQLStore(
+                url or os.environ.get(ENV_URL) or DEFAULT_URL, pool_size=pool_size, connect_timeout=connect_timeout,
+                sqlite_synchronous=sqlite_synchronous, pg_synchronous_commit=pg_synchronous_commit,
+            )
+        elif url is not None:
+            raise ValueError("give a store URL or a store object, not both")
+        elif not isinstance(store, Store):
+            raise TypeError(f"store must implement agentguard.stores.Store (claim, read, complete, ...), got "
+                            f"{type(store).__qualname__}")
+        self._store: Store = store
         self._portal = Portal()
         self._codecs: dict[Any, Codec] = {}
         self._cache = ReplayCache(cache_size)

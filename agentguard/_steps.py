@@ -54,18 +54,13 @@ class ClaimSteps:
         return await engine.store_call(engine.store.load_steps(c.scope, c.key, self._claim.origin))
 
     async def put(self, seq: int, name: str, state: str, result: str | None) -> None:
-        await self._engine.store_call(self._put(seq, name, state, result))
-
-    async def _put(self, seq: int, name: str, state: str, result: str | None) -> None:
-        claim, store = self._claim, self._engine.store
+        claim, engine = self._claim, self._engine
         c = claim.call
-        async with store.fenced(c.scope, c.key, claim.fence, self._engine.lease) as conn:
-            if conn is None:
-                raise self._engine.lease_lost(claim)
-            await conn.execute(store.sql.put_step, {
-                "scope": c.scope, "key": c.key, "origin": claim.origin, "name": name, "seq": seq,
-                "state": state, "fence": claim.fence, "result": result,
-            })
+        if not await engine.store_call(engine.store.put_step(
+            c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=engine.lease, name=name, seq=seq,
+            state=state, result=result,
+        )):
+            raise engine.lease_lost(claim)
 
     async def record(self, seq: int, name: str, result: str) -> None:
         await uncancellable(self._engine.settled(
@@ -73,35 +68,27 @@ class ClaimSteps:
         ))
 
     async def clear(self, name: str) -> None:
-        await uncancellable(self._engine.settled(
-            self._claim, f"clearing step {name!r}", lambda: self._engine.store_call(self._clear(name)),
-            heartbeat=False,
-        ))
-
-    async def _clear(self, name: str) -> None:
-        claim, store = self._claim, self._engine.store
+        claim, engine = self._claim, self._engine
         c = claim.call
-        async with store.fenced(c.scope, c.key, claim.fence, self._engine.lease) as conn:
-            if conn is not None:
-                await conn.execute(store.sql.clear_step, {
-                    "scope": c.scope, "key": c.key, "origin": claim.origin, "name": name,
-                })
+        await uncancellable(engine.settled(claim, f"clearing step {name!r}", lambda: engine.store_call(
+            engine.store.clear_step(c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=engine.lease,
+                                    name=name)
+        ), heartbeat=False))  # (not ours any more: a takeover decides about the mark; nothing to raise)
 
     async def transaction(
         self, seq: int, name: str, fn: Callable[[AsyncConnection], Awaitable[Any]], encode: Callable[[Any], str]
     ) -> str:
         claim, engine = self._claim, self._engine
-        store, c = engine.store, claim.call
+        c = claim.call
 
         async def run() -> str:
-            async with store.fenced(c.scope, c.key, claim.fence, engine.lease) as conn:
-                if conn is None:
+            async with engine.store.step_transaction(
+                c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=engine.lease, name=name, seq=seq
+            ) as tx:
+                if tx is None:
                     raise engine.lease_lost(claim)
-                encoded = encode(await fn(conn))
-                await conn.execute(store.sql.put_step, {
-                    "scope": c.scope, "key": c.key, "origin": claim.origin, "name": name, "seq": seq,
-                    "state": DONE, "fence": claim.fence, "result": encoded,
-                })
+                encoded = encode(await fn(tx.connection))
+                await tx.record(encoded)
                 return encoded
 
         return await engine.store_call(run())

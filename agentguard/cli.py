@@ -44,20 +44,8 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 
-# What a store says when a tool call failed before its body: true for a guarded call, meaningless here,
-# where no tool exists.
-_TOOL_SUFFIXES = ("; the tool was not run again", "; the tool was not run")
-
-
 class CommandError(Exception):
     """A problem the command reports on stderr with exit status 1 (no traceback)."""
-
-
-def _message(exc: BaseException) -> str:
-    text = str(exc)
-    for suffix in _TOOL_SUFFIXES:
-        text = text.replace(suffix, "")
-    return text
 
 
 def _age(seconds: float) -> str:
@@ -312,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agentguard: {exc}", file=sys.stderr)
         return EXIT_USAGE if args.command == "mcp-proxy" else EXIT_ERROR
     except (CommandError, GuardError, ValueError) as exc:
-        print(f"agentguard: {_message(exc)}", file=sys.stderr)
+        print(f"agentguard: {exc}", file=sys.stderr)  # (facts: no tool is involved here)
         return EXIT_ERROR
     except BrokenPipeError:
         # The reader went away (`agentguard ls | head`): stop quietly. stdout is pointed at /dev/null so the

@@ -45,7 +45,6 @@ EXTRAS = {
 CASES = [(module, extra, name) for module, (extra, names) in EXTRAS.items() for name in names]
 # agentguard/mcp/__init__.py does not call require() yet (the mcp package is being restructured): today its
 # import fails with the SDK's own "No module named 'mcp_types'". strict: passing makes this marker fail.
-PENDING = pytest.mark.xfail(strict=True, reason="pending: agentguard/mcp/__init__.py calls no require() yet")
 
 
 def attempt(prelude: str, module: str) -> list[str]:
@@ -57,7 +56,7 @@ def attempt(prelude: str, module: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("module", "extra", "name"),
-    [pytest.param(*c, marks=PENDING) if c[0] == "agentguard.mcp" else c for c in CASES],
+    CASES,
     ids=[f"{m}-{n}" for m, _, n in CASES],
 )
 @pytest.mark.parametrize("block", [SHIM, FINDER], ids=["sys.modules", "meta_path"])
@@ -80,7 +79,6 @@ def test_with_every_extra_missing_the_core_still_imports() -> None:
     assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="pending: the store (agentguard/stores/_sql.py) calls no require() yet")
 def test_a_postgres_store_without_asyncpg_names_the_extra() -> None:
     # The store should refuse at construction (a guard that is not in place refuses to start), not at the
     # first call with "cannot create the store engine ... No module named 'asyncpg'".

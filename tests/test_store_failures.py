@@ -136,30 +136,25 @@ class SweptAfterAMiss(SQLStore):
         return await self.read(params["scope"], params["key"])
 
 
-async def test_whitebox_sweeper_deleting_the_winners_row_before_the_losers_read(
-    make_guard: Callable[..., Guard],
+async def test_sweeper_deleting_the_winners_row_before_the_losers_read(
+    store_url: str, make_guard: Callable[..., Guard]
 ) -> None:
-    """White-box: the guard's store is replaced through private attributes (until ``Guard(store=...)``)."""
-    guard = make_guard(retention=0.3)
-    store = SweptAfterAMiss(guard.url, make_guard())
     runs = 0
 
-    @guard.once
     async def charge(amount: int) -> int:
         nonlocal runs
         runs += 1
         return runs
 
-    with task(tid()):
-        assert await charge(1) == 1
-        await asyncio.sleep(0.5)  # the record is past retention; the loser's insert still conflicts
-        replaced, guard._store = guard._store, store
-        guard._engine.store = store
-        try:
-            assert await charge(1) == 2  # the row vanished before the read: claim again, no crash
-        finally:
-            await replaced.dispose()  # the guard closes the store it holds now
-    assert store.swept == [1]
+    t = tid()
+    with task(t):
+        assert await make_guard(retention=0.3).once(operation="charge")(charge)(1) == 1
+    await asyncio.sleep(0.5)  # the record is past retention; the loser's insert still conflicts
+    store = SweptAfterAMiss(store_url, make_guard())
+    async with Guard(store=store, retention=0.3) as guard:
+        with task(t):
+            assert await guard.once(operation="charge")(charge)(1) == 2  # vanished before the read: claim again
+    assert store.swept == [1] and runs == 2
 
 
 async def test_replays_in_this_process_come_from_the_cache(store_url: str) -> None:

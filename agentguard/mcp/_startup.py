@@ -134,7 +134,7 @@ async def _open_store(config: Config, guard: Guard, field: str, url: str) -> str
             await guard.ensure_schema()
             return None
         except GuardError as exc:
-            reason = redact_text(str(exc).removesuffix("; the tool was not run"))
+            reason = redact_text(str(exc))
             left = deadline - anyio.current_time()
             if not (isinstance(exc, StoreError) and exc.transient):
                 return f"{field}: cannot use the store {url}: {reason}"

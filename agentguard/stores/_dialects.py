@@ -29,6 +29,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._errors import StoreError
+from .._extras import require
 from .._redact import redact_url
 from ._aiosqlite import Opened, connector, runs_functions
 from ._aiosqlite import fetch_pair as aiosqlite_pair
@@ -255,6 +256,7 @@ def dialect_for(url: str, **settings: Any) -> Dialect:
         if driver not in ("", "asyncpg"):
             raise ValueError(f"Postgres is supported through asyncpg only (postgresql+asyncpg://...), got "
                              f"{redact_url(url)!r}")
+        require("asyncpg", extra="postgres", by="a postgresql+asyncpg:// store")  # refused here, not at first use
         normal = u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
         return Postgres(normal, Options(**settings))
     if backend == "sqlite":

@@ -147,15 +147,14 @@ class SQLStore:
     async def step_transaction(
         self, scope: str, key: str, *, fence: int, origin: int, lease: float, name: str, seq: int,
     ) -> AsyncIterator[_StepTransaction | None]:
-        async with self.fenced(scope, key, fence, lease) as conn:
+        async with self._fenced(scope, key, fence, lease) as conn:
             step = {"scope": scope, "key": key, "origin": origin, "name": name, "seq": seq, "fence": fence}
             yield None if conn is None else _StepTransaction(self, conn, step)
 
     @contextlib.asynccontextmanager
-    async def fenced(self, scope: str, key: str, fence: int, lease: float) -> AsyncIterator[AsyncConnection | None]:
+    async def _fenced(self, scope: str, key: str, fence: int, lease: float) -> AsyncIterator[AsyncConnection | None]:
         """A transaction that starts by re-checking (and locking, and renewing) our claim; None, having opened
-        nothing durable, if the claim is no longer ours. (The engine's ``Operation`` uses it directly until it
-        moves to ``put_step``, ``clear_step`` and ``step_transaction``.)"""
+        nothing durable, if the claim is no longer ours."""
         async with self._executor.transaction(STEP, body_ran=True) as conn:
             check = {"scope": scope, "key": key, "fence": fence, "lease": lease}
             found = await self._executor.execute(STEP, conn, self.sql.fence_check, check, body_ran=True)
