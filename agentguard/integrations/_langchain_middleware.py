@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from .._errors import GuardError
 from .._guard import Guard
 from ._common import ToolsArg, ToolSpec, resolve_task, run_sync, tool_specs
-from .langchain import HINT, _exception_class, current_config, thread_id
+from ._langchain_run import HINT, _exception_class, current_config, thread_id
 
 Result = ToolMessage | Command[Any]
 

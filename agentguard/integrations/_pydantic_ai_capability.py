@@ -14,7 +14,7 @@ from pydantic_ai.tools import ToolDefinition
 from .._errors import GuardError
 from .._guard import Guard
 from ._common import ToolsArg, ToolSpec, resolve_task, tool_specs
-from .pydantic_ai import HINT, deps_task_id, refuse
+from ._pydantic_ai_run import HINT, deps_task_id, refuse
 
 
 class GuardTools(AbstractCapability[Any]):

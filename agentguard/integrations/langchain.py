@@ -23,7 +23,7 @@ message when the tool has ``handle_tool_error=True``; a bare ``ToolNode`` would 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .._errors import GuardError
 from .._extras import require
@@ -34,9 +34,9 @@ from ._common import (
     adapt,
     check_function,
     context_params,
-    refusal_message,
     subclass_of,
 )
+from ._langchain_run import HINT, _exception_class, current_config, refuse, thread_id
 
 require("langchain_core", "langgraph", "langchain", extra="langchain", by=__name__)
 
@@ -51,54 +51,6 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-HINT = "there is no LangGraph thread_id in the run's config"
-
-
-def thread_id(config: Any) -> Any:
-    """The LangGraph thread id of a ``RunnableConfig`` (or of the running graph's config), else None."""
-    if config is None:
-        try:
-            from langgraph.config import get_config
-
-            config = get_config()
-        except (ImportError, RuntimeError):  # outside a runnable context
-            return None
-    configurable = (config or {}).get("configurable") or {}
-    return configurable.get("thread_id")
-
-
-def current_config() -> Any:
-    try:
-        from langgraph.config import get_config
-
-        return get_config()
-    except (ImportError, RuntimeError):
-        return None
-
-
-_EXCEPTION: list[type[Exception]] = []
-
-
-def _exception_class() -> type[Exception]:
-    if not _EXCEPTION:
-        from langchain_core.tools import ToolException
-
-        class GuardToolException(ToolException):
-            """agentguard refused the call; ``str(exc)`` is the text for the model, ``.error`` the GuardError."""
-
-            def __init__(self, error: GuardError) -> None:
-                super().__init__(refusal_message(error))
-                self.error = error
-
-        GuardToolException.__module__ = __name__
-        _EXCEPTION.append(GuardToolException)
-    return _EXCEPTION[0]
-
-
-def refuse(exc: GuardError) -> NoReturn:
-    raise _exception_class()(exc) from exc
-
 
 _INJECTED_NAMES = (
     "ToolRuntime", "RunnableConfig", "InjectedToolArg", "InjectedToolCallId", "InjectedState", "InjectedStore",

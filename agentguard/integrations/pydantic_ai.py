@@ -21,21 +21,19 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
 from ._common import (
     KeyArg,
     ToolSpec,
     adapt,
-    attribute_task_id,
     check_function,
     context_params,
-    refusal_message,
     subclass_of,
 )
+from ._pydantic_ai_run import HINT, deps_task_id, refuse
 
 require("pydantic_ai", extra="pydantic-ai", by=__name__)
 
@@ -46,19 +44,6 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-HINT = "ctx.deps carries no task_id"
-
-
-def refuse(exc: GuardError) -> NoReturn:
-    from pydantic_ai.exceptions import ToolFailed
-
-    raise ToolFailed(refusal_message(exc)) from exc
-
-
-def deps_task_id(ctx: Any) -> Any:
-    return attribute_task_id(getattr(ctx, "deps", None))
-
 
 def _run_context(arguments: Mapping[str, Any], names: Sequence[str]) -> Any:
     if names and names[0] in arguments:
