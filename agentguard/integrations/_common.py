@@ -11,7 +11,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
+from typing import Any, NoReturn, ParamSpec, Protocol, TypedDict, TypeVar, Unpack
 
 from .._context import DEFAULT_SCOPE, MAX_SCOPE, TaskInfo, check_id, check_task_id, current_task, task
 from .._errors import GuardError, MissingTaskError
@@ -20,6 +20,8 @@ from .._guard import Guard
 from .._refusals import refusal
 
 T = TypeVar("T")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 refusal_message = refusal
 """The text a model sees when the guard did not run a tool: the one table of ``agentguard._refusals``."""
@@ -217,31 +219,76 @@ def check_function(
 # -- the decorator shell -----------------------------------------------------------------------------------
 
 
+class AdapterOptions(TypedDict, total=False):
+    """The options every adapter's ``once`` takes besides ``task_id`` (as :meth:`Guard.once`'s, plus
+    ``scope``, the tenant the framework's task ids belong to)."""
+
+    key: KeyArg
+    operation: str | None
+    ignore: Sequence[str]
+    cache_errors: tuple[type[BaseException], ...]
+    inject: str | None
+    scope: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Framework:
+    """How one framework's adapter guards a tool function: its module and decorator (for the decorator-order
+    check), the parameters its framework injects (left out of the fingerprint), where its context and its
+    stable task id are found, and how a refusal reaches its model."""
+
+    adapter: str
+    decorator: str
+    context_names: Callable[[Callable[..., Any]], Sequence[str]]
+    get_context: Callable[[Mapping[str, Any], Sequence[str]], Any]
+    fallback: Callable[[Any], Any] | None
+    hint: str
+    refuse: Callable[[GuardError], Any]
+    registered: Callable[[Any], str | None] | None = None
+
+    def once(
+        self, guard: Guard, task_id: TaskIdFrom | None, options: AdapterOptions
+    ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+        unknown = options.keys() - AdapterOptions.__annotations__.keys()
+        if unknown:
+            raise TypeError(f"{self.adapter}.once() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+
+        def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+            check_function(fn, adapter=self.adapter, decorator=self.decorator, registered=self.registered)
+            names = self.context_names(fn)
+            wrapped: Callable[_P, _R] = adapt(
+                guard, fn, task_id=task_id, context_names=names,
+                get_context=lambda arguments: self.get_context(arguments, names), fallback=self.fallback,
+                hint=self.hint, refuse=self.refuse, **options,
+            )
+            return wrapped
+
+        return decorate
+
+
 def adapt(
     guard: Guard,
     fn: Callable[..., Any],
     *,
-    operation: str | None,
-    key: KeyArg,
-    ignore: Sequence[str],
-    cache_errors: tuple[type[BaseException], ...],
-    inject: str | None,
     task_id: TaskIdFrom | None,
-    scope: str | None,
     context_names: Sequence[str],
     get_context: Callable[[Mapping[str, Any]], Any],
     fallback: Callable[[Any], Any] | None,
     hint: str,
     refuse: Callable[[GuardError], Any],
+    **options: Unpack[AdapterOptions],
 ) -> Any:
     """``guard.once`` with the framework's context left out of the fingerprint, the task id resolved by the
     one rule, and refusals turned into the framework's tool-error convention."""
+    ignore = options.get("ignore", ())
     if isinstance(ignore, str):
         ignore = (ignore,)
+    scope = options.get("scope")
     if scope is not None:
         check_id(scope, "scope", MAX_SCOPE)  # at decoration, not on the first call
     core: Any = guard.once(
-        operation=operation, key=key, ignore=[*ignore, *context_names], cache_errors=cache_errors, inject=inject
+        operation=options.get("operation"), key=options.get("key"), ignore=[*ignore, *context_names],
+        cache_errors=options.get("cache_errors", ()), inject=options.get("inject", "idempotency_key"),
     )(fn)
     sig = inspect.signature(core)
     tool: str = core.__agentguard__.tool
@@ -306,8 +353,6 @@ def run_sync(
     return out.value, out.replayed
 
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 
 def raise_refusal(exc: GuardError) -> NoReturn:
@@ -317,16 +362,7 @@ def raise_refusal(exc: GuardError) -> NoReturn:
 
 class EngineOnce(Protocol):
     def __call__(
-        self,
-        guard: Guard,
-        *,
-        key: KeyArg = None,
-        operation: str | None = None,
-        ignore: Sequence[str] = (),
-        cache_errors: tuple[type[BaseException], ...] = (),
-        inject: str | None = "idempotency_key",
-        task_id: TaskIdFrom | None = None,
-        scope: str | None = None,
+        self, guard: Guard, *, task_id: TaskIdFrom | None = None, **options: Unpack[AdapterOptions]
     ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]: ...
 
 
@@ -343,29 +379,15 @@ def engine_once(
     """The ``once`` of a workflow engine (DBOS, Temporal): ``guard.once`` whose task id falls back to the
     engine's stable workflow id, with refusals raised. ``adapter``, ``decorator``, ``registered``: see
     :func:`check_function`."""
+    framework = Framework(
+        adapter, decorator, context_names=lambda _fn: (), get_context=lambda _arguments, _names: get_context(),
+        fallback=fallback, hint=hint, refuse=raise_refusal, registered=registered,
+    )
 
     def once(
-        guard: Guard,
-        *,
-        key: KeyArg = None,
-        operation: str | None = None,
-        ignore: Sequence[str] = (),
-        cache_errors: tuple[type[BaseException], ...] = (),
-        inject: str | None = "idempotency_key",
-        task_id: TaskIdFrom | None = None,
-        scope: str | None = None,
+        guard: Guard, *, task_id: TaskIdFrom | None = None, **options: Unpack[AdapterOptions]
     ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-        def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-            check_function(fn, adapter=adapter, decorator=decorator, registered=registered)
-            wrapped: Callable[_P, _R] = adapt(
-                guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors,
-                inject=inject, task_id=task_id, scope=scope, context_names=(),
-                get_context=lambda _arguments: get_context(), fallback=fallback, hint=hint,
-                refuse=raise_refusal,
-            )
-            return wrapped
-
-        return decorate
+        return framework.once(guard, task_id, options)
 
     once.__doc__ = doc
     return once

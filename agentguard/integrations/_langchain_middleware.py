@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
@@ -114,10 +115,22 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
 
     # -- the middleware hooks ----------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _answering(self, request: ToolCallRequest) -> Iterator[list[Result]]:
+        """Collects the answer to a tool call; a refusal, or the tool's own error message, becomes the answer."""
+        answer: list[Result] = []
+        try:
+            yield answer
+        except _ToolErrored as failed:
+            answer.append(failed.message)
+        except GuardError as exc:
+            answer.append(self._refusal(request, self._as_refusal(exc)))
+        except _exception_class() as exc:
+            answer.append(self._refusal(request, exc))
+
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Result]) -> Result:
         name = request.tool_call["name"]
-        refused = _exception_class()
-        try:
+        with self._answering(request) as answer:
             plan = self._plan(request)
             if plan is None:
                 return handler(request)
@@ -127,20 +140,14 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
                 key=spec.key_values(args), task_id=task_id, scope=scope, returns=Any,
                 cache_errors=spec.cache_errors,
             )
-        except _ToolErrored as failed:
-            return failed.message
-        except GuardError as exc:
-            return self._refusal(request, self._as_refusal(exc))
-        except refused as exc:
-            return self._refusal(request, exc)
-        return self._message(request, name, value)
+            answer.append(self._message(request, name, value))
+        return answer[0]
 
     async def awrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[Result]]
     ) -> Result:
         name = request.tool_call["name"]
-        refused = _exception_class()
-        try:
+        with self._answering(request) as answer:
             plan = self._plan(request)
             if plan is None:
                 return await handler(request)
@@ -153,10 +160,5 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
                 name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args), task_id=task_id,
                 scope=scope, returns=Any, cache_errors=spec.cache_errors,
             )
-        except _ToolErrored as failed:
-            return failed.message
-        except GuardError as exc:
-            return self._refusal(request, self._as_refusal(exc))
-        except refused as exc:
-            return self._refusal(request, exc)
-        return self._message(request, name, outcome.value)
+            answer.append(self._message(request, name, outcome.value))
+        return answer[0]

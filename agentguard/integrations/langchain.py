@@ -22,17 +22,16 @@ message when the tool has ``handle_tool_error=True``; a bare ``ToolNode`` would 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
 from ._common import (
-    KeyArg,
+    AdapterOptions,
+    Framework,
     ToolSpec,
-    adapt,
-    check_function,
     context_params,
     subclass_of,
 )
@@ -73,34 +72,21 @@ def is_injected(annotation: Any) -> bool:
     return subclass_of(annotation, (ToolRuntime,))
 
 
+_FRAMEWORK = Framework(
+    __name__, "@tool", context_names=lambda fn: context_params(fn, is_injected, _INJECTED_NAMES),
+    get_context=lambda _arguments, _names: current_config(), fallback=thread_id, hint=HINT, refuse=refuse,
+)
+
+
 def once(
-    guard: Guard,
-    *,
-    key: KeyArg = None,
-    operation: str | None = None,
-    ignore: Sequence[str] = (),
-    cache_errors: tuple[type[BaseException], ...] = (),
-    inject: str | None = "idempotency_key",
-    task_id: Callable[[RunnableConfig], str] | None = None,
-    scope: str | None = None,
+    guard: Guard, *, task_id: Callable[[RunnableConfig], str] | None = None, **options: Unpack[AdapterOptions]
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """``guard.once`` for a LangChain tool function; place it under ``@tool``.
 
     The task id falls back to the LangGraph thread id, read from the running graph's config, so the tool
     needs no extra parameter.
     """
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        check_function(fn, adapter=__name__, decorator="@tool")
-        names = context_params(fn, is_injected, _INJECTED_NAMES)
-        wrapped: Callable[P, R] = adapt(
-            guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
-            task_id=task_id, scope=scope, context_names=names, get_context=lambda _arguments: current_config(),
-            fallback=thread_id, hint=HINT, refuse=refuse,
-        )
-        return wrapped
-
-    return decorate
+    return _FRAMEWORK.once(guard, task_id, options)
 
 
 def __getattr__(name: str) -> Any:

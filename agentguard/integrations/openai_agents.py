@@ -20,17 +20,16 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
 from ._common import (
-    KeyArg,
+    AdapterOptions,
+    Framework,
     ToolSpec,
-    adapt,
     attribute_task_id,
-    check_function,
     context_params,
     refusal_message,
     resolve_task,
@@ -53,37 +52,27 @@ def _context_task_id(ctx: Any) -> Any:
     return attribute_task_id(getattr(ctx, "context", None))
 
 
+def _context_names(fn: Callable[..., Any]) -> Sequence[str]:
+    from agents import RunContextWrapper
+
+    return context_params(fn, lambda t: subclass_of(t, (RunContextWrapper,)), ["RunContextWrapper", "ToolContext"])
+
+
+_FRAMEWORK = Framework(
+    __name__, "@function_tool", context_names=_context_names,
+    get_context=lambda arguments, names: arguments.get(names[0]) if names else None,
+    fallback=lambda ctx: _context_task_id(ctx), hint=_HINT, refuse=refusal_message,
+)
+
+
 def once(
-    guard: Guard,
-    *,
-    key: KeyArg = None,
-    operation: str | None = None,
-    ignore: Sequence[str] = (),
-    cache_errors: tuple[type[BaseException], ...] = (),
-    inject: str | None = "idempotency_key",
-    task_id: Callable[[RunContextWrapper[Any]], str] | None = None,
-    scope: str | None = None,
+    guard: Guard, *, task_id: Callable[[RunContextWrapper[Any]], str] | None = None, **options: Unpack[AdapterOptions]
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """``guard.once`` for an Agents SDK tool function; place it under ``@function_tool``.
 
     A first parameter typed ``RunContextWrapper``/``ToolContext`` is left out of the fingerprint.
     """
-    from agents import RunContextWrapper
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        check_function(fn, adapter=__name__, decorator="@function_tool")
-        names = context_params(
-            fn, lambda t: subclass_of(t, (RunContextWrapper,)), ["RunContextWrapper", "ToolContext"]
-        )
-        wrapped: Callable[P, R] = adapt(
-            guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
-            task_id=task_id, scope=scope, context_names=names,
-            get_context=lambda arguments: arguments.get(names[0]) if names else None,
-            fallback=_context_task_id, hint=_HINT, refuse=refusal_message,
-        )
-        return wrapped
-
-    return decorate
+    return _FRAMEWORK.once(guard, task_id, options)
 
 
 def guard_tool(

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 from .._extras import require
 from .._guard import Guard
 from ._common import (
-    KeyArg,
+    AdapterOptions,
+    Framework,
     ToolSpec,
-    adapt,
-    check_function,
     context_params,
     subclass_of,
 )
@@ -89,35 +88,26 @@ def registered_tool(fn: Any) -> str | None:
     )
 
 
+def _context_names(fn: Callable[..., Any]) -> Sequence[str]:
+    from pydantic_ai import RunContext
+
+    return context_params(fn, lambda t: subclass_of(t, (RunContext,)), ["RunContext"])
+
+
+_FRAMEWORK = Framework(
+    __name__, "@agent.tool", context_names=_context_names, get_context=lambda a, names: _run_context(a, names),
+    fallback=deps_task_id, hint=HINT, refuse=refuse, registered=lambda fn: registered_tool(fn),
+)
+
+
 def once(
-    guard: Guard,
-    *,
-    key: KeyArg = None,
-    operation: str | None = None,
-    ignore: Sequence[str] = (),
-    cache_errors: tuple[type[BaseException], ...] = (),
-    inject: str | None = "idempotency_key",
-    task_id: Callable[[RunContext[Any]], str] | None = None,
-    scope: str | None = None,
+    guard: Guard, *, task_id: Callable[[RunContext[Any]], str] | None = None, **options: Unpack[AdapterOptions]
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """``guard.once`` for a pydantic-ai tool function; place it under ``@agent.tool``/``@agent.tool_plain``.
 
     The ``RunContext`` parameter is left out of the fingerprint; only the model's validated arguments count.
     """
-    from pydantic_ai import RunContext
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        check_function(fn, adapter=__name__, decorator="@agent.tool", registered=registered_tool)
-        names = context_params(fn, lambda t: subclass_of(t, (RunContext,)), ["RunContext"])
-        wrapped: Callable[P, R] = adapt(
-            guard, fn, operation=operation, key=key, ignore=ignore, cache_errors=cache_errors, inject=inject,
-            task_id=task_id, scope=scope, context_names=names,
-            get_context=lambda arguments: _run_context(arguments, names),
-            fallback=deps_task_id, hint=HINT, refuse=refuse,
-        )
-        return wrapped
-
-    return decorate
+    return _FRAMEWORK.once(guard, task_id, options)
 
 
 def __getattr__(name: str) -> Any:
