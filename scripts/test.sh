@@ -36,9 +36,9 @@ as_pg() { "$@"; }
 # -- the floors: the lowest versions pyproject.toml allows --------------------------------------------------
 # The core dependencies and those of the key-forwarding extras (httpx, httpx2, stripe) pinned to their
 # floors by scripts/floors.py; pytest and the other test tools at their newest. SQLite only, no other extra.
-FLOOR_TESTS=(tests/test_guard.py tests/test_keys.py tests/test_codec.py tests/test_ids.py
-             tests/test_store_failures.py tests/test_operations.py tests/test_cache.py tests/test_fingerprint_guarded.py
-             tests/test_fingerprint_property.py tests/test_read_first.py tests/test_sqlite_hops.py
+FLOOR_TESTS=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox_codec.py tests/test_ids.py
+             tests/test_store_failures.py tests/test_operations.py tests/test_whitebox_cache.py tests/test_fingerprint_guarded.py
+             tests/test_whitebox_fingerprint_property.py tests/test_read_first.py tests/test_whitebox_sqlite_hops.py
              tests/test_shutdown.py tests/test_downstream.py)
 if [ "${AGENTGUARD_FLOORS:-}" = 1 ] || { [ "${AGENTGUARD_FLOORS:-}" != 0 ] && [ $# -eq 0 ]; }; then
   echo "== the core suite on the lowest versions pyproject.toml allows (SQLite)"

@@ -115,7 +115,7 @@ async def make_guard(store_url: str) -> AsyncIterator[Callable[..., Guard]]:
     made: list[Guard] = []
 
     def make(**kw: Any) -> Guard:
-        g = Guard(kw.pop("url", store_url), **kw)
+        g = Guard(**kw) if "store" in kw else Guard(kw.pop("url", store_url), **kw)
         made.append(g)
         return g
 

@@ -74,7 +74,7 @@ def test_a_store_urls_password_is_never_printed(tmp_path: Path, url: str) -> Non
             assert "u:***@h/db" in out.stderr, out.stderr  # the URL is echoed, redacted
 
 
-def test_redaction() -> None:
+def test_whitebox_redaction() -> None:
     from agentguard._redact import redact_text, redact_url
 
     assert redact_url("postgresql+asyncpg://u:p%40ss@h:5432/db") == "postgresql+asyncpg://u:***@h:5432/db"
@@ -313,7 +313,7 @@ def test_mcp_proxy_without_the_mcp_extra_names_it(tmp_path: Path) -> None:
                               "is installed): pip install 'agentguard[mcp]'\n")
 
 
-def test_the_resolve_command_a_hint_names_points_at_the_same_store(store_url: str, tmp_path: Path) -> None:
+def test_whitebox_the_resolve_command_a_hint_names_points_at_the_same_store(store_url: str, tmp_path: Path) -> None:
     from agentguard._storeconfig import resolve_command
 
     record(store_url, scope="acct 42")
@@ -327,7 +327,7 @@ def test_the_resolve_command_a_hint_names_points_at_the_same_store(store_url: st
 
 
 @storeless
-def test_resolve_command_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_whitebox_resolve_command_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from agentguard._storeconfig import resolve_command
 
     monkeypatch.chdir(tmp_path)

@@ -94,7 +94,7 @@ def test_a_postgres_store_without_asyncpg_names_the_extra() -> None:
                           "installed): pip install 'agentguard[postgres]'\n"), out.stdout + out.stderr
 
 
-def test_the_helper() -> None:
+def test_whitebox_the_helper() -> None:
     from agentguard._extras import MissingExtraError, install_line, missing, require
 
     assert install_line("pydantic-ai") == "pip install 'agentguard[pydantic-ai]'"

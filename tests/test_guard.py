@@ -136,7 +136,7 @@ async def test_flat_and_general_arguments_meet_the_same_record(make_guard: Calla
         seen.append(idempotency_key)
         return idempotency_key
 
-    pinned = "ag_6739037c5c0f63e2a13c8498e81181094263933a7a46164b"  # tests/test_keys.py
+    pinned = "ag_6739037c5c0f63e2a13c8498e81181094263933a7a46164b"  # tests/test_whitebox_keys.py
     with task("ticket-8812", scope="acct_42"):
         assert await charge("o-1", 4900) == pinned  # flat
         assert await charge("o-1", 4900.0) == pinned  # general path (a float), the same record: a replay
@@ -727,7 +727,7 @@ async def test_audit_is_stored_beside_the_record_and_listed(make_guard: Callable
     assert rec.audit == {"claudecode/toolUseId": "toolu_01"}  # the first caller's; a replay writes nothing
 
 
-def test_one_guard_across_several_event_loops_leaks_nothing(store_url: str, tmp_path: Any) -> None:
+def test_whitebox_one_guard_across_several_event_loops_leaks_nothing(store_url: str, tmp_path: Any) -> None:
     """A module-level Guard used from several asyncio.run() calls (or per-test loops): each loop's
     connections are closed when that loop shuts down; nothing is left open, no ResourceWarning."""
     import subprocess

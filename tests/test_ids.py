@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from agentguard import Guard, MissingTaskError, task
-from agentguard._context import MAX_OPERATION, MAX_SCOPE, MAX_TASK_ID, check_task_id, id_problem
-from agentguard.integrations._common import resolve_task
+
+# The documented limits (README, "Ids").
+MAX_TASK_ID, MAX_SCOPE, MAX_OPERATION = 1000, 255, 255
 
 pytestmark = pytest.mark.anyio
 
@@ -39,7 +40,10 @@ def test_task_refuses_what_a_store_cannot_hold(value: object, why: str) -> None:
 
 
 @pytest.mark.parametrize(("value", "why"), BAD_TASK_IDS)
-def test_every_entry_point_applies_the_same_rule(value: object, why: str) -> None:
+def test_whitebox_every_entry_point_applies_the_same_rule(value: object, why: str) -> None:
+    from agentguard._context import check_task_id, id_problem
+    from agentguard.integrations._common import resolve_task
+
     problem = id_problem(value, "the task id", MAX_TASK_ID)
     assert problem is not None and why in problem
     with pytest.raises(MissingTaskError, match=why) as info:
@@ -65,7 +69,9 @@ class Kind(enum.StrEnum):
     ORDER = "order-7"
 
 
-def test_a_str_subclass_is_the_plain_string() -> None:
+def test_whitebox_a_str_subclass_is_the_plain_string() -> None:
+    from agentguard._context import check_task_id
+
     with task(Kind.ORDER) as t:
         assert type(t.task_id) is str and t.task_id == "order-7"
     assert type(check_task_id(Kind.ORDER, source="x", tool=None)) is str

@@ -28,18 +28,13 @@ from agentguard import (
     sub_key,
     task,
 )
+from agentguard.stores import SQLStore
 
 from conftest import raw_exec, tid
 from op_worker import RIDES_DDL, Provider, build
 
 pytestmark = pytest.mark.anyio
 WORKER = str(Path(__file__).with_name("op_worker.py"))
-
-
-def guard_key(task_id: str) -> str:
-    from agentguard._keys import derive_key, operation_name
-
-    return derive_key("default", task_id, operation_name("book_ride", {"ride_id": "r-1"}))
 
 
 
@@ -69,9 +64,10 @@ class Env:
         return self.receipts.read_text().splitlines() if self.receipts.exists() else []
 
     async def rides(self) -> int:
-        async with Guard(self.url) as g:
+        store = SQLStore(self.url)
+        async with Guard(store=store) as g:
             await g.ensure_schema()
-            async with g._store.engine().connect() as conn:
+            async with store.engine().connect() as conn:
                 return int((await conn.execute(text("SELECT COUNT(*) FROM rides"))).scalar_one())
 
 
@@ -89,10 +85,11 @@ async def test_kill_after_the_first_recovery_point_resumes_after_it(env: Env) ->
         with task(env.task_id):
             receipt = await book_ride("r-1", 2500)  # waits out the dead worker's lease, takes over
             again = await book_ride("r-1", 2500)
+        (record,) = await guard.records(task_id=env.task_id)
     assert receipt == again and await env.rides() == 1  # create_ride was skipped, not re-run
     assert env.provider.counts() == (1, 1) and len(env.receipts_sent()) == 1
     (charge_key,) = env.provider.keys()
-    assert charge_key == sub_key(guard_key(env.task_id), "charge")  # the step's sub-key reached the provider
+    assert charge_key == sub_key(record.key, "charge")  # the step's sub-key reached the provider
 
 
 async def test_kill_inside_the_foreign_call_retry_resends_the_same_sub_key(env: Env) -> None:

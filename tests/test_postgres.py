@@ -11,7 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from agentguard import Guard, GuardEvent, StoreError, task
-from agentguard.stores._statements import CLAIM_FUNCTION
+from agentguard.stores import SQLStore
 
 from conftest import PG_URL, pg_dsn, tid
 
@@ -101,14 +101,14 @@ async def logged() -> None:
         await asyncio.sleep(0)
 
 
-def log_statements(guard: Guard) -> list[str]:
-    """Every statement the guard's connections send to the server (asyncpg's query logger)."""
+def log_statements(store: SQLStore) -> list[str]:
+    """Every statement the store's connections send to the server (asyncpg's query logger)."""
     statements: list[str] = []
-    engine = guard._store.engine()
+    engine = store.engine()
 
     def on_connect(dbapi_conn: Any, record: Any) -> None:
         dbapi_conn.driver_connection.add_query_logger(
-            lambda q: statements.append("CLAIM" if CLAIM_FUNCTION in q.query else q.query.split()[0])
+            lambda q: statements.append("CLAIM" if "agentguard_calls_claim_" in q.query else q.query.split()[0])
         )
 
     event.listen(engine.sync_engine, "connect", on_connect)
@@ -116,8 +116,9 @@ def log_statements(guard: Guard) -> list[str]:
 
 
 async def test_each_step_is_one_round_trip(store_url: str) -> None:
-    async with Guard(store_url, lease=1.0, cache_size=0) as guard:
-        statements = log_statements(guard)
+    store = SQLStore(store_url)
+    async with Guard(store=store, lease=1.0, cache_size=0) as guard:
+        statements = log_statements(store)
 
         @guard.once
         async def charge(amount: int) -> int:
@@ -158,8 +159,9 @@ async def test_each_step_is_one_round_trip(store_url: str) -> None:
 
 
 async def test_a_cached_replay_costs_no_statement(store_url: str) -> None:
-    async with Guard(store_url) as guard:
-        statements = log_statements(guard)
+    store = SQLStore(store_url)
+    async with Guard(store=store) as guard:
+        statements = log_statements(store)
 
         @guard.once
         async def charge(amount: int) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agentguard import Guard, InProgressError, KeyReuseError, StoreError, task
+from agentguard.stores import SQLStore
 
 from conftest import BACKEND, raw_exec, tid
 
@@ -28,8 +29,8 @@ class CardDeclined(Exception):
 def reading_guard(make_guard: Callable[..., Guard], **kw: Any) -> tuple[Guard, list[str]]:
     """A guard with no in-process cache (so replays read the store), its read-first path switched on (the
     default on Postgres), and the list of keys that path reads."""
-    guard = make_guard(cache_size=0, **kw)
-    store = guard._store
+    store = SQLStore(kw.pop("url", None) or make_guard().url)
+    guard = make_guard(store=store, cache_size=0, **kw)
     assert store.read_is_cheaper is (BACKEND == "postgres")
     store.read_is_cheaper = True
     reads: list[str] = []

@@ -48,7 +48,7 @@ async def by_insert(one: RunsOne, sql: Statements, params: dict[str, Any]) -> Cl
 async def in_one_hop(one: RunsOne, sql: Statements, params: dict[str, Any]) -> Claimed:
     """SQLite's shortcut: the read, and the insert only if nothing was read, in one hop to aiosqlite's thread
     (``_aiosqlite.read_or_claim``). It saves the second hop of :func:`by_insert` and never takes SQLite's
-    write lock on a replay. It must answer what :func:`by_insert` answers (tests/test_store_layout.py)."""
+    write lock on a replay. It must answer what :func:`by_insert` answers (tests/test_whitebox_store_layout.py)."""
     got = await one(CLAIMING, sql.read, params, then=sql.claim)
     if isinstance(got, int):
         return got
@@ -57,7 +57,7 @@ async def in_one_hop(one: RunsOne, sql: Statements, params: dict[str, Any]) -> C
 
 async def by_function(one: RunsOne, sql: Statements, params: dict[str, Any]) -> Claimed:
     """Postgres: the read-or-claim function (``_statements.claim_function_ddl``), one round trip; a replay
-    costs about one SELECT. It must answer what :func:`by_insert` answers (tests/test_store_layout.py)."""
+    costs about one SELECT. It must answer what :func:`by_insert` answers (tests/test_whitebox_store_layout.py)."""
     row = await one(CLAIMING, sql.claim_or_fetch, params)
     if row is None:  # the record kept vanishing inside the function: read once more
         return await _read(one, sql, params)
