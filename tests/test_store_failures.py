@@ -4,6 +4,7 @@ while the body runs, the sweeper racing a loser — real databases, real failure
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,32 @@ async def test_unreachable_store_refuses_before_the_body(tmp_path: Path) -> None
         assert not info.value.transient
     else:
         assert info.value.transient  # connection refused: an outage, not a misconfiguration
+
+
+async def test_a_sqlite_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    """Not "unable to open database file": which file, and why (a folder in its place; a file this process may
+    not read and write, checked where the test does not run as root)."""
+    (tmp_path / "claims.db").mkdir()
+    cases = [(tmp_path / "claims.db", "is a folder, not a database file")]
+    locked = tmp_path / "locked.db"
+    locked.write_bytes(b"")
+    locked.chmod(0o400)
+    if not os.access(locked, os.W_OK):  # root may write anything: the check cannot fail there
+        cases.append((locked, "not permitted to read and write"))
+    for path, why in cases:
+        runs = 0
+        async with Guard(f"sqlite+aiosqlite:///{path}") as guard:
+
+            @guard.once
+            async def charge(amount: int) -> int:
+                nonlocal runs
+                runs += 1
+                return amount
+
+            with task(tid()), pytest.raises(StoreError) as info:
+                await charge(1)
+        assert why in str(info.value) and str(path) in str(info.value) and "not run" in str(info.value)
+        assert runs == 0 and not info.value.transient
 
 
 async def test_a_sqlite_store_makes_its_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -164,6 +164,11 @@ class SQLite(Dialect):
             raise StoreError(f"the store failed (cannot create the SQLite file's folder {folder!r}: {why})") from exc
         if not os.access(folder, os.W_OK | os.X_OK):
             raise StoreError(f"the store failed (the SQLite file's folder {folder!r} is not writable)")
+        path = os.path.join(folder, os.path.basename(make_url(self.url).database or ""))
+        if os.path.isdir(path):
+            raise StoreError(f"the store failed (the SQLite file {path!r} is a folder, not a database file)")
+        if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+            raise StoreError(f"the store failed (not permitted to read and write the SQLite file {path!r})")
 
     def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
         return {**super().engine_kwargs(opened), "async_creator": connector(self.url, opened)}
