@@ -87,10 +87,10 @@ async def calls(
         closers.append((store := new_store()).dispose)
         first_ref, replay_ref = f"raw {raw.label}: claim + complete", f"raw {raw.label}: SELECT"
         firsts, replays = _floors(raw, store, keys, orders, fresh, first_ref, replay_ref)
-    cached = guard("agentguard: cached replay", "cached", fill_cache, ref=replay_ref)
     variants = [*[Variant("unguarded call", unguarded)] * (callers == 1), *firsts,
                 guard("agentguard: first call", "first", ref=first_ref)]
     if callers == 1:
+        cached = guard("agentguard: cached replay", "cached", fill_cache, ref=replay_ref)
         variants += [*replays, guard("agentguard: replay", "replay", replayed("replay"), ref=replay_ref),
                      guard("agentguard: replay, first of its task", "lone", replayed("lone", True), True, replay_ref),
                      cached, *(replace(v, ref=first_ref if v.name.endswith("first call") else replay_ref)
