@@ -1,8 +1,8 @@
-"""agentguard's benchmark harness (issue 7): ``python -m benchmarks``; see docs/benchmarks.md.
+"""agentguard's benchmark harness: ``python -m benchmarks``; see docs/benchmarks.md.
 
-Modules: ``_harness`` (interleaved, rotated reps; medians; per-rep ratios), ``_common`` (the tool, the
-store's own statements and parameters, the cache probe), ``_seq`` (one caller, either backend), ``_sqlite``
-and ``_pg`` (drivers, durability counts, 64 callers), ``_pgserver`` (a throwaway cluster), ``_overhead``
-(the guard's Python work with no I/O), ``_profile`` (``--profile``), ``_peers`` and ``_dbos_peer``,
+Modules: ``_harness`` (interleaved, rotated reps; medians; per-rep ratios), ``_common`` (the tool, the stores
+passed to ``Guard(store=...)``, the raw drivers' statements and parameters), ``_drivers`` (sqlite3,
+aiosqlite, asyncpg), ``_groups`` (the variants measured side by side), ``_counts`` (Postgres durability
+counts), ``_pgserver`` (a throwaway cluster), ``_peers`` (DBOS, Powertools), ``_profile`` (``--profile``),
 ``_report`` (tables, targets, JSON).
 """

@@ -1,24 +1,19 @@
-"""What every backend's benchmark shares: the tool, the store's own statements and parameters, keys, and
-the probe that tells whether this agentguard serves replays from an in-process cache."""
+"""What every part of the benchmark shares: the tool, the stores handed to ``Guard(store=...)`` (a wrapper that
+records the verbs a guarded call asks of a real store, and a no-I/O stand-in), and the raw drivers, which run
+the store's own statements with the parameters a real guarded call passed to its store."""
 
 from __future__ import annotations
 
 import hashlib
 import inspect
-import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 from agentguard import Guard, task
+from agentguard.stores import Record, SQLStore, Store, record_of
 
-from ._harness import Unavailable
-
-SCOPE = "default"
-LEASE = 30.0
-RETENTION = 7 * 86400.0
 AMOUNT = 4900
 
 
@@ -28,15 +23,13 @@ class Body:
 
     runs: int = 0
 
-    async def __call__(self, order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+    def result(self, order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
         self.runs += 1
-        return {
-            "charge_id": "ch_" + idempotency_key[3:27],
-            "order_id": order_id,
-            "amount_cents": amount_cents,
-            "currency": "eur",
-            "status": "succeeded",
-        }
+        return {"charge_id": "ch_" + idempotency_key[3:27], "order_id": order_id, "amount_cents": amount_cents,
+                "currency": "eur", "status": "succeeded"}
+
+    async def __call__(self, order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+        return self.result(order_id, amount_cents, idempotency_key)
 
 
 def guarded(guard: Guard, body: Body) -> Callable[..., Awaitable[dict[str, Any]]]:
@@ -58,184 +51,139 @@ def run_id() -> str:
     return secrets.token_hex(4)
 
 
-# -- the store's statements, executed by the raw drivers -----------------------------------------------
+# -- stores passed to Guard(store=...) ---------------------------------------------------------------------
+
+MEMBERS = tuple(n for n in dir(Store) if not n.startswith("_"))  # the public protocol's verbs and properties
 
 
-@dataclass
-class Statements:
-    claim: str
-    complete: str
-    read: str
-    claim_or_fetch: str | None  # Postgres: claim, or fetch the existing record, in one round trip
+def _complete(cls: type, make: Callable[[str, Any], Any]) -> None:
+    """Give ``cls`` every member of the ``Store`` protocol it does not define, as ``make(name, member)``."""
+    for name in MEMBERS:
+        if name not in vars(cls):
+            setattr(cls, name, make(name, getattr(Store, name)))
 
 
-def store_statements(url: str) -> Statements:
-    """The exact statements a guarded call issues, taken from the store itself (``SQLStore.sql``), so the
-    raw-driver floor keeps doing the same work when the store changes."""
-    from agentguard.stores import SQLStore
+class Recording:
+    """Any store, each verb the guard asks of it appended to ``log[-1]`` as (verb, its arguments by name)."""
 
-    store = SQLStore(url)
-    sql = store.sql
-    cof = getattr(sql, "claim_or_fetch", None)
-    try:
-        return Statements(str(sql.claim.text), str(sql.complete.text), str(sql.read.text),
-                          None if cof is None else str(cof.text))
-    except AttributeError as exc:
-        raise SystemExit(
-            f"benchmarks: the store's statements moved ({exc}); update benchmarks/_common.store_statements"
-        ) from None
+    def __init__(self, inner: Store, log: list[list[tuple[str, dict[str, Any]]]]) -> None:
+        self.inner, self.log = inner, log
 
 
-_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+def _forward(name: str, member: Any) -> Any:
+    if isinstance(member, property):
+        return property(lambda self: getattr(self.inner, name))
+    sig = inspect.signature(member)
+
+    def verb(self: Recording, *args: Any, **kwargs: Any) -> Any:
+        bound = dict(sig.bind(self, *args, **kwargs).arguments)
+        del bound["self"]
+        self.log[-1].append((name, {**bound.pop("params", {}), **bound}))
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    return verb
 
 
-def positional(sql: str) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]:
-    """``:name`` placeholders to asyncpg's ``$n``; returns the SQL and a fast dict -> args getter."""
-    names: list[str] = []
-
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1)
-        if name not in names:
-            names.append(name)
-        return f"${names.index(name) + 1}"
-
-    out = _NAMED.sub(sub, sql)
-    getter = itemgetter(*names)
-    if len(names) == 1:
-        return out, lambda p: (getter(p),)
-    return out, getter
+_complete(Recording, _forward)
 
 
-@dataclass
-class RawParams:
-    """The parameters of the claim and complete statements, copied from a real guarded call (see
-    :func:`capture_params`) so the raw floor binds exactly what the guard binds; only the key, fence,
-    task and operation vary per call."""
+class NoIOStore:
+    """A stand-in store that answers at once from a dict: what the guard's own Python costs with no I/O.
+    It implements the verbs of a call's hot path (claim, read, complete) and raises on every other one."""
 
-    claim_template: dict[str, Any]
-    complete_template: dict[str, Any]
+    url, backend, memory, read_is_cheaper = "memory://no-io", "no-io", False, False
 
-    def claim(self, key: str, order_id: str, fence: int) -> dict[str, Any]:
-        p = dict(self.claim_template)
-        p.update(key=key, fence=fence, task_id="bench-raw", operation=f'charge[order_id="{order_id}"]')
-        return p
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], Any] = {}  # the claim's parameters while running; then a Record
 
-    def complete(self, key: str, fence: int, result: str) -> dict[str, Any]:
-        p = dict(self.complete_template)
-        p.update(key=key, fence=fence, result=result)
-        return p
+    async def ensure_schema(self) -> None:
+        return None
+
+    async def dispose(self) -> None:
+        return None
+
+    async def claim(self, params: dict[str, Any]) -> int | Record | None:
+        got = self.rows.setdefault((params["scope"], params["key"]), params)
+        return params["fence"] if got is params else got  # type: ignore[no-any-return]
+
+    async def read(self, scope: str, key: str) -> Record | None:
+        return self.rows.get((scope, key))
+
+    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
+        p = self.rows[(scope, key)]
+        self.rows[(scope, key)] = record_of((scope, key, state, fence, p["fingerprint"], p["arg_hashes"], result, 1,
+                                             None, p["task_id"], p["operation"], False, False, retention, fence))
+        return True
+
+
+def _unneeded(name: str, member: Any) -> Any:
+    def verb(self: NoIOStore, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"the no-I/O stand-in store does not implement {name}: the benchmark's calls "
+                                  "should not need it")
+
+    return verb
+
+
+_complete(NoIOStore, _unneeded)
 
 
 @dataclass
 class Observed:
-    """What one guarded first call and its replays (by a guard that has not seen the keys) sent to the store."""
+    """What guarded calls asked of their store, path by path, and the parameters of a first call's verbs."""
 
-    params: RawParams
-    first: list[str]  # the statements, in order
-    replay: list[str]  # the first replay of a task
-    replay_next: list[str]  # a replay right after a replay in the same task (a resumed agent's history)
-
-
-def _spy(g: Guard, logs: list[list[tuple[str, dict[str, Any]]]]) -> None:
-    """Log each statement into ``logs[-1]`` (append a new list to start another call's log)."""
-    store = getattr(g, "_store", None)
-    one = getattr(store, "_one", None)
-    if one is None:
-        raise SystemExit("benchmarks: SQLStore._one is gone; update benchmarks/_common.observe")
-
-    async def one_spy(what: str, stmt: Any, params: dict[str, Any], **kw: Any) -> Any:
-        sql = " ".join(str(getattr(stmt, "text", stmt)).split())
-        then = kw.get("then")
-        if then is not None:  # SQLite: a read, and an insert only if it found nothing, in one thread hop
-            sql += " ;THEN " + " ".join(str(getattr(then, "text", then)).split())
-        logs[-1].append((sql, dict(params)))
-        return await one(what, stmt, params, **kw)
-
-    store._one = one_spy  # type: ignore[union-attr]
+    verbs: dict[str, list[str]]  # "first call", "replay" (first of its task), "replay after a replay", "cached replay"
+    claim: dict[str, Any]
+    complete: dict[str, Any]
 
 
-async def observe(url: str, **guard_kw: Any) -> Observed:
-    """Run two guarded calls of one task, then replay both with another guard, with the store's statement
-    executor observed: the raw floor then binds exactly the parameters the guard binds, and the report can
-    list the statements of each path."""
-    first: list[tuple[str, dict[str, Any]]] = []
-    replay: list[tuple[str, dict[str, Any]]] = []
-    replay_next: list[tuple[str, dict[str, Any]]] = []
+async def observe(url: str, store_kw: dict[str, Any]) -> Observed:
+    """Two first calls of one task; then, by a guard that has not seen them, both replayed and the first
+    replayed again (from its cache), each through a :class:`Recording` of a real store."""
+    log: list[list[tuple[str, dict[str, Any]]]] = [[]]
+    paths: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     tid = f"observe-{run_id()}"
-
-    async def two_calls(log1: list[tuple[str, dict[str, Any]]], log2: list[tuple[str, dict[str, Any]]]) -> None:
-        """Two calls of the task by a new guard, each call's statements into its own log."""
-        g = Guard(url, **guard_kw)
-        current = [log1]
-        _spy(g, current)
+    for calls in ((("first call", "o-1"), ("", "o-2")),
+                  (("replay", "o-1"), ("replay after a replay", "o-2"), ("cached replay", "o-1"))):
+        g = Guard(store=Recording(SQLStore(url, **store_kw), log))  # type: ignore[arg-type]
+        tool = guarded(g, Body())
         try:
-            tool = guarded(g, Body())
             with task(tid):
-                await tool("o-observe", AMOUNT)
-                current.append(log2)
-                await tool("o-observe-2", AMOUNT)
+                for path, order in calls:
+                    log.append([])
+                    await tool(order, AMOUNT)
+                    paths[path] = log[-1]
+                log.append([])
         finally:
             await g.aclose()
-
-    await two_calls(first, [])  # two first calls
-    await two_calls(replay, replay_next)  # the first replay of the task, then the replay after it
-    claim = next((p for _, p in first if "owner" in p and "fence" in p), None)
-    complete = next((p for _, p in first if "result" in p), None)
-    if claim is None or complete is None:
-        raise SystemExit("benchmarks: could not recognise the claim/complete parameters; update "
-                         "benchmarks/_common.observe")
-    return Observed(RawParams(claim, complete), [s for s, _ in first], [s for s, _ in replay],
-                    [s for s, _ in replay_next])
+    first = dict(paths["first call"])
+    if set(first) != {"claim", "complete"}:
+        raise SystemExit(f"benchmarks: a first call asked its store for {list(first)}, not claim + complete")
+    return Observed({p: [v for v, _ in calls] for p, calls in paths.items() if p}, first["claim"], first["complete"])
 
 
-def verb(sql: str) -> str:
-    """A short name for a statement: ``INSERT``, ``UPDATE``, ``SELECT``, ``WITH ... INSERT`` (claim-or-fetch)."""
-    if " ;THEN INSERT" in sql:
-        return "read-or-claim (SELECT, then INSERT only if absent: one thread hop)"
-    if "_claim_v" in sql and sql.lstrip().upper().startswith("SELECT"):
-        return "read-or-claim (a function: SELECT, then INSERT only if absent: one round trip)"
-    words = sql.split()
-    head = words[0].upper() if words else "?"
-    if head == "WITH":
-        return "claim-or-fetch (WITH INSERT ... UNION ALL SELECT)"
-    return {"INSERT": "INSERT (claim)", "UPDATE": "UPDATE (complete)", "SELECT": "SELECT (read)"}.get(head, head)
+# -- the raw drivers ------------------------------------------------------------------------------------------
 
+class Raw:
+    """A plain driver running the store's own statements (``SQLStore.sql``), autocommit each, with the
+    parameters a guarded call passed to its store (``obs``): only the key, fence and order vary."""
 
-# -- the in-process cache of completed records (another engineer is adding it) ------------------------
+    def __init__(self, label: str, url: str, obs: Observed, fetch: Callable[[str, dict[str, Any]], Awaitable[Any]],
+                 close: Callable[[], Awaitable[Any]]) -> None:
+        sql = SQLStore(url).sql
+        self.label, self.obs, self.fetch, self.close = label, obs, fetch, close
+        self.claim_sql, self.complete_sql, self.read_sql = (str(s.text) for s in (sql.claim, sql.complete, sql.read))
+        self.cof_sql = None if sql.claim_or_fetch is None else str(sql.claim_or_fetch.text)
 
+    def claim_params(self, key: str, order: str, fence: int) -> dict[str, Any]:
+        p = self.obs.claim
+        return {**p, "key": key, "fence": fence, "operation": p["operation"].replace('"o-1"', f'"{order}"')}
 
-def cache_kwargs() -> dict[str, Any]:
-    """Guard keyword arguments that switch the in-process replay cache on, if it is opt-in.
+    async def first(self, key: str, order: str, result: str, *, cof: bool = False) -> None:
+        """Claim (or the store's read-or-claim, ``cof``), then complete: what a first call asks."""
+        fence = secrets.randbits(62)
+        await self.fetch(self.cof_sql if cof and self.cof_sql else self.claim_sql, self.claim_params(key, order, fence))
+        await self.fetch(self.complete_sql, {**self.obs.complete, "key": key, "fence": fence, "result": result})
 
-    Looks for a ``Guard(...)`` parameter whose name mentions a cache; a falsy default means opt-in.
-    """
-    kw: dict[str, Any] = {}
-    for name, p in inspect.signature(Guard.__init__).parameters.items():
-        if "cache" not in name.lower() or p.kind is not p.KEYWORD_ONLY:
-            continue
-        default = p.default
-        if default is True or (isinstance(default, int) and not isinstance(default, bool) and default > 0):
-            continue  # on by default
-        kw[name] = True if isinstance(default, bool) else 10_000
-    return kw
-
-
-async def require_cache(
-    guard: Guard, tool: Callable[..., Awaitable[Any]], body: Body, forget: Callable[[str], Awaitable[None]]
-) -> None:
-    """Raise Unavailable unless ``guard`` replays a completed call with its record gone from the store.
-
-    Public behaviour only: complete a call, replay it once, delete its row behind the guard's back
-    (``forget(task_id)``), call again. A guard with an in-process cache replays; one without runs the tool.
-    """
-    tid = f"cache-probe-{run_id()}"
-    with task(tid):
-        await tool("probe", AMOUNT)
-        await tool("probe", AMOUNT)
-    runs = body.runs
-    await forget(tid)
-    with task(tid):
-        await tool("probe", AMOUNT)
-    if body.runs != runs:
-        body.runs = runs
-        raise Unavailable("this agentguard has no in-process replay cache yet (a replay reads the store)")
+    async def read(self, key: str) -> Any:
+        rows = await self.fetch(self.read_sql, {"scope": self.obs.claim["scope"], "key": key})
+        return rows[0]

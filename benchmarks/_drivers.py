@@ -1,0 +1,104 @@
+"""The raw drivers, each running the store's own statements (see ``_common.Raw``), and Postgres' plumbing.
+
+The floors: aiosqlite lean (``execute_fetchall``, one thread hop per statement, autocommit); one held asyncpg
+connection (statements prepared once by asyncpg's cache); for concurrent callers, an asyncpg pool with
+``reset=`` a no-op and one acquire per statement, as the store does.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy.engine import make_url
+
+from ._common import Observed, Raw
+
+SYNCHRONOUS = "OFF"
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite+aiosqlite:///{path}"
+
+
+async def aiosqlite_raw(path: Path, obs: Observed) -> Raw:
+    conn = await aiosqlite.connect(path, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    for pragma in ("busy_timeout = 30000", "journal_mode = WAL", f"synchronous = {SYNCHRONOUS}"):
+        await conn.execute_fetchall(f"PRAGMA {pragma}")
+    return Raw("aiosqlite", sqlite_url(path), obs, conn.execute_fetchall, conn.close)
+
+
+def _positional() -> Callable[[str], tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]]:
+    """``:name`` placeholders to asyncpg's ``$n``, once per statement: the SQL and a dict -> arguments getter."""
+    done: dict[str, tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]] = {}
+
+    def convert(sql: str) -> tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]:
+        if sql not in done:
+            names = list(dict.fromkeys(_NAMED.findall(sql)))
+            get = itemgetter(*names)
+            done[sql] = (_NAMED.sub(lambda m: f"${names.index(m.group(1)) + 1}", sql),
+                         (lambda p: (get(p),)) if len(names) == 1 else get)
+        return done[sql]
+
+    return convert
+
+
+async def asyncpg_raw(url: str, obs: Observed, pool_size: int = 0) -> Raw:
+    """One held connection; or (``pool_size``) a pool with ``reset=`` a no-op, one acquire per statement."""
+    convert = _positional()
+    if not pool_size:
+        conn = await asyncpg.connect(dsn_of(url))
+
+        async def fetch(sql: str, p: dict[str, Any]) -> Any:
+            text, args = convert(sql)
+            return await conn.fetch(text, *args(p))
+
+        return Raw("asyncpg", url, obs, fetch, conn.close)
+
+    async def no_reset(_conn: asyncpg.Connection) -> None:
+        return None
+
+    pool = await asyncpg.create_pool(dsn_of(url), min_size=pool_size, max_size=pool_size, reset=no_reset)
+
+    async def fetch_pooled(sql: str, p: dict[str, Any]) -> Any:
+        text, args = convert(sql)
+        async with pool.acquire() as conn:
+            return await conn.fetch(text, *args(p))
+
+    return Raw("asyncpg pool (reset= no-op)", url, obs, fetch_pooled, pool.close)
+
+
+def dsn_of(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def with_db(url: str, db: str) -> str:
+    return make_url(url).set(database=db).render_as_string(hide_password=False)
+
+
+async def pg_exec(url: str, *sql: str) -> list[Any]:
+    conn = await asyncpg.connect(dsn_of(url))
+    try:
+        return [await conn.fetch(s) for s in sql]
+    finally:
+        await conn.close()
+
+
+async def set_sync_commit(url: str, value: str | None) -> None:
+    db = make_url(url).database
+    await pg_exec(url, f'ALTER DATABASE "{db}" ' + ("RESET synchronous_commit" if value is None
+                                                     else f"SET synchronous_commit = {value}"))
+
+
+async def pg_settings(url: str) -> dict[str, str]:
+    names = "'fsync', 'synchronous_commit', 'wal_sync_method', 'server_version', 'shared_buffers', 'max_connections'"
+    rows = await pg_exec(url, f"SELECT name, setting FROM pg_settings WHERE name IN ({names})")
+    return {r["name"]: r["setting"] for r in rows[0]}

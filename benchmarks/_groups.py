@@ -1,0 +1,215 @@
+"""The groups of variants measured side by side.
+
+:func:`calls` times whole public operations: the raw driver running the store's own statements (the floors),
+the store alone (``SQLStore``'s verbs, no ``Guard``), and guarded calls: first calls, replays that miss the
+in-process cache (the calls of one task, as a resumed agent replays its history, and each the first of its
+task), and replays served from the cache. With a no-I/O stand-in store and no raw driver it measures the
+guard's own Python work; with many callers, first calls only. :func:`shortcuts` times each pure shortcut
+whose docstring names the general path it equals, beside that general path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from agentguard import Guard, task
+from agentguard.stores import Record, Store
+
+from ._common import AMOUNT, Body, Raw, fake_key, guarded, run_id
+from ._harness import Call, Prepare, Stat, Variant, run_group
+
+Log = Callable[[str], None]
+CACHED = 64  # calls a cached replay cycles through: well inside any cache size
+
+
+async def calls(
+    new_store: Callable[[], Store], raw: Raw | None, *, n: int, reps: int, warmup: int, callers: int = 1, log: Log,
+    profile: Sequence[str] = (), peers: Sequence[tuple[Variant, Body]] = (),
+) -> tuple[dict[str, Stat], list[str]]:
+    """``peers``: another library's first call and replay (with their bodies), measured beside ours."""
+    rid, orders = run_id(), [f"o-{i}" for i in range(max(n, warmup, CACHED))]
+    keys: dict[str, list[str]] = {}
+    tids: dict[str, str] = {}
+    bodies: dict[str, Body] = {v.name: body for v, body in peers}
+    closers: list[Callable[[], Awaitable[Any]]] = [] if raw is None else [raw.close]
+
+    def fresh(tag: str) -> Prepare:
+        async def prepare(rep: int, k: int) -> None:
+            keys[tag] = [fake_key(rid, tag, rep, i) for i in range(k)]
+            tids[tag] = f"bench-{rid}-{tag}-{rep}"
+
+        return prepare
+
+    def guard(name: str, tag: str, prepare: Prepare | None = None, each: bool = False, ref: str = "") -> Variant:
+        """A guarded tool on a guard of its own (its cache has seen nothing) over a store of its own, called
+        in the rep's task (``each``: a task per call)."""
+        closers.append((g := Guard(store=new_store())).aclose)
+        tool = guarded(g, bodies.setdefault(name, Body()))
+
+        async def call(i: int) -> None:
+            with task(f"{tids[tag]}-{i}" if each else tids[tag]):
+                await tool(orders[i % len(keys[tag])], AMOUNT)
+
+        return Variant(name, call, prepare or fresh(tag), ref)
+
+    pop = {each: guard("", "pop", each=each) for each in (False, True)}  # completes what replays replay
+
+    def replayed(tag: str, each: bool = False) -> Prepare:
+        async def prepare(rep: int, k: int) -> None:
+            await fresh(tag)(rep, k)
+            tids["pop"], keys["pop"] = tids[tag], keys[tag]
+            for i in range(k):
+                await pop[each].call(i)
+
+        return prepare
+
+    async def fill_cache(rep: int, k: int) -> None:
+        if rep == -1:  # complete the calls once; every later call replays one of them from the cache
+            await fresh("cached")(rep, CACHED)
+            for i in range(CACHED):
+                await cached.call(i)
+            bodies[cached.name].runs = 0
+
+    plain = Body()
+
+    async def unguarded(i: int) -> None:
+        await plain(orders[i], AMOUNT, "ag_" + "0" * 48)
+
+    firsts: list[Variant] = []
+    replays: list[Variant] = []
+    first_ref = replay_ref = ""
+    if raw is not None:
+        closers.append((store := new_store()).dispose)
+        first_ref, replay_ref = f"raw {raw.label}: claim + complete", f"raw {raw.label}: SELECT"
+        firsts, replays = _floors(raw, store, keys, orders, fresh, first_ref, replay_ref)
+    variants = [*[Variant("unguarded call", unguarded)] * (callers == 1), *firsts,
+                guard("agentguard: first call", "first", ref=first_ref)]
+    if callers == 1:
+        cached = guard("agentguard: cached replay", "cached", fill_cache, ref=replay_ref)
+        variants += [*replays, guard("agentguard: replay", "replay", replayed("replay"), ref=replay_ref),
+                     guard("agentguard: replay, first of its task", "lone", replayed("lone", True), True, replay_ref),
+                     cached, *(replace(v, ref=first_ref if v.name.endswith("first call") else replay_ref)
+                               for v, _ in peers)]
+    try:
+        stats = await run_group(variants, n=n, reps=reps, warmup=warmup, callers=callers, log=log, profile=profile)
+    finally:
+        for close in closers:
+            await close()
+    notes = [f"{callers} callers; the raw pool and the store's pools hold {callers} connections"] * (callers > 1)
+    for name, body in bodies.items():  # the guarantee, checked on the benchmark's own calls
+        want = warmup + n * reps if name.endswith("first call") else 0
+        if name in stats and stats[name].ok and body.runs != want:
+            notes.append(f"INVALID: {name} ran its body {body.runs} times, expected {want}")
+    return stats, notes
+
+
+def _floors(
+    raw: Raw, store: Store, keys: dict[str, list[str]], orders: list[str], fresh: Callable[[str], Prepare],
+    first_ref: str, replay_ref: str,
+) -> tuple[list[Variant], list[Variant]]:
+    """The raw driver's claim + complete and its SELECT of a completed record (the floors), the store's own
+    1-round-trip claim run raw (Postgres), and the store alone: first-call and replay variants."""
+    scope, done, body = raw.obs.claim["scope"], raw.obs.complete, Body()
+
+    async def result(i: int, key: str) -> str:
+        return json.dumps(await body(orders[i], AMOUNT, key))  # what a first call stores
+
+    def completed(tag: str) -> Prepare:
+        async def prepare(rep: int, k: int) -> None:
+            await fresh(tag)(rep, k)
+            for i, key in enumerate(keys[tag]):
+                await raw.first(key, orders[i], await result(i, key))
+
+        return prepare
+
+    def raw_first(tag: str) -> Call:
+        async def call(i: int) -> None:
+            key = keys[tag][i]
+            await raw.first(key, orders[i], await result(i, key), cof=tag == "cof")
+
+        return call
+
+    async def select(i: int) -> None:
+        json.loads((await raw.read(keys["sel"][i]))["result"])
+
+    async def claim_miss_select(i: int) -> None:
+        if await raw.fetch(raw.claim_sql, raw.claim_params(keys["miss"][i], orders[i], 1)):
+            raise AssertionError("a claim-miss claimed")
+        json.loads((await raw.read(keys["miss"][i]))["result"])
+
+    async def read_or_claim_hit(i: int) -> None:
+        rows = await raw.fetch(raw.cof_sql or "", raw.claim_params(keys["hit"][i], orders[i], 1))
+        json.loads(rows[0]["result"])
+
+    async def store_first(i: int) -> None:
+        key = keys["store"][i]
+        value = await result(i, key)
+        fence = await store.claim(raw.claim_params(key, orders[i], secrets.randbits(62)))
+        if not isinstance(fence, int) or not await store.complete(scope, key, fence, done["state"], value,
+                                                                   done["retention"]):
+            raise AssertionError("the store did not claim and complete a fresh key")
+
+    async def store_read(i: int) -> None:
+        rec = await store.read(scope, keys["sread"][i])
+        json.loads(rec.result)  # type: ignore[union-attr,arg-type]
+
+    async def store_claim_hit(i: int) -> None:
+        if not isinstance(await store.claim(raw.claim_params(keys["shit"][i], orders[i], 1)), Record):
+            raise AssertionError("the store's claim of a completed key did not return its record")
+
+    V, label, cof = Variant, f"raw {raw.label}", raw.cof_sql is not None
+    firsts = [V(first_ref, raw_first("raw"), fresh("raw"), first_ref),
+              *[V(f"{label}: read-or-claim + complete", raw_first("cof"), fresh("cof"), first_ref)] * cof,
+              V("store only (SQLStore): claim + complete", store_first, fresh("store"), first_ref)]
+    replays = [V(replay_ref, select, completed("sel"), replay_ref),
+               V(f"{label}: claim-miss + SELECT", claim_miss_select, completed("miss"), replay_ref),
+               *[V(f"{label}: read-or-claim, hit", read_or_claim_hit, completed("hit"), replay_ref)] * cof,
+               V("store only (SQLStore): SELECT", store_read, completed("sread"), replay_ref),
+               V("store only (SQLStore): claim, existing key", store_claim_hit, completed("shit"), replay_ref)]
+    return firsts, replays
+
+
+async def shortcuts(*, n: int, reps: int, warmup: int, log: Log) -> tuple[dict[str, Stat], list[str]]:
+    """Each pure shortcut on a call's path beside the general path its docstring says it equals (the floor of
+    its row), on arguments not seen before (the flat identity keeps a memo of the ones it has seen)."""
+    try:
+        from agentguard._binder import Binder
+        from agentguard._codec import Codec
+        from agentguard._flat import FlatSignature
+        from agentguard._keys import derive_key, fingerprint, operation_name
+
+        binder = Binder(inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                           for p in ("order_id", "amount_cents")]))
+        flat, codec = FlatSignature("charge", ["order_id", "amount_cents"], ["order_id"]), Codec(dict[str, Any])
+    except (ImportError, AttributeError, TypeError) as exc:
+        return {"shortcuts": Stat("shortcuts", unavailable=f"the shortcuts moved: {exc!r}")}, []
+    value, rid = await Body()("o-1", AMOUNT, "ag_" + "1" * 48), run_id()
+    args: list[dict[str, Any]] = []
+
+    async def fresh(rep: int, k: int) -> None:
+        args[:] = [{"order_id": f"p-{rid}-{rep}-{i}", "amount_cents": AMOUNT} for i in range(k)]
+
+    def timed(fn: Callable[[dict[str, Any]], object]) -> Call:
+        async def call(i: int) -> None:
+            fn(args[i])
+
+        return call
+
+    pairs: list[tuple[str, Callable[[dict[str, Any]], object], str, Callable[[dict[str, Any]], object]]] = [
+        ("binding: Binder.bind", lambda a: binder.bind((a["order_id"], AMOUNT), {}),
+         "binding: Signature.bind + apply_defaults", lambda a: binder.general((a["order_id"], AMOUNT), {})),
+        ("identity: FlatSignature (_flat)", lambda a: flat.identity("default", "t", flat.values(a) or []),
+         "identity: fingerprint + operation_name + derive_key (_keys)",
+         lambda a: (fingerprint(a), derive_key("default", "t", operation_name("charge", {"order_id": a["order_id"]})))),
+        ("codec: Codec.store", lambda a: codec.store(value), "codec: encode, then decode",
+         lambda a: codec.decode(codec.encode(value))),
+    ]
+    variants = [v for short, fast, general, slow in pairs
+                for v in (Variant(f"{general} (general path)", timed(slow), fresh),
+                          Variant(f"{short} (shortcut)", timed(fast), fresh, f"{general} (general path)"))]
+    return await run_group(variants, n=n, reps=reps, warmup=warmup, log=log), []
