@@ -11,7 +11,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
+from typing import Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
 from . import _codec
 from ._cache import ReplayCache
@@ -25,7 +25,7 @@ from ._operation import Reconcile
 from ._portal import Portal
 from ._spec import KeyOption, Spec
 from ._storeconfig import DEFAULT_URL, ENV_URL
-from .stores import Listing, SQLStore, Store
+from .stores import ClaimStore, Listing, SQLStore, Store
 
 __all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
 
@@ -99,7 +99,7 @@ class Guard:
         pg_synchronous_commit: str | None = None,
         cache_size: int = 1024,
         outage_window: float | timedelta | None = None,
-        store: Store | None = None,
+        store: ClaimStore | None = None,
     ) -> None:
         self._lease = _seconds(lease, "lease")
         self._retention = _seconds(retention, "retention")
@@ -124,10 +124,11 @@ class Guard:
             )
         elif url is not None:
             raise ValueError("give a store URL or a store object, not both")
-        elif not isinstance(store, Store):
-            raise TypeError(f"store must implement agentguard.stores.Store (claim, read, complete, ...), got "
-                            f"{type(store).__qualname__}")
-        self._store: Store = store
+        elif not isinstance(store, ClaimStore):
+            raise TypeError("store must implement agentguard.stores.ClaimStore (claim, read, complete, ...) and, for "
+                            f"multi-step tools and upkeep, StepStore and AdminStore; got {type(store).__qualname__}")
+        # (the StepStore/AdminStore verbs a stand-in lacks fail when first used)
+        self._store = cast(Store, store)
         self._portal = Portal()
         self._codecs: dict[Any, Codec] = {}
         self._cache = ReplayCache(cache_size)

@@ -779,3 +779,38 @@ async def test_heartbeat_keeps_a_long_call_its_claim(make_guard: Callable[..., G
         assert await first == 1
         assert await probe(1) == 1  # replayed
     assert runs == 1 and events == ["refused"] * 3
+
+
+async def test_a_store_object_through_the_public_seam(store_url: str) -> None:
+    """``Guard(store=...)``: any ``ClaimStore`` (here a wrapper that counts the claims it is asked for);
+    refused with a URL beside it, or when it is not a store at all."""
+    from agentguard.stores import SQLStore
+
+    class Counting:
+        def __init__(self, inner: SQLStore) -> None:
+            self.inner, self.claims = inner, 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def claim(self, params: dict[str, Any]) -> Any:
+            self.claims += 1
+            return await self.inner.claim(params)
+
+    store = Counting(SQLStore(store_url))
+    async with Guard(store=store, cache_size=0) as guard:  # type: ignore[arg-type]
+        runs = 0
+
+        @guard.once
+        async def charge(amount: int) -> int:
+            nonlocal runs
+            runs += 1
+            return amount
+
+        with task(tid()):
+            assert await charge(5) == await charge(5) == 5
+    assert runs == 1 and store.claims == 2
+    with pytest.raises(ValueError, match="not both"):
+        Guard(store_url, store=store)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ClaimStore"):
+        Guard(store=object())  # type: ignore[arg-type]

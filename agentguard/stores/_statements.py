@@ -42,7 +42,7 @@ def _insert(now: str, p: str, alias: str = "") -> str:
 
 def claim_function_ddl(now: str) -> str:
     """The read-or-claim function (Postgres): one round trip that reads first, so that a replay costs about
-    what a plain SELECT costs (less than a writable CTE: see docs/benchmarks.md), and inserts only when there
+    what a plain SELECT costs (a writable CTE that does the same reads and writes more), and inserts only when there
     was nothing to read. Each statement in it takes a new snapshot (READ COMMITTED), so a racing insert that
     wins between its read and its insert is read on its next turn.
 

@@ -51,7 +51,7 @@ class SQLStore:
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
         self._claim = self.dialect.claim
-        # The door every hot statement passes through (benchmarks/_common.py observes it there).
+        # The door every hot statement passes through.
         self._one = self._executor.one
 
     # -- lifecycle ------------------------------------------------------------------------------------
