@@ -124,3 +124,15 @@ async def test_a_pip_user_runs_the_proxy_example_against_the_packaged_demo_serve
     listed = await anyio.run_process([str(venv / "bin" / "agentguard"), "ls", "--config", "agentguard.toml", "--json"],
                                      cwd=tmp_path, env=clean_env(), check=False)
     assert [r["state"] for r in json.loads(listed.stdout)["records"]] == ["succeeded"], listed.stderr
+
+
+def test_the_changelog_gives_the_readmes_figures() -> None:
+    """The 0.1.0 section of CHANGELOG.md quotes every figure of the README's speed table."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Speed, measured"):readme.index("What the numbers mean")]
+    figures = set(re.findall(r"\d+(?:\.\d+)?–\d+(?:\.\d+)?(?:×| µs)?|\d\.\d\d×", table))
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    section = changelog[changelog.index("## [0.1.0]"):]
+    section = section[:section.index("\n## [", 1)] if "\n## [" in section[1:] else section
+    missing = sorted(f.rstrip("× µs") for f in figures if f.rstrip("× µs") not in section)
+    assert len(figures) >= 10 and missing == [], missing
