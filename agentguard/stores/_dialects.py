@@ -76,6 +76,11 @@ class Dialect:
     claim: ClaimWay  # how a claim is asked (see _claims)
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
 
+    @property
+    def capacity(self) -> int:
+        """How many connections the engine's pool allows in all (its size and overflow)."""
+        return 1 if self.memory else self.options.pool_size * 3
+
     def __init__(self, url: str, options: Options) -> None:
         self.url = url  # normalised: always names the driver
         self.options = options
@@ -171,7 +176,10 @@ class SQLite(Dialect):
             raise StoreError(f"the store failed (not permitted to read and write the SQLite file {path!r})")
 
     def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
-        return {**super().engine_kwargs(opened), "async_creator": connector(self.url, opened)}
+        kwargs = {**super().engine_kwargs(opened), "async_creator": connector(self.url, opened)}
+        if not self.memory:  # (an in-memory database is one connection: SQLAlchemy's static pool)
+            kwargs.update(pool_size=self.options.pool_size, max_overflow=self.options.pool_size * 2)
+        return kwargs
 
     def set_up(self, engine: AsyncEngine) -> None:
         synchronous = self.options.sqlite_synchronous.upper()
