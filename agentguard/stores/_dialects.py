@@ -75,6 +75,7 @@ class Dialect:
     claim_function = False  # the store makes (and claims through) the read-or-claim function
     claim: ClaimWay  # how a claim is asked (see _claims)
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
+    single_writer = False  # one write lock for the whole database (SQLite): a long writer makes others wait
 
     @property
     def capacity(self) -> int:
@@ -148,6 +149,7 @@ class SQLite(Dialect):
     now = "((julianday('now') - 2440587.5) * 86400.0)"
     schema_begin = "BEGIN IMMEDIATE"  # DDL is serialised by SQLite's single writer lock
     step_isolation = "SERIALIZABLE"
+    single_writer = True
 
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)

@@ -8,6 +8,7 @@ dialect's (``_dialects``); how statements run, and fail, is the executor's (``_e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -197,12 +198,17 @@ class SQLStore:
         async def run(conn: AsyncConnection) -> int:
             return int((await conn.execute(self.sql.sweep, {"batch": batch})).rowcount or 0)
 
-        total = 0
+        total, loop = 0, asyncio.get_running_loop()
         while True:
+            started = loop.time()
             n = await self._executor.run("sweeping expired records", run, body_ran=None)
             total += n
             if n < batch:
                 break
+            if self.dialect.single_writer:
+                # Each batch held the database's one write lock: leave it free as long again before the next,
+                # so other processes' claims (waiting in SQLite's busy handler) get their turn.
+                await asyncio.sleep(loop.time() - started)
 
         async def orphans(conn: AsyncConnection) -> None:
             await conn.execute(self.sql.sweep_steps)
