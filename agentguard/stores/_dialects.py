@@ -151,6 +151,11 @@ class SQLite(Dialect):
     step_isolation = "SERIALIZABLE"
     single_writer = True
 
+    @property
+    def claim_unsynced(self) -> bool:
+        """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.read_or_claim``)."""
+        return self.options.sqlite_synchronous.upper() == "FULL"
+
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
         db = make_url(url).database
@@ -201,7 +206,9 @@ class SQLite(Dialect):
 
     def fetch_pair(self, drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]
                    ) -> Awaitable[Any]:
-        return aiosqlite_pair(drv, sql, args, then_sql, then_args)  # type: ignore[no-any-return]
+        return aiosqlite_pair(  # type: ignore[no-any-return]
+            drv, sql, args, then_sql, then_args, claim_unsynced=self.claim_unsynced
+        )
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
         return isinstance(exc, ValueError)  # aiosqlite: "no active connection"
