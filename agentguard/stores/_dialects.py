@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from .._errors import StoreError
 from .._extras import require
@@ -185,7 +186,10 @@ class SQLite(Dialect):
     def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
         kwargs = {**super().engine_kwargs(opened), "async_creator": connector(self.url, opened)}
         if not self.memory:  # (an in-memory database is one connection: SQLAlchemy's static pool)
-            kwargs.update(pool_size=self.options.pool_size, max_overflow=self.options.pool_size * 2)
+            # A queue pool of this size, whatever the SQLAlchemy version's default for aiosqlite (NullPool before
+            # 2.0.38: a new connection, and a new aiosqlite thread, per checkout).
+            kwargs.update(poolclass=AsyncAdaptedQueuePool, pool_size=self.options.pool_size,
+                          max_overflow=self.options.pool_size * 2)
         return kwargs
 
     def set_up(self, engine: AsyncEngine) -> None:
