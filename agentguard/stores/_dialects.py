@@ -153,6 +153,15 @@ class SQLite(Dialect):
     single_writer = True
 
     @property
+    def _pool_size(self) -> int:
+        # One writer at a time, each connection a thread of aiosqlite's: more than a few only add threads.
+        return min(self.options.pool_size, 5)
+
+    @property
+    def capacity(self) -> int:
+        return 1 if self.memory else self._pool_size * 3
+
+    @property
     def claim_unsynced(self) -> bool:
         """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.read_or_claim``)."""
         return self.options.sqlite_synchronous.upper() == "FULL"
@@ -188,8 +197,8 @@ class SQLite(Dialect):
         if not self.memory:  # (an in-memory database is one connection: SQLAlchemy's static pool)
             # A queue pool of this size, whatever the SQLAlchemy version's default for aiosqlite (NullPool before
             # 2.0.38: a new connection, and a new aiosqlite thread, per checkout).
-            kwargs.update(poolclass=AsyncAdaptedQueuePool, pool_size=self.options.pool_size,
-                          max_overflow=self.options.pool_size * 2)
+            size = self._pool_size
+            kwargs.update(poolclass=AsyncAdaptedQueuePool, pool_size=size, max_overflow=size * 2)
         return kwargs
 
     def set_up(self, engine: AsyncEngine) -> None:
