@@ -73,16 +73,19 @@ async def wait_on_one_key(store_url: str, waiters: int, *, cache_size: int = 102
 async def test_waiters_share_one_poller_and_replay_from_the_outcome_recorded_here(store_url: str) -> None:
     few_during, few_after = await wait_on_one_key(store_url, 4)
     many_during, many_after = await wait_on_one_key(store_url, 64)
-    # Each waiter claimed once on arrival; beyond that, one poller reads on the backoff, whatever their number.
-    assert len(few_during) - 4 <= 12 and len(many_during) - 64 <= 12, (len(few_during), len(many_during))
-    # The outcome was recorded in this process: every waiter was told, and replayed it without a round trip.
-    assert few_after == many_after == []
+    # Each waiter claimed once on arrival; beyond that, one poller reads on the backoff (about 9 reads in 0.6 s),
+    # whatever their number (each on its own backoff, 64 waiters would read about 600 times).
+    assert len(few_during) - 4 <= 20 and len(many_during) - 64 <= 20, (len(few_during), len(many_during))
+    # The outcome was recorded in this process: every waiter was told, and replayed it without a round trip
+    # (but for the poller's read that may have been under way).
+    assert len(few_after) <= 1 and len(many_after) <= 1, (few_after, many_after)
 
 
 async def test_without_the_cache_each_waiter_looks_once_after_the_news(store_url: str) -> None:
     during, after = await wait_on_one_key(store_url, 16, cache_size=0)
-    assert len(during) - 16 <= 12
-    assert len(after) <= 16  # one look each (not a poll each on its own backoff)
+    assert len(during) - 16 <= 20
+    # One look each (not a poll each on its own backoff), and the poller's read that was already under way.
+    assert len(after) <= 16 + 1
 
 
 async def test_sync_callers_are_woken_across_loops(make_guard: Callable[..., Guard]) -> None:
