@@ -15,7 +15,7 @@ from typing import Any
 import mcp_types as types
 
 from .._refusals import nothing_executed
-from ._meta import META_KEY, META_REPLAYED, clean_meta
+from ._meta import META_KEY, META_REPLAYED, clean_meta, strip_reserved
 
 
 def error_result(message: str) -> types.CallToolResult:
@@ -26,7 +26,7 @@ def error_result(message: str) -> types.CallToolResult:
 def payload(res: types.CallToolResult, *, key: str | None = None) -> dict[str, Any]:
     """What is stored for a result: content, structuredContent, isError and a clean _meta (with the
     downstream ``key`` it was sent under, if given, so that a replay carries it too)."""
-    content = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in res.content]
+    content = strip_reserved([c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in res.content])
     out: dict[str, Any] = {"content": content}
     if res.structured_content is not None:
         out["structuredContent"] = res.structured_content

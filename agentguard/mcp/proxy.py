@@ -22,10 +22,11 @@ Logs go to stderr only: stdout is the protocol.
 from __future__ import annotations
 
 from ._command import main
+from ._guarded import _FinalError as _FinalError  # stored records name it agentguard.mcp.proxy:_FinalError
+from ._guarded import _HeldUnknown as _HeldUnknown  # (and this one likewise)
 from ._guarding import GuardingProxy
-from ._guarding import _FinalError as _FinalError  # stored records name it agentguard.mcp.proxy:_FinalError
-from ._guarding import _HeldUnknown as _HeldUnknown  # (and this one likewise)
 from ._startup import StartupError
-from ._upstream import Upstream, UpstreamTarget
+from ._transports import UpstreamTarget
+from ._upstream import Upstream
 
 __all__ = ["GuardingProxy", "StartupError", "Upstream", "UpstreamTarget", "main"]

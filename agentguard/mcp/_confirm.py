@@ -1,0 +1,109 @@
+"""A person confirms before a guarded call first runs (``confirm = true`` on the tool).
+
+The question is asked inside the claim, before the upstream is called: a replay never asks, and of identical
+calls racing each other only the one that claims asks. It is an MCP elicitation showing the tool, its
+arguments and the task. Only an explicit yes runs the call. A no, a dismissal, an answer that is not a yes or
+a no, or a host that goes away refuses it (nothing was executed) and releases the claim, so that a later,
+confirmed call can run. A host that cannot ask its user (no elicitation capability) is refused, unless the
+tool's config says ``confirm_without_elicitation = "run"``.
+
+Who confirmed (the client and its request), when, and the answer are kept with the recorded result
+(``_meta["dev.agentguard/confirmation"]``) and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import mcp_types as types
+
+from .._refusals import nothing_executed
+from ._config import ToolConfig
+from ._exchange import Context, Exchange, can_ask
+
+log = logging.getLogger("agentguard.mcp")
+
+META_CONFIRMATION: Final = "dev.agentguard/confirmation"
+
+_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {"confirm": {"type": "boolean", "title": "Run it now",
+                               "description": "Yes runs it once; no leaves it undone."}},
+    "required": ["confirm"],
+}
+
+
+class NotConfirmed(Exception):
+    """The user did not confirm the call: nothing ran, and the claim is released. The message is the text the
+    model reads."""
+
+
+def question(tool: str, arguments: dict[str, Any], task_id: str) -> types.ElicitRequest:
+    shown = json.dumps(arguments, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    message = (f"Confirm before it runs: {tool} for task {task_id!r}, with these arguments:\n{shown}\n\n"
+               "It runs once; a repeat of this call returns its recorded result.")
+    return types.ElicitRequest(params=types.ElicitRequestFormParams(message=message, requested_schema=_SCHEMA))
+
+
+async def confirm(ex: Exchange, cfg: ToolConfig, tool: str, arguments: dict[str, Any], task_id: str
+                  ) -> dict[str, Any]:
+    """Ask; the confirmation's record, or :class:`NotConfirmed`."""
+    ctx = ex.ctx
+    request = question(tool, arguments, task_id)
+    record: dict[str, Any] = {"tool": tool, "task_id": task_id, **_who(ctx)}
+    if ctx is not None and not can_ask(ctx, request):
+        if cfg.confirm_without_elicitation == "run":
+            log.warning("%s in task %r runs unconfirmed: the client cannot ask its user (no elicitation), and the "
+                        "config says to run it then", tool, task_id)
+            return {**record, "confirmed": False, "ran_unconfirmed": "the client does not support elicitation"}
+        raise NotConfirmed(nothing_executed(
+            f"Refused by agentguard: {tool} needs the user's confirmation, and this client cannot ask its user "
+            "(it does not support MCP elicitation), so it was not run. Retrying will not help: tell the user."))
+    answer = await ex.ask(request)
+    record["at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    if isinstance(answer, types.ElicitResult) and answer.action == "accept" and (answer.content or {}).get(
+            "confirm") is True:
+        log.info("%s in task %r confirmed by the user of %s", tool, task_id, record.get("by", "the client"))
+        return {**record, "confirmed": True}
+    declined = isinstance(answer, types.ElicitResult) and (
+        answer.action == "decline" or (answer.action == "accept" and (answer.content or {}).get("confirm") is False))
+    log.warning("%s in task %r was not run: the user %s", tool, task_id,
+                "declined it" if declined else "did not confirm it")
+    if declined:
+        raise NotConfirmed(nothing_executed(
+            f"Refused by agentguard: the user declined {tool} for task {task_id!r} when asked to confirm it, so it "
+            "was not run. Do not retry it unless the user asks you to."))
+    raise NotConfirmed(nothing_executed(
+        f"Not run by agentguard: the user did not confirm {tool} for task {task_id!r} (the question was dismissed, "
+        "not answered, or answered with something other than yes or no), so it was not run. Retry the same call "
+        "if the user still wants it: they will be asked again."))
+
+
+def _who(ctx: Context | None) -> dict[str, Any]:
+    if ctx is None:
+        return {}
+    out: dict[str, Any] = {"request_id": str(ctx.request_id)}
+    name = client_name(ctx)
+    if name:
+        out["by"] = name
+    headers = getattr(ctx.request, "headers", None)
+    session = headers.get("mcp-session-id") if headers is not None else None
+    if session:
+        out["session"] = session
+    return out
+
+
+def client_name(ctx: Context) -> str | None:
+    """``name/version`` of the host's client, as it introduced itself (handshake, or the request's envelope)."""
+    try:
+        params = ctx.session.client_params
+        info = None if params is None else params.client_info
+    except Exception:  # in-process connections may have no handshake params
+        info = None
+    if info is None:
+        raw = (ctx.meta or {}).get(types.CLIENT_INFO_META_KEY)
+        info = types.Implementation.model_validate(raw) if isinstance(raw, dict) else None
+    return None if info is None else f"{info.name}/{info.version}"
