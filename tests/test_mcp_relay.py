@@ -65,7 +65,7 @@ def paid(log: Path) -> list[dict[str, Any]]:
 
 async def test_resources_prompts_and_completions_pass_through(proxied: Callable[..., Any]) -> None:
     async with proxied() as client:
-        caps = client.server_capabilities
+        caps, instructions = client.server_capabilities, client.instructions
         resources = await client.list_resources()
         templates = await client.list_resource_templates()
         read = await client.read_resource("memo://a")
@@ -74,6 +74,7 @@ async def test_resources_prompts_and_completions_pass_through(proxied: Callable[
         done = await client.complete(types.PromptReference(type="ref/prompt", name="greet"),
                                      {"name": "name", "value": "al"})
     assert caps.resources is not None and caps.prompts is not None and caps.completions is not None
+    assert instructions == "Pay with care."  # the upstream's, for the host's model
     assert [str(r.uri) for r in resources.resources] == ["memo://a", "memo://b"]
     assert [t.uri_template for t in templates.resource_templates] == ["memo://{name}"]
     [contents] = read.contents

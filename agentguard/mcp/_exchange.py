@@ -110,6 +110,10 @@ def unanswered(request: types.InputRequest, why: str) -> Answer:
     return types.ErrorData(code=INVALID_REQUEST, message=f"agentguard proxy: {request.method} was not answered ({why})")
 
 
+def _unsupported(request: types.InputRequest) -> types.ErrorData:
+    return types.ErrorData(code=INVALID_REQUEST, message=f"the client does not support {request.method}")
+
+
 @dataclass(eq=False)
 class _Question:
     request: types.InputRequest
@@ -154,7 +158,7 @@ class Exchange:
         if self.abandoned:
             return unanswered(request, "the client went away")
         if ctx is not None and not can_ask(ctx, request):
-            return types.ErrorData(code=INVALID_REQUEST, message=f"the client does not support {request.method}")
+            return _unsupported(request)
         if ctx is not None and ctx.session.can_send_request:
             return await self._ask_now(ctx, request)
         self._asked += 1
@@ -223,9 +227,15 @@ class Exchange:
             wake = self._wake
             if self._done:
                 return None
-            asked = {k: q.request for k, q in self._questions.items() if q.answer is None}
-            if asked and self.ctx is not None and not self.ctx.session.can_send_request:
-                return asked
+            ctx = self.ctx
+            if ctx is not None and not ctx.session.can_send_request:
+                for question in self._questions.values():  # asked between rounds: this request may not answer it
+                    if question.answer is None and not can_ask(ctx, question.request):
+                        question.answer = _unsupported(question.request)
+                        question.answered.set()
+                asked = {k: q.request for k, q in self._questions.items() if q.answer is None}
+                if asked:
+                    return asked
             await wake.wait()
 
     def _finish(self, result: Any, error: BaseException | None) -> None:

@@ -96,6 +96,7 @@ class GuardingProxy:
             self._runtime = runtime
             self.exchanges.bind(tg)
             self.hub.resubscribe = runtime.upstream.subscribe
+            self.server.instructions = self.server.instructions or runtime.upstream.instructions
             try:
                 yield runtime
             finally:

@@ -56,22 +56,26 @@ def url_of(host: str, port: int) -> str:
 
 
 class BearerAuth:
-    """ASGI middleware: an HTTP request without exactly the expected ``Authorization: Bearer`` header gets 401
-    and goes no further."""
+    """ASGI middleware: an HTTP request without one ``Authorization: Bearer <token>`` header carrying exactly the
+    token gets 401 and goes no further (the scheme's case does not matter, RFC 9110)."""
 
     def __init__(self, app: Any, token: str) -> None:
         self._app = app
-        self._expected = f"Bearer {token}".encode()
+        self._token = token.encode()
+
+    def _allows(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        given = [v for k, v in headers if k.lower() == b"authorization"]
+        scheme, _, token = given[0].partition(b" ") if len(given) == 1 else (b"", b"", b"")
+        # Compared in constant time, whatever the scheme: the time taken says nothing of the token.
+        return hmac.compare_digest(token, self._token) and scheme.lower() == b"bearer"
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            given = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
-            if len(given) != 1 or not hmac.compare_digest(given[0], self._expected):
-                log.warning("refused an HTTP request to %s without the right bearer token", scope.get("path"))
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"www-authenticate", b'Bearer realm="agentguard-proxy"'), (b"content-type", b"text/plain")]})
-                await send({"type": "http.response.body", "body": b"401 Unauthorized: a bearer token is required\n"})
-                return
+        if scope["type"] == "http" and not self._allows(scope["headers"]):
+            log.warning("refused an HTTP request to %s without the right bearer token", scope.get("path"))
+            await send({"type": "http.response.start", "status": 401, "headers": [
+                (b"www-authenticate", b'Bearer realm="agentguard-proxy"'), (b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"401 Unauthorized: a bearer token is required\n"})
+            return
         await self._app(scope, receive, send)
 
 

@@ -15,8 +15,6 @@ from typing import Any, TypeVar
 import mcp_types as types
 from mcp import Client, MCPError
 from mcp.server import Server
-from mcp_types import METHOD_NOT_FOUND
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
 
 from ._exchange import Context, Exchange, Exchanges, digest, resolve
@@ -59,7 +57,6 @@ class ProxyServer(Server[Any]):
         up = self.upstream_capabilities()
         if up is None:  # not connected yet (an in-process proxy before its first connection): all relayed
             return caps
-        listen = protocol_version in MODERN_PROTOCOL_VERSIONS
         resources = None if up.resources is None else types.ResourcesCapability(
             subscribe=bool(up.resources.subscribe), list_changed=bool(up.resources.list_changed))
         prompts = None if up.prompts is None else types.PromptsCapability(list_changed=bool(up.prompts.list_changed))
@@ -67,7 +64,7 @@ class ProxyServer(Server[Any]):
             "tools": types.ToolsCapability(list_changed=True),
             "resources": resources, "prompts": prompts,
             "completions": caps.completions if up.completions is not None else None,
-            "logging": caps.logging if up.logging is not None and not listen else None,
+            "logging": caps.logging if up.logging is not None else None,
         })
 
 
@@ -161,6 +158,3 @@ class Relayer:
         except MCPError as exc:
             log.debug("roots/list_changed not passed on: %s", exc.error.message)
 
-
-def not_offered(method: str) -> MCPError:
-    return MCPError(METHOD_NOT_FOUND, f"agentguard proxy: the upstream server does not offer {method}")

@@ -129,6 +129,10 @@ class Upstream:
     def modern(self) -> bool:
         return self._conn is not None and self._conn.modern
 
+    @property
+    def instructions(self) -> str | None:
+        return self._conn.client.instructions if self._conn is not None else None
+
     async def _hold(self, ready: anyio.Event, box: dict[str, Any]) -> None:
         conn: _Connection | None = None
         stop = anyio.Event()
