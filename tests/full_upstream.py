@@ -18,7 +18,6 @@ resource update only once subscribed); on 2026-07-28 it asks with ``input_requir
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ from mcp.server.subscriptions import (
     ResourceUpdated,
 )
 from mcp.shared.message import ServerMessageMetadata
+from upstream_log import events, record
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -45,18 +45,6 @@ CARD_SCHEMA = {"type": "object", "properties": {"card": {"type": "string"}}, "re
 STAMP = {"io.modelcontextprotocol/serverInfo": {"name": "up", "version": "9"}, "dev.mcp/trace": "x",
          "org.mcp.tools/y": 1, "com.example.mcp/kept": "kept", "dev.acme/kept": True}
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
-
-
-def record(log: Path, event: dict[str, Any]) -> None:
-    with log.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(event) + "\n")
-
-
-def events(log: Path, kind: str) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line]
-    return [e for e in lines if e["event"] == kind]
 
 
 def _text(text: str, meta: dict[str, Any] | None = None) -> types.TextContent:

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from upstream_log import events, record
+
 GARBAGE = [
     "this is not JSON at all",
     {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": {"no": 1}, "progress": "lots"}},
@@ -29,17 +31,6 @@ GARBAGE = [
 
 PAY = {"name": "pay", "inputSchema": {"type": "object", "properties": {
     "order_id": {"type": "string"}, "idempotency_key": {"type": "string"}}, "required": ["order_id"]}}
-
-
-def record(log: Path, event: dict[str, Any]) -> None:
-    with log.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(event) + "\n")
-
-
-def events(log: Path, kind: str) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    return [e for e in (json.loads(line) for line in log.read_text().splitlines() if line) if e["event"] == kind]
 
 
 def send(message: dict[str, Any] | str) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import mcp_types as types
 import pytest
 import raw_upstream
 from mcp import Client
+from upstream_log import charges
 
 import agentguard
 from agentguard.mcp import META_REPLAYED, GuardingProxy, parse_config
@@ -143,20 +143,12 @@ async def test_a_guarded_call_the_host_cancels_finishes_and_is_recorded(store_ur
         '[tools.create_charge]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n')
     charge = {"name": "create_charge", "arguments": {"order_id": "o-1", "amount_cents": 100, "task_id": "t-1"}}
 
-    def charges() -> list[tuple[str]]:
-        if not ledger.exists():
-            return []
-        with sqlite3.connect(ledger) as conn:
-            try:
-                return conn.execute("SELECT id FROM charges").fetchall()
-            except sqlite3.OperationalError:
-                return []
 
     stderr: list[str] = []
     async with raw_host(config, stderr) as host:
         await host.start({})
         await host.send(id=2, method="tools/call", params=charge)
-        while not charges():  # noqa: ASYNC110 - written by another process
+        while not charges(ledger):  # noqa: ASYNC110 - written by another process
             await anyio.sleep(0.02)
         await host.send(method="notifications/cancelled", params={"requestId": 2, "reason": "the user pressed stop"})
         while not any("cancelled its request" in line for line in stderr):  # noqa: ASYNC110 - another process
@@ -164,7 +156,7 @@ async def test_a_guarded_call_the_host_cancels_finishes_and_is_recorded(store_ur
         hold.touch()
         await host.send(id=3, method="tools/call", params=charge)
         reply = await host.receive()  # no answer comes for the cancelled request (the spec's rule)
-    [(charge_id,)] = charges()
+    [(charge_id,)] = charges(ledger)
     assert reply["id"] == 3 and reply["result"]["structuredContent"]["id"] == charge_id
     assert reply["result"]["_meta"][META_REPLAYED] is True  # recorded, although nobody waited for it
     assert any("cancelled its request for tools/call create_charge" in line for line in stderr)

@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from upstream_log import charges
 
 import agentguard
 from agentguard.mcp import META_REPLAYED
@@ -225,26 +225,19 @@ async def test_a_host_that_gives_up_mid_call_does_not_split_it(tmp_path: Path, s
     config.write_text(config.read_text().replace("{store}", store_url))
     charge = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd", "task_id": "ticket-3"}
 
-    def charges() -> list[tuple[str]]:
-        if not ledger.exists():
-            return []
-        with sqlite3.connect(ledger) as conn:
-            try:
-                return conn.execute("SELECT id FROM charges").fetchall()
-            except sqlite3.OperationalError:
-                return []
 
     async with http_proxy(config) as proxy, host(proxy.url, mode) as client:
         with pytest.raises(MCPError):
             await client.call_tool("create_charge", charge, read_timeout_seconds=0.5)
-        while not charges():  # noqa: ASYNC110 - written by another process
+        while not charges(ledger):  # noqa: ASYNC110 - written by another process
             await anyio.sleep(0.02)
+        while not any("cancelled its request for tools/call create_charge" in line for line in proxy.stderr):  # noqa: ASYNC110
+            await anyio.sleep(0.02)  # the proxy logs that the host went away (read from its stderr)
         hold.touch()
         retry = await client.call_tool("create_charge", charge)
-        logged = list(proxy.stderr)
-    [(charge_id,)] = charges()
+    [(charge_id,)] = charges(ledger)
     assert not retry.is_error and retry.structured_content and retry.structured_content["id"] == charge_id
-    assert any("cancelled its request for tools/call create_charge" in line for line in logged), logged
+    assert retry.meta and retry.meta[META_REPLAYED] is True  # recorded, although its host had given up
 
 
 async def test_sigterm_ends_the_http_proxy_cleanly(tmp_path: Path, store_url: str) -> None:

@@ -20,9 +20,9 @@ from typing import Any, Final
 
 import mcp_types as types
 
-from .._refusals import nothing_executed
 from ._config import ToolConfig
 from ._exchange import Context, Exchange, can_ask
+from ._results import not_confirmed
 
 log = logging.getLogger("agentguard.mcp")
 
@@ -59,27 +59,17 @@ async def confirm(ex: Exchange, cfg: ToolConfig, tool: str, arguments: dict[str,
             log.warning("%s in task %r runs unconfirmed: the client cannot ask its user (no elicitation), and the "
                         "config says to run it then", tool, task_id)
             return {**record, "confirmed": False, "ran_unconfirmed": "the client does not support elicitation"}
-        raise NotConfirmed(nothing_executed(
-            f"Refused by agentguard: {tool} needs the user's confirmation, and this client cannot ask its user "
-            "(it does not support MCP elicitation), so it was not run. Retrying will not help: tell the user."))
+        raise NotConfirmed(not_confirmed("unsupported", tool, task_id))
     answer = await ex.ask(request)
     record["at"] = datetime.now(UTC).isoformat(timespec="seconds")
     if isinstance(answer, types.ElicitResult) and answer.action == "accept" and (answer.content or {}).get(
             "confirm") is True:
         log.info("%s in task %r confirmed by the user of %s", tool, task_id, record.get("by", "the client"))
         return {**record, "confirmed": True}
-    declined = isinstance(answer, types.ElicitResult) and (
+    no = isinstance(answer, types.ElicitResult) and (
         answer.action == "decline" or (answer.action == "accept" and (answer.content or {}).get("confirm") is False))
-    log.warning("%s in task %r was not run: the user %s", tool, task_id,
-                "declined it" if declined else "did not confirm it")
-    if declined:
-        raise NotConfirmed(nothing_executed(
-            f"Refused by agentguard: the user declined {tool} for task {task_id!r} when asked to confirm it, so it "
-            "was not run. Do not retry it unless the user asks you to."))
-    raise NotConfirmed(nothing_executed(
-        f"Not run by agentguard: the user did not confirm {tool} for task {task_id!r} (the question was dismissed, "
-        "not answered, or answered with something other than yes or no), so it was not run. Retry the same call "
-        "if the user still wants it: they will be asked again."))
+    log.warning("%s in task %r was not run: the user %s", tool, task_id, "declined it" if no else "did not confirm it")
+    raise NotConfirmed(not_confirmed("declined" if no else "unanswered", tool, task_id))
 
 
 def _who(ctx: Context | None) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from ._results import (
     upstream_unreachable,
 )
 from ._startup import Runtime
-from ._upstream import _NotGuarded, _OutcomeUnknown, _Unavailable, _Unreachable
+from ._transports import _NotGuarded, _OutcomeUnknown, _Unavailable, _Unreachable
 
 log = logging.getLogger("agentguard.mcp")
 

@@ -33,12 +33,21 @@ from ._results import (
     failed_unexpectedly,
     outcome_unknown_passed,
     shutting_down,
+    task_only,
     upstream_refused,
 )
 from ._startup import Runtime, open_runtime
-from ._tools import listed, needs_task, task_refused
-from ._transports import TargetFactory, UpstreamTarget, config_target, fixed_target
-from ._upstream import Upstream, _OutcomeUnknown, _Unavailable, _Unreachable
+from ._tools import listed, needs_task
+from ._transports import (
+    TargetFactory,
+    UpstreamTarget,
+    _OutcomeUnknown,
+    _Unavailable,
+    _Unreachable,
+    config_target,
+    fixed_target,
+)
+from ._upstream import Upstream
 
 log = logging.getLogger("agentguard.mcp")
 
@@ -206,7 +215,7 @@ class GuardingProxy:
         try:
             conn = await rt.upstream.connect()
             if needs_task(conn.tool(name)):
-                return error_result(task_refused(name))
+                return error_result(task_only(name))
             with ex.upstream():
                 res = await rt.upstream.call(name, arguments, meta, conn, progress=ex.progress, ask=ex.ask)
         except _Unavailable as exc:

@@ -122,6 +122,32 @@ def outcome_unknown_passed(tool: str, reason: object) -> str:
     return f"the outcome of {tool} is unknown ({reason}). The proxy reconnects on the next call."
 
 
+def task_only(tool: str) -> str:
+    """A tool the upstream runs only as an MCP task, which the proxy does not relay."""
+    return nothing_executed(
+        f"Not run by agentguard: the upstream server runs {tool} only as an MCP task, which the proxy does not "
+        "relay, so it was not run. Retrying will not help: tell the user."
+    )
+
+
+# A call the user did not confirm (``confirm``): why -> the text. {tool} the tool, {task} its task id.
+_UNCONFIRMED = {
+    "unsupported": "Refused by agentguard: {tool} needs the user's confirmation, and this client cannot ask its "
+                   "user (it does not support MCP elicitation), so it was not run. Retrying will not help: tell "
+                   "the user.",
+    "declined": "Refused by agentguard: the user declined {tool} for task {task!r} when asked to confirm it, so "
+                "it was not run. Do not retry it unless the user asks you to.",
+    "unanswered": "Not run by agentguard: the user did not confirm {tool} for task {task!r} (the question was "
+                  "dismissed, not answered, or answered with something other than yes or no), so it was not "
+                  "run. Retry the same call if the user still wants it: they will be asked again.",
+}
+
+
+def not_confirmed(why: str, tool: str, task_id: str) -> str:
+    """``why``: ``unsupported`` (a host without elicitation), ``declined`` or ``unanswered``."""
+    return nothing_executed(_UNCONFIRMED[why].format(tool=tool, task=task_id))
+
+
 def failed_unexpectedly(tool: str) -> str:
     return (
         f"agentguard failed unexpectedly while guarding {tool}; the outcome is unknown. Retry the same call with "

@@ -23,8 +23,8 @@ from .._redact import redact_text, redact_url
 from .._storeconfig import ENV_URL
 from ._config import Config, tool_problems
 from ._tools import task_problems
-from ._transports import TargetFactory
-from ._upstream import Checker, Relay, Upstream, _Unavailable
+from ._transports import TargetFactory, _Unavailable
+from ._upstream import Checker, Relay, Upstream
 
 log = logging.getLogger("agentguard.mcp")
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import mcp_types as types
 
-from .._refusals import nothing_executed
 from ._config import Config, ToolConfig
 from ._meta import TASK_ID_DESCRIPTION, clean_meta
 
@@ -36,13 +35,6 @@ def task_problems(config: Config, tools: list[types.Tool]) -> dict[str, list[str
                  "(execution.taskSupport = \"required\"), which the proxy does not relay, so it cannot be guarded"]
         for t in tools if t.name in config.tools and needs_task(t)
     }
-
-
-def task_refused(tool: str) -> str:
-    return nothing_executed(
-        f"Not run by agentguard: the upstream server runs {tool} only as an MCP task, which the proxy does not "
-        "relay, so it was not run. Retrying will not help: tell the user."
-    )
 
 
 def listed(tools: list[types.Tool], config: Config, problems: dict[str, list[str]]) -> list[types.Tool]:

@@ -6,9 +6,7 @@ What else the upstream sends on its own (other changes, resource updates, log li
 its requests for elicitation, sampling and roots) goes to the proxy's :class:`Relay`. The proxy subscribes the
 upstream to the resources its hosts subscribed to, on every connection.
 
-Failures are told apart by what they mean for a call: it was certainly not sent (:class:`_Unavailable`, and
-:class:`_Unreachable` when no connection can be made at all), or it was sent and no answer came back
-(:class:`_OutcomeUnknown`).
+Failures are told apart by what they mean for a call (``_transports.py``): not sent, or sent and unanswered.
 """
 
 from __future__ import annotations
@@ -30,34 +28,22 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ._exchange import Answer, Ask, resolve
-from ._transports import TargetFactory, UpstreamTarget
+from ._transports import (
+    TargetFactory,
+    UpstreamTarget,
+    _describe,
+    _NotGuarded,
+    _OutcomeUnknown,
+    _Unavailable,
+    _Unreachable,
+    _unreachable,
+)
 
 log = logging.getLogger("agentguard.mcp")
 
 __all__ = ["Relay", "Upstream", "UpstreamTarget"]
 
 T = TypeVar("T")
-
-
-class _OutcomeUnknown(Exception):
-    """The upstream call was sent but no answer came back (the upstream died or timed out)."""
-
-
-class _Unavailable(Exception):
-    """The upstream could not be reached: the call was certainly not sent."""
-
-
-class _Unreachable(_Unavailable):
-    """No connection to the upstream could be made: its command cannot be started, it exits (or hangs up)
-    at once, or it does not answer. Retrying does not help until a person fixes the proxy's configuration."""
-
-
-class _NotGuarded(Exception):
-    """The upstream does not offer a guarded tool as configured (any more): the call is refused, not sent."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
 
 
 class Relay(Protocol):
@@ -404,19 +390,3 @@ class Upstream:
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
-
-
-def _unreachable(exc: BaseException | None) -> str:
-    """Why no connection could be made (the upstream's own stderr, passed on to the proxy's, says more)."""
-    if exc is None or (isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED):
-        return "it closed the connection before it was ready: it may have exited at once (see its stderr)"
-    return _describe(exc)
-
-
-def _describe(exc: BaseException | None) -> str:
-    if exc is None:
-        return "unknown error"
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return _describe(exc.exceptions[0])
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if not isinstance(exc, MCPError | OSError) else text
