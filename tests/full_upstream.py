@@ -13,7 +13,8 @@ the template ``memo://{name}``; ``memo://secret`` asks before it is read. Prompt
 
 In the handshake era it asks its host with server-to-client requests and announces changes unasked (a
 resource update only once subscribed); on 2026-07-28 it asks with ``input_required`` and announces on
-``subscriptions/listen`` streams. Every request's ``_meta`` and every subscription is logged too.
+``subscriptions/listen`` streams. Every request's ``_meta``, every subscription and every notice that the
+host's roots changed is logged too.
 """
 
 from __future__ import annotations
@@ -222,7 +223,11 @@ def build_server(log: Path) -> Server[Any]:
         on_subscriptions_listen=on_listen, on_list_prompts=list_prompts, on_get_prompt=get_prompt,
         on_completion=complete,
     )
+    async def roots_changed(ctx: Ctx, params: types.NotificationParams) -> None:
+        record(log, {"event": "roots_changed"})
+
     server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+    server.add_notification_handler("notifications/roots/list_changed", types.NotificationParams, roots_changed)
     # It announces its changes (the handshake era's listChanged flags), however it is served.
     changes = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
     options = server.create_initialization_options

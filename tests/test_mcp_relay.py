@@ -199,7 +199,9 @@ async def test_changes_and_resource_updates_reach_the_host(
     assert (subscribed, listened) in ((["memo://a"], []), ([], [["memo://a"]])), (subscribed, listened)
 
 
-async def test_log_lines_reach_the_host_at_its_level(proxied: Callable[..., Any], eras: tuple[str, str]) -> None:
+async def test_log_lines_reach_the_host_at_its_level(
+    proxied: Callable[..., Any], log: Path, eras: tuple[str, str]
+) -> None:
     lines: list[types.LoggingMessageNotificationParams] = []
 
     async def logged(params: types.LoggingMessageNotificationParams) -> None:
@@ -216,6 +218,23 @@ async def test_log_lines_reach_the_host_at_its_level(proxied: Callable[..., Any]
         await client.call_tool("log", {"level": "error", "message": "card declined"})
         await client.call_tool("touch", {"uri": "memo://a"})  # a later request: the line has arrived by then
     assert [(p.level, p.data) for p in lines] == [("error", "card declined")]
+    if eras[1] != "legacy":  # the one reserved _meta key a request carries on: its log level
+        assert {c["meta"].get("io.modelcontextprotocol/logLevel") for c in full_upstream.events(log, "call")} == {
+            "warning"}
+    else:
+        assert [e["level"] for e in full_upstream.events(log, "level")] == (["warning"] if eras[0] == "legacy" else [])
+
+
+@pytest.mark.parametrize("eras", [("legacy", "legacy")], indirect=True)
+async def test_a_change_of_the_hosts_roots_reaches_the_upstream(proxied: Callable[..., Any], log: Path) -> None:
+    async def roots(ctx: Any) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[])
+
+    async with proxied(list_roots_callback=roots) as client:
+        await client.session.send_notification(types.RootsListChangedNotification())
+        with anyio.fail_after(10):
+            while not full_upstream.events(log, "roots_changed"):  # noqa: ASYNC110 - the upstream's own log
+                await anyio.sleep(0.01)
 
 
 async def test_guarded_tools_say_they_are_safe_to_retry_and_tasks_are_not_offered(

@@ -13,12 +13,14 @@ Who confirmed (the client and its request), when, and the answer are kept with t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import mcp_types as types
+from pydantic import ValidationError
 
 from ._config import ToolConfig
 from ._exchange import Context, Exchange, can_ask
@@ -93,7 +95,8 @@ def client_name(ctx: Context) -> str | None:
         info = None if params is None else params.client_info
     except Exception:  # in-process connections may have no handshake params
         info = None
-    if info is None:
-        raw = (ctx.meta or {}).get(types.CLIENT_INFO_META_KEY)
-        info = types.Implementation.model_validate(raw) if isinstance(raw, dict) else None
+    raw = (ctx.meta or {}).get(types.CLIENT_INFO_META_KEY)
+    if info is None and isinstance(raw, dict):
+        with contextlib.suppress(ValidationError):  # self-reported, for audit only: a malformed one is left out
+            info = types.Implementation.model_validate(raw)
     return None if info is None else f"{info.name}/{info.version}"

@@ -159,7 +159,7 @@ class Exchange:
             return unanswered(request, "the client went away")
         if ctx is not None and not can_ask(ctx, request):
             return _unsupported(request)
-        if ctx is not None and ctx.session.can_send_request:
+        if ctx is not None and ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
             return await self._ask_now(ctx, request)
         self._asked += 1
         question = self._questions[f"q{self._asked}"] = _Question(request)
@@ -228,7 +228,7 @@ class Exchange:
             if self._done:
                 return None
             ctx = self.ctx
-            if ctx is not None and not ctx.session.can_send_request:
+            if ctx is not None and ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
                 for question in self._questions.values():  # asked between rounds: this request may not answer it
                     if question.answer is None and not can_ask(ctx, question.request):
                         question.answer = _unsupported(question.request)
@@ -341,14 +341,27 @@ async def resolve(
     for _ in range(_MAX_ROUNDS):
         if not isinstance(result, types.InputRequiredResult):
             return result
-        answers: types.InputResponses = {}
-        for key, request in (result.input_requests or {}).items():
-            answer = await ask(request) if ask is not None else unanswered(request, "no client to ask")
+        requests = result.input_requests or {}
+        answers = await _answers(requests, ask)
+        for key, answer in answers.items():
             if isinstance(answer, types.ErrorData):
-                raise MCPError(INVALID_REQUEST, f"the upstream needed {request.method}, which the client could not "
-                                                f"answer: {answer.message}")
-            answers[key] = answer
+                raise MCPError(INVALID_REQUEST, f"the upstream needed {requests[key].method}, which the client "
+                                                f"could not answer: {answer.message}")
         if not answers:
             await anyio.sleep(0.05)  # only state to echo: the upstream asked for a retry shortly
-        result = await send(answers or None, result.request_state)
+        responses = {k: a for k, a in answers.items() if not isinstance(a, types.ErrorData)}
+        result = await send(responses or None, result.request_state)
     raise MCPError(INVALID_REQUEST, f"the upstream asked for input more than {_MAX_ROUNDS} times")
+
+
+async def _answers(requests: types.InputRequests, ask: Ask | None) -> dict[str, Answer]:
+    """The host's answers, asked all at once: a 2026-07-28 host gets the questions in one round."""
+    answers: dict[str, Answer] = {}
+
+    async def put(key: str, request: types.InputRequest) -> None:
+        answers[key] = await ask(request) if ask is not None else unanswered(request, "no client to ask")
+
+    async with anyio.create_task_group() as tg:
+        for key, request in requests.items():
+            tg.start_soon(put, key, request)
+    return answers
