@@ -41,7 +41,7 @@ REPLAYING_MAX = 4096  # tasks remembered as replaying (see Engine.begin)
 MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
 POLL_MAX = 0.1  # seconds between a waiting key's reads of the store, at most (one reader per key and process)
 
-# The claim of the multi-step call in progress, for the ``Operation`` parameter it receives.
+# The claim of the guarded call in progress, for the ``Operation`` parameter and ``current_audit()``.
 active_claim: contextvars.ContextVar[Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
 
 
@@ -334,7 +334,7 @@ class Engine:
         started = time.monotonic()  # before the database computes expires_at: the cache entry dies first
         store = self.store
         if not await self.settled(claim, "storing the result", lambda: store.complete(
-            call.scope, call.key, claim.fence, SUCCEEDED, encoded, self.retention
+            call.scope, call.key, claim.fence, SUCCEEDED, encoded, self.retention, claim.audit()
         )):
             raise self.lease_lost(claim)
         self.remember(claim, SUCCEEDED, encoded, started)
@@ -350,7 +350,7 @@ class Engine:
             stored = _codec.encode_error(exc)
             started = time.monotonic()
             if not await self.settled(claim, "storing the cached error", lambda: store.complete(
-                call.scope, call.key, claim.fence, FAILED, stored, self.retention
+                call.scope, call.key, claim.fence, FAILED, stored, self.retention, claim.audit()
             )):
                 raise self.lease_lost(claim) from exc
             self.remember(claim, FAILED, stored, started)
@@ -360,7 +360,7 @@ class Engine:
         # Released in its own statement on a fresh connection, never inside a failed transaction.
         try:
             released = await self.settled(claim, "releasing the claim", lambda: store.release(
-                call.scope, call.key, claim.fence, self.retention
+                call.scope, call.key, claim.fence, self.retention, claim.audit()
             ))
         except GuardError as store_exc:
             exc.add_note(f"agentguard: the claim could not be released ({store_exc}); it expires with its lease")
@@ -373,9 +373,7 @@ class Engine:
 
     # -- drivers ------------------------------------------------------------------------------------------
 
-    async def drive(
-        self, call: Call, body: Callable[[str], Awaitable[T]], *, multi_step: bool = False
-    ) -> tuple[T, bool]:
+    async def drive(self, call: Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
         memory = self.store.memory
         outcome: Claim | Replay | None = self.cached(call)
         if outcome is None:
@@ -387,7 +385,7 @@ class Engine:
             return outcome.result(), True
         claim = outcome
         token = _key.set(call.key)
-        claim_token = active_claim.set(claim) if multi_step else None  # for the Operation parameter
+        claim_token = active_claim.set(claim)  # for the Operation parameter and current_audit()
         try:
             value = await body(call.key)
         except BaseException as exc:
@@ -395,8 +393,7 @@ class Engine:
             raise
         finally:
             _key.reset(token)
-            if claim_token is not None:
-                active_claim.reset(claim_token)
+            active_claim.reset(claim_token)
         return await _recorded(self._on_portal(self.succeed) if memory else self.succeed, claim, value), False
 
     def _on_portal(self, step: Callable[[Claim, Any], Coroutine[Any, Any, T]]) -> Callable[[Claim, Any], Awaitable[T]]:
@@ -414,6 +411,7 @@ class Engine:
         if isinstance(outcome, Replay):
             return outcome.result(), True
         token = _key.set(call.key)
+        claim_token = active_claim.set(outcome)
         try:
             value = body(call.key)
         except BaseException as exc:
@@ -421,4 +419,17 @@ class Engine:
             raise
         finally:
             _key.reset(token)
+            active_claim.reset(claim_token)
         return portal.run(self.succeed(outcome, value)), False
+
+
+def current_audit() -> dict[str, Any]:
+    """What is kept beside the record of the guarded call in progress, for a person (``agentguard ls``): entries
+    added to this dict inside the body are stored with its outcome (or its release), beside the ``audit`` the
+    call was made with. Never part of the key or the fingerprint."""
+    claim = active_claim.get()
+    if claim is None:
+        raise GuardError("current_audit() was called outside a guarded call")
+    if claim.notes is None:
+        claim.notes = {}
+    return claim.notes

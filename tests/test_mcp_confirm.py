@@ -16,6 +16,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, MCPError
 
+from agentguard import Guard
 from agentguard.mcp import META_REPLAYED, GuardingProxy, parse_config
 
 pytestmark = pytest.mark.anyio
@@ -71,7 +72,9 @@ def paid(log: Path) -> list[dict[str, Any]]:
     return full_upstream.events(log, "pay")
 
 
-async def test_a_confirmed_call_runs_once_and_its_replay_does_not_ask(proxied: Callable[..., Any], log: Path) -> None:
+async def test_a_confirmed_call_runs_once_and_its_replay_does_not_ask(
+    proxied: Callable[..., Any], log: Path, store_url: str
+) -> None:
     user = User(YES)
     async with proxied(elicitation_callback=user) as client:
         first = await client.call_tool("pay", PAY)
@@ -89,6 +92,9 @@ async def test_a_confirmed_call_runs_once_and_its_replay_does_not_ask(proxied: C
     confirmation = first.meta[META_CONFIRMATION]
     assert confirmation["confirmed"] is True and confirmation["by"] == "mcp/0.1.0" and confirmation["at"]
     assert replay.meta[META_CONFIRMATION] == confirmation
+    async with Guard(store_url) as guard:  # and beside the record, for a person (agentguard ls)
+        (record,) = await guard.records()
+    assert record.audit and record.audit["confirmation"] == confirmation
 
 
 @pytest.mark.parametrize("answer, says", [
@@ -99,13 +105,17 @@ async def test_a_confirmed_call_runs_once_and_its_replay_does_not_ask(proxied: C
     (types.ElicitResult(action="accept"), "did not confirm"),
 ], ids=["decline", "no", "cancel", "not-a-boolean", "no-content"])
 async def test_a_call_the_user_does_not_confirm_is_refused_and_its_claim_released(
-    proxied: Callable[..., Any], log: Path, answer: types.ElicitResult, says: str
+    proxied: Callable[..., Any], log: Path, answer: types.ElicitResult, says: str, store_url: str
 ) -> None:
     user = User(answer, YES)
     async with proxied(elicitation_callback=user) as client:
         refused = await client.call_tool("pay", PAY)
         assert refused.is_error and text(refused).endswith("Nothing was executed.") and says in text(refused)
         assert paid(log) == []
+        async with Guard(store_url) as guard:  # the released record keeps the answer, for a person
+            (record,) = await guard.records()
+        assert record.state == "released" and record.audit
+        assert record.audit["confirmation"]["confirmed"] is False and record.audit["confirmation"]["at"]
         # The claim was released: the same call, confirmed this time, runs (it is not a replay of the refusal).
         later = await client.call_tool("pay", PAY)
     assert not later.is_error and later.meta and later.meta[META_REPLAYED] is False

@@ -22,6 +22,7 @@ from typing import Any, Final
 import mcp_types as types
 from pydantic import ValidationError
 
+from .._engine import current_audit
 from ._config import ToolConfig
 from ._exchange import Context, Exchange, can_ask
 from ._results import not_confirmed
@@ -71,6 +72,8 @@ async def confirm(ex: Exchange, cfg: ToolConfig, tool: str, arguments: dict[str,
     no = isinstance(answer, types.ElicitResult) and (
         answer.action == "decline" or (answer.action == "accept" and (answer.content or {}).get("confirm") is False))
     log.warning("%s in task %r was not run: the user %s", tool, task_id, "declined it" if no else "did not confirm it")
+    # Kept beside the released record, for a person: who was asked, when, and the answer.
+    current_audit()["confirmation"] = {**record, "confirmed": False, "answer": "declined" if no else "unanswered"}
     raise NotConfirmed(not_confirmed("declined" if no else "unanswered", tool, task_id))
 
 

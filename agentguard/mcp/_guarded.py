@@ -17,6 +17,7 @@ from typing import Any, Literal
 import mcp_types as types
 from mcp import MCPError
 
+from .._engine import current_audit
 from .._errors import GuardError, MissingTaskError
 from .._refusals import refusal, unusable_arguments
 from ._config import Config, ToolConfig
@@ -107,6 +108,7 @@ class GuardedCall:
             confirmation = None
             if cfg.confirm:
                 confirmation = await confirm(ex, cfg, name, arguments, task_id)  # NotConfirmed: released
+                current_audit()["confirmation"] = confirmation  # (kept beside the record, for a person)
                 conn = await rt.upstream.ready_for(name)
             send = dict(arguments)
             tool = conn.tool(name)

@@ -96,9 +96,12 @@ class SQLStore:
         params = {"scope": scope, "key": key, "fence": fence, "lease": lease}
         return await self._one("renewing the lease", self.sql.renew, params, body_ran=True) is not None
 
-    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
+    async def complete(
+        self, scope: str, key: str, fence: int, state: str, result: str, retention: float, audit: str | None = None
+    ) -> bool:
         params = {
             "scope": scope, "key": key, "fence": fence, "state": state, "result": result, "retention": retention,
+            "audit": audit,
         }
         return await self._one("storing the result", self.sql.complete, params, body_ran=True) is not None
 
@@ -107,8 +110,8 @@ class SQLStore:
         params = {"scope": scope, "key": key, "owner": owner, "retention": retention}
         return await self._one("releasing the claim", self.sql.release_owned, params, body_ran=None) is not None
 
-    async def release(self, scope: str, key: str, fence: int, retention: float) -> bool:
-        params = {"scope": scope, "key": key, "fence": fence, "retention": retention}
+    async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None) -> bool:
+        params = {"scope": scope, "key": key, "fence": fence, "retention": retention, "audit": audit}
         return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
 
     # -- steps ---------------------------------------------------------------------------------------------
