@@ -40,6 +40,7 @@ T = TypeVar("T")
 REPLAYING_MAX = 4096  # tasks remembered as replaying (see Engine.begin)
 MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
 POLL_MAX = 0.1  # seconds between a waiting key's reads of the store, at most (one reader per key and process)
+POLL_LISTENING = 1.0  # the same, while the store announces the key's outcome to this process (a fallback)
 
 # The claim of the guarded call in progress, for the ``Operation`` parameter and ``current_audit()``.
 active_claim: contextvars.ContextVar[Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
@@ -93,6 +94,8 @@ class Engine:
         self.cache = cache
         self.beats = Heartbeats(lease, self.renew)
         self.watches = Watches()  # callers of this process waiting for a key held by another caller
+        # The store announces outcomes to waiting processes (Postgres); a stand-in store may not.
+        self.announced = bool(getattr(store, "announces", False)) and callable(getattr(store, "watch", None))
         # Tasks whose last call here was a replay (a resumed agent replaying its history): their next call is
         # read with a plain SELECT first (see begin). Advisory, bounded.
         self.replaying: dict[tuple[str, str], None] = {}
@@ -265,13 +268,26 @@ class Engine:
                     raise self.in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
                 if watcher is None:  # waiting from now on: with this process's other waiters on the key, if any
                     watcher = self.watches.join((call.scope, call.key))
-                await watcher.wait(delay * (0.5 + random.random()), deadline - now)
+                if watcher.polls and self.announced and not await self._listening(call, watcher):
+                    continue  # no longer running: look again now
+                poll = POLL_LISTENING if watcher.listened > 0 else delay * (0.5 + random.random())
+                await watcher.wait(poll, deadline - now)
                 delay = min(delay * 1.6, POLL_MAX)
                 if (replay := self.cached(call)) is not None:  # recorded here meanwhile: no round trip
                     return replay
         finally:
             if watcher is not None:
                 watcher.leave()
+
+    async def _listening(self, call: Call, watcher: Watcher) -> bool:
+        """The poller asks the store to announce the key's outcome to this process (once per listener:
+        after a reconnect, again). False if the record is no longer running."""
+        store: Any = self.store
+        if watcher.listened < 0 or (watcher.listened > 0 and watcher.listened == store.listening()):
+            return True  # (cannot listen here: it polls)
+        got: int = await store.watch(call.scope, call.key, self.watches.heard)
+        watcher.listened = got
+        return got != 0
 
     async def _undo_claim(self, call: Call, owner: str) -> None:
         """We were cancelled while claiming: if the claim committed, it is ours (owner token) — release it

@@ -36,6 +36,7 @@ from ._aiosqlite import Opened, connector, runs_functions
 from ._aiosqlite import fetch_pair as aiosqlite_pair
 from ._aiosqlite import fetch_row as aiosqlite_row
 from ._claims import ClaimWay, by_function, by_insert, in_one_hop
+from ._schema import TABLE
 
 # SQLSTATE classes and codes of failures that may pass: connection exceptions, operator intervention (a
 # server shutting down or starting up), insufficient resources (too many connections), and conflicts that
@@ -77,6 +78,9 @@ class Dialect:
     claim: ClaimWay  # how a claim is asked (see _claims)
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
     single_writer = False  # one write lock for the whole database (SQLite): a long writer makes others wait
+    # Outcomes of watched records are announced to other processes (Postgres: LISTEN/NOTIFY, see _listen).
+    announces = False
+    channel = TABLE
 
     @property
     def capacity(self) -> int:
@@ -98,6 +102,10 @@ class Dialect:
 
     def set_up(self, engine: AsyncEngine) -> None:
         """Connection set-up, registered on a new engine."""
+
+    def listen_connection(self) -> Awaitable[Any]:
+        """A driver connection of its own, outside the pool, to listen on (only where ``announces``)."""
+        raise NotImplementedError(f"{self.name} announces nothing")
 
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         """One statement on the driver connection ``drv``: its first row, or None."""
@@ -244,6 +252,7 @@ class Postgres(Dialect):
     # read first (the guard decides when).
     read_is_cheaper = True
     claim_function = True
+    announces = True
 
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
@@ -261,6 +270,18 @@ class Postgres(Dialect):
 
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         return drv.fetchrow(sql, *args)  # type: ignore[no-any-return]
+
+    def listen_connection(self) -> Awaitable[Any]:
+        import asyncpg  # type: ignore[import-untyped,unused-ignore]
+        from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+
+        _, params = PGDialect_asyncpg().create_connect_args(make_url(self.url))  # type: ignore[no-untyped-call]
+        for sqlalchemy_only in ("prepared_statement_cache_size", "prepared_statement_name_func", "async_fallback"):
+            params.pop(sqlalchemy_only, None)
+        o = self.options
+        return asyncpg.connect(  # type: ignore[no-any-return]
+            **params, timeout=o.connect_timeout, server_settings={"application_name": "agentguard-listen"}
+        )
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
         return _asyncpg_connection_error(exc) or (drv is not None and drv.is_closed())

@@ -19,8 +19,9 @@ from ._claims import READING
 from ._dialects import dialect_for
 from ._engines import Engines
 from ._executor import Executor
+from ._listen import News
 from ._schema import DONE, Listing, Record, create_schema, listing_from_row, record_from_row
-from ._statements import Statements
+from ._statements import WATCHED_DDL, Statements
 
 if TYPE_CHECKING:
     from ._protocols import Store
@@ -48,7 +49,9 @@ class SQLStore:
         self.backend = self.dialect.name
         self.memory = self.dialect.memory
         self.read_is_cheaper = self.dialect.read_is_cheaper
-        self.sql = Statements(self.dialect.now, claim_function=self.dialect.claim_function)
+        self.sql = Statements(self.dialect.now, claim_function=self.dialect.claim_function,
+                              announce=self.dialect.channel if self.dialect.announces else None)
+        self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
         self._claim = self.dialect.claim
@@ -67,7 +70,8 @@ class SQLStore:
 
     async def _create(self, conn: AsyncConnection) -> None:
         d, fn = self.dialect, self.sql.claim_function
-        await create_schema(conn, d.schema_begin, d.schema_lock, [] if fn is None else [fn])
+        ddl = ([WATCHED_DDL] if d.announces else []) + ([] if fn is None else [fn])
+        await create_schema(conn, d.schema_begin, d.schema_lock, ddl)
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop."""
@@ -113,6 +117,26 @@ class SQLStore:
     async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None) -> bool:
         params = {"scope": scope, "key": key, "fence": fence, "retention": retention, "audit": audit}
         return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
+
+    # -- waiting on another process's claim (where the store ``announces``) ------------------------------
+
+    def listening(self) -> int:
+        """The running loop's listener generation: > 0 while it listens (0 where the store announces nothing)."""
+        return self._engines.listening() if self.announces else 0
+
+    async def watch(self, scope: str, key: str, news: News) -> int:
+        """Listen for the outcome of ``(scope, key)``, which another caller is running: news of it goes to
+        ``news``. Returns the listener's generation (> 0) once the record is marked watched; 0 if the record
+        is no longer running (look again now); -1 if nothing can be listened to here (poll)."""
+        if not self.announces or self.sql.watch is None:
+            return -1
+        listener = self._engines.listener()
+        listener.subscribe(news)
+        generation = await listener.up()  # listening before the mark: an announcement cannot slip between
+        if not generation:
+            return -1
+        marked = await self._one("watching the record", self.sql.watch, {"scope": scope, "key": key}, body_ran=None)
+        return generation if marked is not None else 0
 
     # -- steps ---------------------------------------------------------------------------------------------
 
