@@ -55,6 +55,7 @@ class Options:
     connect_timeout: float = 10.0
     sqlite_synchronous: str = "FULL"
     pg_synchronous_commit: str | None = None
+    pg_claim_unsynced: bool = False
 
     def __post_init__(self) -> None:
         if self.pool_size < 1:
@@ -63,6 +64,8 @@ class Options:
             raise ValueError("sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA")
         if self.pg_synchronous_commit not in (None, "on", "off", "local", "remote_write", "remote_apply"):
             raise ValueError("pg_synchronous_commit must be on, off, local, remote_write or remote_apply")
+        if not isinstance(self.pg_claim_unsynced, bool):
+            raise ValueError("pg_claim_unsynced must be True or False")
 
 
 class Dialect:
@@ -75,6 +78,7 @@ class Dialect:
     step_isolation: str  # of the transactions that record a step
     read_is_cheaper = False  # a plain read of a record costs less than a claim that finds it
     claim_function = False  # the store makes (and claims through) the read-or-claim function
+    claim_unsynced = False  # a claim's commit does not wait for its WAL to be flushed (see Statements)
     claim: ClaimWay  # how a claim is asked (see _claims)
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
     single_writer = False  # one write lock for the whole database (SQLite): a long writer makes others wait
@@ -170,7 +174,7 @@ class SQLite(Dialect):
         return 1 if self.memory else self._pool_size * 3
 
     @property
-    def claim_unsynced(self) -> bool:
+    def claim_unsynced(self) -> bool:  # type: ignore[override]
         """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.read_or_claim``)."""
         return self.options.sqlite_synchronous.upper() == "FULL"
 
@@ -257,6 +261,7 @@ class Postgres(Dialect):
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
         self.claim = by_function
+        self.claim_unsynced = options.pg_claim_unsynced
 
     def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
         o = self.options

@@ -89,6 +89,13 @@ DO $ddl$ BEGIN
 END $ddl$"""
 
 
+# Postgres, when asked (``pg_claim_unsynced``): the claim's transaction commits without waiting for its WAL to
+# reach disk. The completion's commit is synced and flushes every earlier WAL record, the claim's included; a
+# server crash between the two loses only the claim, and the retry runs the body again with the same downstream
+# key, as a takeover after a worker's crash does. Safe only where the provider honours that key.
+UNSYNCED = "set_config('synchronous_commit', 'off', true)"
+
+
 def announced(update: str, channel: str) -> str:
     """``update`` (an UPDATE ... RETURNING fence) that also announces the record on ``channel`` if a waiter
     watches it: the notification is sent when the statement commits, and only then."""
@@ -102,9 +109,12 @@ class Statements:
     """The store's statements, for one database clock (``now``, the dialect's SQL for seconds since the
     epoch). ``claim_function``: also the read-or-claim function and the statement that calls it.
     ``announce``: the channel on which completions and releases of watched records are announced (Postgres),
-    and the statement that marks a record watched."""
+    and the statement that marks a record watched. ``unsynced_claim``: a claim's (and a takeover's) transaction
+    commits with ``synchronous_commit`` off (Postgres; see ``UNSYNCED``)."""
 
-    def __init__(self, now: str, *, claim_function: bool, announce: str | None = None) -> None:
+    def __init__(
+        self, now: str, *, claim_function: bool, announce: str | None = None, unsynced_claim: bool = False
+    ) -> None:
         live = live_sql(now)
         where_fenced = "scope = :scope AND key = :key AND fence = :fence"
         self.claim = text(f"{_insert(now, ':')} RETURNING fence")
@@ -114,7 +124,10 @@ class Statements:
         if claim_function:
             self.claim_function = claim_function_ddl(now)
             names = ", ".join(f":{name}" for name, _ in CLAIM_PARAMS)
-            self.claim_or_fetch = text(f"SELECT * FROM {CLAIM_FUNCTION}({names})")
+            if unsynced_claim:
+                self.claim_or_fetch = text(f"SELECT c.* FROM {CLAIM_FUNCTION}({names}) AS c, {UNSYNCED} AS u")
+            else:
+                self.claim_or_fetch = text(f"SELECT * FROM {CLAIM_FUNCTION}({names})")
         # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
         # released, lease expired, or past retention (then it restarts as a new operation: reset = 1).
         self.take_over = text(
@@ -128,7 +141,7 @@ class Statements:
             " origin = CASE WHEN :reset = 1 THEN fence + 1 ELSE origin END"
             f" WHERE {where_fenced} AND NOT {live}"
             f" AND (state IN ('{RUNNING}', '{RELEASED}') OR expires_at < {now})"
-            " RETURNING fence, origin"
+            " RETURNING fence, origin" + (f", {UNSYNCED}" if unsynced_claim else "")
         )
         self.release_owned = text(
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"

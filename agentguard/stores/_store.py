@@ -41,16 +41,18 @@ class SQLStore:
         connect_timeout: float = 10.0,
         sqlite_synchronous: str = "FULL",
         pg_synchronous_commit: str | None = None,
+        pg_claim_unsynced: bool = False,
     ) -> None:
         self.dialect = dialect_for(url, pool_size=pool_size, connect_timeout=connect_timeout,
                                    sqlite_synchronous=sqlite_synchronous,
-                                   pg_synchronous_commit=pg_synchronous_commit)
+                                   pg_synchronous_commit=pg_synchronous_commit, pg_claim_unsynced=pg_claim_unsynced)
         self.url = self.dialect.url
         self.backend = self.dialect.name
         self.memory = self.dialect.memory
         self.read_is_cheaper = self.dialect.read_is_cheaper
         self.sql = Statements(self.dialect.now, claim_function=self.dialect.claim_function,
-                              announce=self.dialect.channel if self.dialect.announces else None)
+                              announce=self.dialect.channel if self.dialect.announces else None,
+                              unsynced_claim=self.dialect.claim_unsynced and self.dialect.claim_function)
         self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
