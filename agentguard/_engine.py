@@ -29,10 +29,12 @@ from ._calls import Call, Claim, Replay
 from ._context import _key
 from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, StoreError
 from ._events import Events
+from ._here import begin_here, succeed_here
 from ._lease import Heartbeats, new_fence, new_owner
 from ._portal import Portal
 from ._watch import Watcher, Watches
 from .stores import FAILED, RUNNING, SUCCEEDED, Record, Store, record_of
+from .stores._direct import DirectSQLite
 
 log = logging.getLogger("agentguard")
 T = TypeVar("T")
@@ -179,9 +181,14 @@ class Engine:
 
     # -- claim --------------------------------------------------------------------------------------------
 
-    def claimed(self, call: Call, fence: int, attempt: int, origin: int) -> Claim:
+    def claimed(self, call: Call, fence: int, attempt: int, origin: int, *, here: bool = False) -> Claim:
+        """Our claim, renewed by the heartbeat of the running loop (``here``: of the portal's, for a claim made
+        in a sync tool's own thread)."""
         claim = Claim(call, fence, attempt, origin)
-        self.beats.start(claim)
+        if here:
+            self.portal.loop().call_soon_threadsafe(self.beats.start, claim)
+        else:
+            self.beats.start(claim)
         return claim
 
     async def renew(self, claim: Claim) -> None:
@@ -193,6 +200,23 @@ class Engine:
         except GuardError as exc:
             claim.renewed = float("-inf")  # due again at the next tick, not a third of a lease later
             log.warning("could not renew the lease of %s: %s", call.operation, exc)
+
+    def claim_params(self, call: Call, owner: str) -> dict[str, Any]:
+        return {
+            "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
+            "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json, "owner": owner,
+            "lease": self.lease, "retention": self.retention, "audit": call.audit, "tool": call.tool,
+            "arguments": call.arguments, "fence": new_fence(),
+        }
+
+    def answered(self, call: Call, rec: Record) -> Replay | None:
+        """A record the claim found: its replay if it is a completed one within retention, None if it does not
+        answer the call (running, released, past retention); raises if it was made with other arguments."""
+        if rec.expired and not rec.live:  # past retention: a new operation
+            return None
+        if rec.fingerprint != call.fingerprint:
+            raise self.reuse_error(call, rec)
+        return self.replayed(call, rec) if rec.state in (SUCCEEDED, FAILED) else None
 
     async def begin(self, call: Call) -> Claim | Replay:
         store = self.store
@@ -207,12 +231,7 @@ class Engine:
                 return self.replayed(call, rec)
             self.replaying.pop((call.scope, call.task_id), None)
         owner = new_owner()
-        params: dict[str, Any] = {
-            "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
-            "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json, "owner": owner,
-            "lease": self.lease, "retention": self.retention, "audit": call.audit, "tool": call.tool,
-            "arguments": call.arguments, "fence": new_fence(),
-        }
+        params = self.claim_params(call, owner)
         deadline: float | None = None
         delay, vanished = 0.01, 0
         watcher: Watcher | None = None
@@ -240,12 +259,9 @@ class Engine:
                     # Our own insert committed but its reply was lost to a reconnect.
                     self.events.emit("claimed", call, rec.attempts)
                     return self.claimed(call, rec.fence, rec.attempts, rec.origin)
+                if (replay := self.answered(call, rec)) is not None:
+                    return replay
                 stale = rec.expired and not rec.live  # past retention: a new operation
-                if not stale:
-                    if rec.fingerprint != call.fingerprint:
-                        raise self.reuse_error(call, rec)
-                    if rec.state in (SUCCEEDED, FAILED):
-                        return self.replayed(call, rec)
                 if stale or not rec.live:
                     try:
                         took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
@@ -340,23 +356,33 @@ class Engine:
         call = claim.call
         if (renewal := self.beats.stop(claim)) is not None:
             await renewal
-        try:
-            encoded, decoded = call.codec.store(value)
-        except (TypeError, ValueError) as exc:
-            self.events.emit("not_stored", call, claim.attempt, str(exc))
-            raise call.error(GuardError, f"the result of {call.operation!r} could not be stored ({exc}); the tool "
-                             "body already ran, so the claim is left held: after the lease expires the next caller "
-                             "takes over with the same downstream key") from None
+        encoded, decoded = self.encoded(claim, value)
         started = time.monotonic()  # before the database computes expires_at: the cache entry dies first
         store = self.store
         if not await self.settled(claim, "storing the result", lambda: store.complete(
             call.scope, call.key, claim.fence, SUCCEEDED, encoded, self.retention, claim.audit()
         )):
             raise self.lease_lost(claim)
+        self.completed(claim, encoded, started)
+        return decoded
+
+    def encoded(self, claim: Claim, value: Any) -> tuple[str, Any]:
+        """The result as stored, and as the first caller receives it (decoded from what is stored)."""
+        call = claim.call
+        try:
+            return call.codec.store(value)
+        except (TypeError, ValueError) as exc:
+            self.events.emit("not_stored", call, claim.attempt, str(exc))
+            raise call.error(GuardError, f"the result of {call.operation!r} could not be stored ({exc}); the tool "
+                             "body already ran, so the claim is left held: after the lease expires the next caller "
+                             "takes over with the same downstream key") from None
+
+    def completed(self, claim: Claim, encoded: str, started: float) -> None:
+        """The result was recorded: remembered here, this process's waiters told, the event reported."""
+        call = claim.call
         self.remember(claim, SUCCEEDED, encoded, started)
         self.watches.news((call.scope, call.key))
         self.events.emit("completed", call, claim.attempt)
-        return decoded
 
     async def fail(self, claim: Claim, exc: BaseException) -> None:
         call, store = claim.call, self.store
@@ -419,6 +445,9 @@ class Engine:
     def drive_sync(self, call: Call, body: Callable[[str], T]) -> tuple[T, bool]:
         portal = self.portal
         outcome: Claim | Replay | None = self.cached(call)
+        direct = self.direct() if outcome is None else None
+        if direct is not None:  # in this thread, where it can be answered so (see _here)
+            outcome = begin_here(self, direct, call)
         if outcome is None:
             try:
                 outcome = portal.run(self.begin(call))
@@ -428,6 +457,7 @@ class Engine:
             return outcome.result(), True
         token = _key.set(call.key)
         claim_token = active_claim.set(outcome)
+        started = time.monotonic()
         try:
             value = body(call.key)
         except BaseException as exc:
@@ -436,7 +466,14 @@ class Engine:
         finally:
             _key.reset(token)
             active_claim.reset(claim_token)
+        if direct is not None and (done := succeed_here(self, direct, outcome, value, started)) is not None:
+            return done[0], False
         return portal.run(self.succeed(outcome, value)), False
+
+    def direct(self) -> DirectSQLite | None:
+        """The store's statements in a sync tool's own thread, where it has them (a SQLite file)."""
+        direct = getattr(self.store, "direct", None)
+        return None if direct is None else direct()
 
 
 def current_audit() -> dict[str, Any]:

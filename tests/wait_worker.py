@@ -3,8 +3,8 @@
     python tests/wait_worker.py URL TASK WAITERS
 
 Its fallbacks are made slow (a minute), so every look it takes after the waiters are waiting is one the
-announcement caused, not a timer. It prints ``listening G`` each time its poller has marked the record under
-listener generation G (after a reconnect, again), then one JSON line: the results, and what it asked of the
+announcement caused, not a timer. It prints ``listening G`` once all its waiters wait and its poller has marked
+the record under listener generation G (after a reconnect, again), then one JSON line: the results, and what it asked of the
 store (claims, reads, marks) and the announcements its listener heard.
 """
 
@@ -25,9 +25,21 @@ _watch.FALLBACK = 60.0
 class Counting:
     """The real store, counting what it is asked."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, waiters: int) -> None:
         self.inner = SQLStore(url)
         self.asked: list[str] = []
+        self.waiters, self.waiting, self.generation, self.told = waiters, 0, 0, 0
+
+    def on_event(self, event: Any) -> None:
+        if event.kind == "waiting":
+            self.waiting += 1
+            self.tell()
+
+    def tell(self) -> None:
+        """``listening G`` once every waiter waits and the record is marked under generation G."""
+        if self.waiting >= self.waiters and self.generation > self.told:
+            self.told = self.generation
+            print(f"listening {self.generation}", flush=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -44,13 +56,14 @@ class Counting:
         generation: int = await self.inner.watch(scope, key, news)
         self.asked.append("watch")
         if generation > 0:
-            print(f"listening {generation}", flush=True)
+            self.generation = generation
+            self.tell()
         return generation
 
 
 async def main(url: str, task_id: str, waiters: int) -> None:
-    store = Counting(url)
-    async with Guard(store=store) as guard:  # type: ignore[arg-type]
+    store = Counting(url, waiters)
+    async with Guard(store=store, on_event=store.on_event) as guard:  # type: ignore[arg-type]
 
         @guard.once(key=["order_id"])
         async def charge(order_id: str) -> dict[str, Any]:

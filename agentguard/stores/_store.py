@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ._claims import READING
 from ._dialects import dialect_for
+from ._direct import DirectSQLite
 from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
@@ -59,6 +60,7 @@ class SQLStore:
         self._claim = self.dialect.claim
         # The door every hot statement passes through.
         self._one = self._executor.one
+        self._direct: DirectSQLite | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -76,8 +78,21 @@ class SQLStore:
         await create_schema(conn, d.schema_begin, d.schema_lock, ddl)
 
     async def dispose(self) -> None:
-        """Dispose the engine of the running loop."""
+        """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""
+        if self._direct is not None:
+            self._direct.close()
         await self._engines.dispose()
+
+    def direct(self) -> DirectSQLite | None:
+        """For sync tools, a claim and a completion in the caller's thread (``_direct``): a SQLite file store
+        whose schema is made; else None (the general path)."""
+        if self._direct is None:
+            d = self.dialect
+            if d.name != "sqlite" or d.memory or not self._executor.schema_ready:
+                return None
+            self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
+                                        self._executor.error)
+        return self._direct
 
     # -- a call's verbs ------------------------------------------------------------------------------------
 
