@@ -29,7 +29,7 @@ from ._calls import Call, Claim, Replay
 from ._context import _key
 from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, StoreError
 from ._events import Events
-from ._here import begin_here, succeed_here
+from ._here import PendingBeats, begin_here, succeed_here
 from ._lease import Heartbeats, new_fence, new_owner
 from ._portal import Portal
 from ._watch import Watcher, Watches
@@ -96,6 +96,7 @@ class Engine:
         self.cache = cache
         self.beats = Heartbeats(lease, self.renew)
         self.watches = Watches()  # callers of this process waiting for a key held by another caller
+        self.pending = PendingBeats(self)  # claims made in sync tools' own threads, not yet on a heartbeat
         # The store announces outcomes to waiting processes (Postgres); a stand-in store may not.
         self.announced = bool(getattr(store, "announces", False)) and callable(getattr(store, "watch", None))
         # Tasks whose last call here was a replay (a resumed agent replaying its history): their next call is
@@ -181,14 +182,9 @@ class Engine:
 
     # -- claim --------------------------------------------------------------------------------------------
 
-    def claimed(self, call: Call, fence: int, attempt: int, origin: int, *, here: bool = False) -> Claim:
-        """Our claim, renewed by the heartbeat of the running loop (``here``: of the portal's, for a claim made
-        in a sync tool's own thread)."""
+    def claimed(self, call: Call, fence: int, attempt: int, origin: int) -> Claim:
         claim = Claim(call, fence, attempt, origin)
-        if here:
-            self.portal.loop().call_soon_threadsafe(self.beats.start, claim)
-        else:
-            self.beats.start(claim)
+        self.beats.start(claim)
         return claim
 
     async def renew(self, claim: Claim) -> None:
@@ -457,18 +453,18 @@ class Engine:
             return outcome.result(), True
         token = _key.set(call.key)
         claim_token = active_claim.set(outcome)
-        started = time.monotonic()
+        pending = self.pending
         try:
             value = body(call.key)
         except BaseException as exc:
-            portal.run(self.fail(outcome, exc))
+            portal.run(pending.general(self.fail, outcome, exc))
             raise
         finally:
             _key.reset(token)
             active_claim.reset(claim_token)
-        if direct is not None and (done := succeed_here(self, direct, outcome, value, started)) is not None:
+        if direct is not None and (done := succeed_here(self, direct, outcome, value)) is not None:
             return done[0], False
-        return portal.run(self.succeed(outcome, value)), False
+        return portal.run(pending.general(self.succeed, outcome, value)), False
 
     def direct(self) -> DirectSQLite | None:
         """The store's statements in a sync tool's own thread, where it has them (a SQLite file)."""

@@ -3,10 +3,10 @@
 agent-once runs its two statements through the stdlib ``sqlite3`` (one connection per thread) or one psycopg
 connection, with no thread hop. Each rep makes ``n`` first calls (new keys) and then replays them, for a sync
 and an async tool of each library, in an order rotated every rep; a ratio (agentguard ÷ agent-once, the sync
-tool against agent-once's sync tool, the async against its async) is taken in each rep and the median over
-reps kept. agentguard's in-process cache is off (``cache_size=0``), so each replay reads the store, as each of
-agent-once's does. SQLite runs at ``synchronous=FULL`` and ``NORMAL`` (both libraries set the same level, WAL
-mode both), Postgres at the database's settings.
+tool against agent-once's sync tool, the async against its async, and the async against its sync, its faster)
+is taken in each rep and the median over reps kept. agentguard's in-process cache is off (``cache_size=0``), so
+each replay reads the store, as each of agent-once's does. SQLite runs at ``synchronous=FULL`` and ``NORMAL``
+(both libraries at the same level, WAL mode both), Postgres at the database's settings.
 
 ``python -m benchmarks --race`` runs it alone; a full run with peers runs it too.
 """
@@ -110,9 +110,10 @@ async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, re
     expected = 2 * (20 + n * reps)  # one run per first call per tool, none per replay
     out: dict[str, Any] = {"valid": runs == {"agentguard": expected, "agent-once": expected}, "runs": runs}
     for kind in KINDS:
-        for tool in TOOLS:
-            ag, peer = times[("agentguard", tool, kind)], times[("agent-once", tool, kind)]
-            out[f"{kind}, {tool} tool"] = {
+        for tool, peer_tool in (*((t, t) for t in TOOLS), ("async", "sync")):
+            ag, peer = times[("agentguard", tool, kind)], times[("agent-once", peer_tool, kind)]
+            name = f"{kind}, {tool} tool" + ("" if tool == peer_tool else f" ÷ its {peer_tool} tool")
+            out[name] = {
                 "agentguard_us": statistics.median(ag), "agent_once_us": statistics.median(peer),
                 "ratio": statistics.median(a / p for a, p in zip(ag, peer, strict=True)),
                 "ratios": [round(a / p, 3) for a, p in zip(ag, peer, strict=True)],

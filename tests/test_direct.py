@@ -181,3 +181,47 @@ def test_a_long_body_completes_through_the_general_path(tmp_path: Path) -> None:
             assert slow(3) == 3  # replayed from the store: the outcome was recorded
     finally:
         guard.close()
+
+
+def test_a_claim_made_in_its_own_thread_is_renewed_while_its_body_runs(tmp_path: Path) -> None:
+    """Handed to the heartbeat at its next tick: the record's lease moves forward while the body still runs."""
+    path = tmp_path / "renew.db"
+    guard = Guard(f"sqlite+aiosqlite:///{path}", lease=0.6)
+    running, finish = threading.Event(), threading.Event()
+
+    @guard.once(key=["n"])
+    def held(n: int) -> int:
+        if n:
+            running.set()
+            assert finish.wait(60)
+        return n
+
+    def lease_until() -> float:
+        row = sqlite3.connect(path).execute("SELECT lease_until FROM agentguard_calls WHERE state = 'running'")
+        return float(row.fetchone()[0])
+
+    try:
+        with task("t-renew"):
+            held(0)  # (the schema is made on the general path)
+            caller = threading.Thread(target=lambda: _in_task("t-renew", held, 1))
+            caller.start()
+            assert running.wait(60)
+            first = lease_until()
+            for _ in range(3000):  # until a renewal lands (every lease/3 of the body's run)
+                if lease_until() > first:
+                    break
+                threading.Event().wait(0.01)
+            assert lease_until() > first
+            finish.set()
+            caller.join(60)
+            assert held(1) == 1
+            direct = guard._store.direct()
+            assert direct is not None and caller in direct._conns  # claimed in the caller's own thread
+    finally:
+        finish.set()
+        guard.close()
+
+
+def _in_task(task_id: str, tool: Any, n: int) -> Any:
+    with task(task_id):
+        return tool(n)
