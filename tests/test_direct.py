@@ -216,7 +216,7 @@ def test_a_claim_made_in_its_own_thread_is_renewed_while_its_body_runs(tmp_path:
             caller.join(60)
             assert held(1) == 1
             direct = guard._store.direct()
-            assert direct is not None and caller in direct._conns  # claimed in the caller's own thread
+            assert direct is not None and (caller, "conn") in direct._conns  # claimed in the caller's own thread
     finally:
         finish.set()
         guard.close()
@@ -225,3 +225,26 @@ def test_a_claim_made_in_its_own_thread_is_renewed_while_its_body_runs(tmp_path:
 def _in_task(task_id: str, tool: Any, n: int) -> Any:
     with task(task_id):
         return tool(n)
+
+
+async def test_an_existing_record_is_read_on_the_loop_as_the_claim_reads_it(tmp_path: Path) -> None:
+    """An async tool's claim reads a record already there on its own loop's thread, without a hop: the same
+    record the general claim finds (and nothing when there is none, so that the general claim inserts)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'r.db'}"
+    store, general = SQLStore(url), General(url)
+    await store.ensure_schema()
+    await general.ensure_schema()
+    direct = store.direct()
+    assert direct is not None
+    try:
+        assert direct.read_now(_params("k", 1)) is None
+        assert await store.claim(_params("k", 1)) == 1  # (absent: claimed by the general claim)
+        for state in ("running", "succeeded"):
+            if state == "succeeded":
+                assert await store.complete("s", "k", 1, "succeeded", "r", 60.0)
+            here, there = direct.read_now(_params("k", 2)), await general.claim(_params("k", 2))
+            assert here is not None and _same(here, there) and here.state == state
+            assert _same(await store.claim(_params("k", 3)), there)
+    finally:
+        await store.dispose()
+        await general.dispose()

@@ -4,8 +4,8 @@
 
 Its fallbacks are made slow (a minute), so every look it takes after the waiters are waiting is one the
 announcement caused, not a timer. It prints ``listening G`` once all its waiters wait and its poller has marked
-the record under listener generation G (after a reconnect, again), then one JSON line: the results, and what it asked of the
-store (claims, reads, marks) and the announcements its listener heard.
+the record under listener generation G (after a reconnect, again), then one JSON line: the results, what it
+asked of the store (claims, reads, marks) and the announcements its listener heard.
 """
 
 from __future__ import annotations

@@ -48,31 +48,33 @@ class DirectSQLite:
         self._error = error
         self._read, self._claim, self._complete = _compiled(sql.read), _compiled(sql.claim), _compiled(sql.complete)
         self._local = threading.local()
-        self._conns: dict[threading.Thread, sqlite3.Connection] = {}
+        self._conns: dict[tuple[threading.Thread, str], sqlite3.Connection] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def _conn(self) -> sqlite3.Connection:
-        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
+    def _conn(self, role: str = "conn", busy_ms: int = 30000) -> sqlite3.Connection:
+        """This thread's connection for ``role`` (its own busy timeout), opened on first use."""
+        held: sqlite3.Connection | None = getattr(self._local, role, None)
         if held is not None and self._pid == os.getpid():
             return held
         if self._pid != os.getpid():  # a forked child: never use (or close) a connection opened before the fork
             self._pid, self._local, self._conns = os.getpid(), threading.local(), {}
         # check_same_thread off only so that close() may close them all; each is used by its own thread.
         connect: Any = sqlite3.connect  # (its typed overloads do not take the dialect's parameters as a dict)
-        conn: sqlite3.Connection = connect(*self._cargs, **{**self._cparams, "isolation_level": None, "timeout": 30.0})
+        conn: sqlite3.Connection = connect(*self._cargs, **{**self._cparams, "isolation_level": None,
+                                                            "timeout": busy_ms / 1000})
         try:
             # The engine's pragmas (``_dialects.SQLite.set_up``); the file is in WAL mode already (the schema).
-            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         except BaseException:
             conn.close()
             raise
-        self._local.conn = conn
+        setattr(self._local, role, conn)
         with self._lock:
-            for thread in [t for t in self._conns if not t.is_alive()]:  # left by threads that ended
-                self._conns.pop(thread).close()
-            self._conns[threading.current_thread()] = conn
+            for key in [k for k in self._conns if not k[0].is_alive()]:  # left by threads that ended
+                self._conns.pop(key).close()
+            self._conns[(threading.current_thread(), role)] = conn
         return conn
 
     def claim(self, params: dict[str, Any]) -> int | Record | None:
@@ -86,6 +88,17 @@ class DirectSQLite:
         if got is None or isinstance(got, int):
             return got
         return record_from_row(params["scope"], params["key"], got)
+
+    def read_now(self, params: dict[str, Any]) -> Record | None:
+        """The record there, read on this thread without waiting (an event loop's: an async tool's replay then
+        costs no hop), or None if there is none or it could not be read at once — a read in WAL mode does not
+        wait for SQLite's writer, and this connection's busy handler never waits."""
+        sql, args = self._read
+        try:
+            rows = self._conn("reader", busy_ms=0).execute(sql, args(params)).fetchall()
+        except (sqlite3.Error, OSError):
+            return None
+        return record_from_row(params["scope"], params["key"], rows[0]) if rows else None
 
     def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,
                  audit: str | None = None) -> bool:

@@ -61,6 +61,7 @@ class SQLStore:
         # The door every hot statement passes through.
         self._one = self._executor.one
         self._direct: DirectSQLite | None = None
+        self._reads_here = self.dialect.name == "sqlite" and not self.dialect.memory  # (see claim)
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -97,11 +98,15 @@ class SQLStore:
     # -- a call's verbs ------------------------------------------------------------------------------------
 
     async def claim(self, params: dict[str, Any]) -> int | Record | None:
-        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides), the dialect's way.
+        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides), the dialect's way. On a
+        SQLite file, a record already there is read first on this thread, without a hop (``_direct.read_now``).
 
         Returns our fence if we claimed it, else the existing record, or None if that record is not
         visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
         """
+        direct = self._direct if self._direct is not None or not self._reads_here else self.direct()
+        if direct is not None and (rec := direct.read_now(params)) is not None:
+            return rec  # (an existing record: what the claim's own read would find, without a hop)
         return await self._claim(self._one, self.sql, params)
 
     async def read(self, scope: str, key: str) -> Record | None:
