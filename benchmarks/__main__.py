@@ -1,4 +1,5 @@
-"""``python -m benchmarks [--quick] [--json FILE] [--only sqlite|postgres] [--pg-url URL] [--profile] [--race]``
+"""``python -m benchmarks [--quick] [--json FILE] [--only sqlite|postgres] [--pg-url URL] [--profile] [--race]
+[--load]``
 
 Measures agentguard against the raw-driver floor, side by side in one run, and prints a table of medians
 and ratios with PASS/FAIL beside each target. See docs/benchmarks.md for what each number means.
@@ -215,7 +216,19 @@ class Run:
         _log(f"== peer: {key}")
         self.doc["peers"][key] = await asyncio.to_thread(dbos, *urls, reps=self.cfg.reps)
 
+    async def load(self) -> None:
+        from ._load import load
+
+        seconds = 2.0 if self.args.quick else self.args.load_seconds
+        pg = self.pg_database() if self.want("postgres") else contextlib.nullcontext(None)
+        async with pg as url:
+            self.doc["load"] = await load(self.tmp if self.want("sqlite") else None, url, seconds=seconds,
+                                          reps=self.cfg.reps, log=_log)
+
     async def main(self) -> None:
+        if self.args.load:
+            await self.load()
+            return
         alone, c, race = self.args.race, self.cfg, self.doc["race"]
         if not alone:
             await self.no_io()
@@ -273,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pg-url", help="use this Postgres database (filled and ALTERed) instead of a throwaway cluster")
     ap.add_argument("--reps", type=int, help="repetitions (default 5, quick 2)")
     ap.add_argument("--no-peers", action="store_true", help="skip DBOS / Powertools / agent-once")
+    ap.add_argument("--load", action="store_true", help="instead: the load targets (many callers, waiters, sweeps)"
+                    " side by side")
+    ap.add_argument("--load-seconds", type=float, default=10.0, help="each --load window of callers (default 10)")
     ap.add_argument("--race", action="store_true", help="only the race with agent-once (SQLite FULL and NORMAL,"
                     " Postgres): first calls and replays, sync and async tools, cache off")
     ap.add_argument("--profile", action="store_true", help="instead: where a guarded call's time goes, per layer")
@@ -297,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.profile:
         print("\n\n".join(run.profiles))
+    elif args.load:
+        from ._load import load_table
+
+        print(load_table(run.doc["load"]))
     else:
         targets = run.targets()
         run.doc["targets"] = [t.as_dict() for t in targets]
