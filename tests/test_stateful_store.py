@@ -28,6 +28,7 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -78,6 +79,8 @@ class Protocol:
     clauses say, on two dicts and a clock."""
 
     now: float = START
+    lease: float = LEASE
+    retention: float = RETENTION
     rows: dict[str, Row] = field(default_factory=dict)
     steps: dict[tuple[str, int, str], StepRow] = field(default_factory=dict)
     issued: dict[str, set[int]] = field(default_factory=dict)  # every fence each key ever had
@@ -98,7 +101,8 @@ class Protocol:
         if row is not None:
             return row
         self._issue(key, fence)
-        self.rows[key] = Row(RUNNING, fence, fence, 1, owner, self.now + LEASE, self.now + RETENTION, fingerprint)
+        self.rows[key] = Row(RUNNING, fence, fence, 1, owner, self.now + self.lease, self.now + self.retention,
+                             fingerprint)
         return fence
 
     def take_over(self, key: str, seen: int, reset: bool, owner: str, fingerprint: str) -> tuple[int, int] | None:
@@ -111,7 +115,7 @@ class Protocol:
         self._issue(key, fence)
         self.rows[key] = Row(
             RUNNING, fence, fence if reset else row.origin, 1 if reset else row.attempts + 1, owner,
-            self.now + LEASE, self.now + RETENTION, fingerprint,
+            self.now + self.lease, self.now + self.retention, fingerprint,
         )
         return fence, self.rows[key].origin
 
@@ -122,7 +126,7 @@ class Protocol:
     def renew(self, key: str, fence: int) -> bool:
         row = self._fenced(key, fence, (RUNNING,))
         if row is not None:
-            row.lease_until = self.now + LEASE
+            row.lease_until = self.now + self.lease
         return row is not None
 
     def complete(self, key: str, fence: int, state: str, result: str) -> bool:
@@ -131,34 +135,34 @@ class Protocol:
             row.state == RUNNING or (row.state == state and row.result == result)
         ):
             return False
-        row.state, row.result, row.lease_until, row.expires_at = state, result, None, self.now + RETENTION
+        row.state, row.result, row.lease_until, row.expires_at = state, result, None, self.now + self.retention
         return True
 
     def release(self, key: str, fence: int) -> bool:
         row = self._fenced(key, fence, (RUNNING, RELEASED))
         if row is not None:
-            row.state, row.lease_until, row.expires_at = RELEASED, None, self.now + RETENTION
+            row.state, row.lease_until, row.expires_at = RELEASED, None, self.now + self.retention
         return row is not None
 
     def release_owned(self, key: str, owner: str) -> bool:
         row = self.rows.get(key)
         if row is None or row.owner != owner or row.state != RUNNING:
             return False
-        row.state, row.lease_until, row.expires_at = RELEASED, None, self.now + RETENTION
+        row.state, row.lease_until, row.expires_at = RELEASED, None, self.now + self.retention
         return True
 
     def abandon(self, key: str, result: str) -> bool:
         row = self.rows.get(key)
         if row is None or self.live(row) or row.state not in (RUNNING, RELEASED):
             return False
-        row.state, row.result, row.lease_until, row.expires_at = FAILED, result, None, self.now + RETENTION
+        row.state, row.result, row.lease_until, row.expires_at = FAILED, result, None, self.now + self.retention
         return True
 
     def put_step(self, key: str, fence: int, origin: int, name: str, seq: int, state: str, result: str | None) -> bool:
         row = self._fenced(key, fence, (RUNNING,))
         if row is None:
             return False
-        row.lease_until = self.now + LEASE  # the fence check renews the lease
+        row.lease_until = self.now + self.lease  # the fence check renews the lease
         old = self.steps.get((key, origin, name))
         # ON CONFLICT DO UPDATE sets state, fence, result: the position stays the first one's
         self.steps[(key, origin, name)] = StepRow(seq if old is None else old.seq, state, fence, result)
@@ -168,7 +172,7 @@ class Protocol:
         row = self._fenced(key, fence, (RUNNING,))
         if row is None:
             return False
-        row.lease_until = self.now + LEASE
+        row.lease_until = self.now + self.lease
         if (old := self.steps.get((key, origin, name))) is not None and old.state == STARTED:
             del self.steps[(key, origin, name)]
         return True
@@ -295,9 +299,23 @@ class StoreMachine(RuleBasedStateMachine):
         self.model.now += dt
         self.bench.set_clock(self.model.now)
 
-    @rule()
-    def sweep(self) -> None:
-        assert self._run(self.bench.store.sweep(batch=1)) == self.model.sweep()
+    @precondition(lambda self: self.model.rows)
+    @rule(data=st.data(), retention=st.booleans(), past=st.sampled_from((0.0, 0.5)))
+    def stall(self, data: st.DataObject, retention: bool, past: float) -> None:
+        """Everyone pauses until a record's lease (or its retention) ends: exactly then, or just past it."""
+        row = self.model.rows[data.draw(st.sampled_from(sorted(self.model.rows)))]
+        until = row.expires_at if retention or row.lease_until is None else row.lease_until
+        if until >= self.model.now:
+            self.tick(dt=until - self.model.now + past)
+
+    @rule(abandon=st.sampled_from((None, *KEYS)))
+    def operator(self, abandon: str | None) -> None:
+        """The sweeper's pass, or an operator abandoning an operation nobody holds."""
+        if abandon is None:
+            assert self._run(self.bench.store.sweep(batch=1)) == self.model.sweep()
+        else:
+            got = self._run(self.bench.store.abandon(SCOPE, abandon, '"gone"', RETENTION))
+            assert got == self.model.abandon(abandon, '"gone"')
 
     # -- a call's verbs ---------------------------------------------------------------------------------
 
@@ -345,58 +363,97 @@ class StoreMachine(RuleBasedStateMachine):
         if want is not None:
             self.held[(w, key)] = Held(want[0], want[1], owner)
 
-    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
-    def renew(self, w: int, key: str) -> None:
-        if (h := self.held.get((w, key))) is not None:
-            assert self._run(self.bench.store.renew(SCOPE, key, h.fence, LEASE)) == self.model.renew(key, h.fence)
+    # -- the races that matter, as one step each (random programs reach them too, but rarely) ----------
 
-    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), state=st.sampled_from((SUCCEEDED, FAILED)),
-          result=st.sampled_from(('"a"', '"b"')))
-    def complete(self, w: int, key: str, state: str, result: str) -> None:
-        if (h := self.held.get((w, key))) is not None:
-            got = self._run(self.bench.store.complete(SCOPE, key, h.fence, state, result, RETENTION))
-            assert got == self.model.complete(key, h.fence, state, result)
+    @precondition(lambda self: any(r.state == RUNNING for r in self.model.rows.values()))
+    @rule(data=st.data())
+    def steal(self, data: st.DataObject) -> None:
+        """A holder stalls past its lease; another worker reads the record and takes it over."""
+        key = data.draw(st.sampled_from(sorted(k for k, r in self.model.rows.items() if r.state == RUNNING)))
+        row = self.model.rows[key]
+        if row.lease_until is not None and row.lease_until >= self.model.now:
+            self.tick(dt=row.lease_until - self.model.now + data.draw(st.sampled_from((0.0, 0.5))))
+        w = data.draw(st.sampled_from(WORKERS))
+        self.read(w=w, key=key)
+        self.take_over(w=w, key=key, reset="as read", which="seen")
 
-    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
-    def release(self, w: int, key: str) -> None:
-        if (h := self.held.get((w, key))) is not None:
-            got = self._run(self.bench.store.release(SCOPE, key, h.fence, RETENTION))
-            assert got == self.model.release(key, h.fence)
+    @precondition(lambda self: any(
+        (r := self.model.rows.get(k)) is None or r.fence != h.fence for (_, k), h in self.held.items()
+    ))
+    @rule(data=st.data(), verb=st.sampled_from(("renew", "complete", "release", "release_owned", "put_step",
+                                                  "clear_step", "load_steps")))
+    def stale_write(self, data: st.DataObject, verb: str) -> None:
+        """A worker whose claim was taken over (or swept) wakes and writes: every write must be refused."""
+        stale = sorted(
+            wk for wk, h in self.held.items()
+            if (r := self.model.rows.get(wk[1])) is None or r.fence != self.held[wk].fence
+        )
+        pick = _pick(*data.draw(st.sampled_from(stale)))
+        if verb == "complete":
+            self.complete(data=pick, state=SUCCEEDED, result='"stale"')
+        elif verb in ("put_step", "clear_step"):
+            getattr(self, verb)(pick, name="charge", **({"state": DONE} if verb == "put_step" else {}))
+        else:
+            getattr(self, verb)(pick)
 
-    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
-    def release_owned(self, w: int, key: str) -> None:
-        if (h := self.held.get((w, key))) is not None:
-            got = self._run(self.bench.store.release_owned(SCOPE, key, h.owner, RETENTION))
-            assert got == self.model.release_owned(key, h.owner)
+    def _holder(self, data: st.DataObject) -> tuple[int, str, Held]:
+        """A worker and a key it claimed or took over (its claim may be stale by now)."""
+        w, key = data.draw(st.sampled_from(sorted(self.held)))
+        return w, key, self.held[(w, key)]
 
-    @rule(key=st.sampled_from(KEYS))
-    def abandon(self, key: str) -> None:
-        assert self._run(self.bench.store.abandon(SCOPE, key, '"gone"', RETENTION)) == self.model.abandon(key, '"gone"')
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def renew(self, data: st.DataObject) -> None:
+        _, key, h = self._holder(data)
+        assert self._run(self.bench.store.renew(SCOPE, key, h.fence, LEASE)) == self.model.renew(key, h.fence)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), state=st.sampled_from((SUCCEEDED, FAILED)), result=st.sampled_from(('"a"', '"b"')))
+    def complete(self, data: st.DataObject, state: str, result: str) -> None:
+        _, key, h = self._holder(data)
+        got = self._run(self.bench.store.complete(SCOPE, key, h.fence, state, result, RETENTION))
+        assert got == self.model.complete(key, h.fence, state, result)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        _, key, h = self._holder(data)
+        got = self._run(self.bench.store.release(SCOPE, key, h.fence, RETENTION))
+        assert got == self.model.release(key, h.fence)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release_owned(self, data: st.DataObject) -> None:
+        _, key, h = self._holder(data)
+        got = self._run(self.bench.store.release_owned(SCOPE, key, h.owner, RETENTION))
+        assert got == self.model.release_owned(key, h.owner)
+
 
     # -- steps ------------------------------------------------------------------------------------------
 
-    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), name=st.sampled_from(("charge", "email")),
-          state=st.sampled_from((STARTED, DONE)))
-    def put_step(self, w: int, key: str, name: str, state: str) -> None:
-        if (h := self.held.get((w, key))) is None:
-            return
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), name=st.sampled_from(("charge", "email")), state=st.sampled_from((STARTED, DONE)))
+    def put_step(self, data: st.DataObject, name: str, state: str) -> None:
+        _, key, h = self._holder(data)
         seq, result = (0 if name == "charge" else 1), (None if state == STARTED else f'"{name}-{h.fence}"')
         got = self._run(self.bench.store.put_step(SCOPE, key, fence=h.fence, origin=h.origin, lease=LEASE, name=name,
                                                   seq=seq, state=state, result=result))
         assert got == self.model.put_step(key, h.fence, h.origin, name, seq, state, result)
 
-    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), name=st.sampled_from(("charge", "email")))
-    def clear_step(self, w: int, key: str, name: str) -> None:
-        if (h := self.held.get((w, key))) is not None:
-            got = self._run(self.bench.store.clear_step(SCOPE, key, fence=h.fence, origin=h.origin, lease=LEASE,
-                                                        name=name))
-            assert got == self.model.clear_step(key, h.fence, h.origin, name)
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), name=st.sampled_from(("charge", "email")))
+    def clear_step(self, data: st.DataObject, name: str) -> None:
+        _, key, h = self._holder(data)
+        got = self._run(self.bench.store.clear_step(SCOPE, key, fence=h.fence, origin=h.origin, lease=LEASE,
+                                                    name=name))
+        assert got == self.model.clear_step(key, h.fence, h.origin, name)
 
-    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
-    def load_steps(self, w: int, key: str) -> None:
-        if (h := self.held.get((w, key))) is not None:
-            got = self._run(self.bench.store.load_steps(SCOPE, key, h.origin))
-            assert got == self.model.load_steps(key, h.origin)
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def load_steps(self, data: st.DataObject) -> None:
+        _, key, h = self._holder(data)
+        got = self._run(self.bench.store.load_steps(SCOPE, key, h.origin))
+        assert got == self.model.load_steps(key, h.origin)
 
     # -- after every step, the whole store -----------------------------------------------------------------
 
@@ -430,6 +487,16 @@ def test_the_store_answers_as_the_protocol_says(bench: Bench) -> None:
 # -- counterexamples the state machine (and the spin model) found, kept ------------------------------------
 
 
+class _pick:
+    """Hypothesis' data object, in a kept program: it draws the given worker and key."""
+
+    def __init__(self, w: int, key: str) -> None:
+        self.value = (w, key)
+
+    def draw(self, strategy: Any) -> tuple[int, str]:
+        return self.value
+
+
 def _program(bench: Bench, steps: Callable[[StoreMachine], None]) -> None:
     machine = type("Machine", (StoreMachine,), {"bench": bench})()
     machine.empty_store()
@@ -445,10 +512,10 @@ def test_a_completed_record_past_retention_is_not_continued_by_a_stale_read(benc
 
     def steps(m: StoreMachine) -> None:
         m.claim(w=0, key="k0", fp="f1")
-        m.put_step(w=0, key="k0", name="charge", state=DONE)
+        m.put_step(data=_pick(0, "k0"), name="charge", state=DONE)
         m.tick(dt=10.5)  # the lease expired
         m.read(w=1, key="k0")  # worker 1 sees running, not live: a takeover without reset
-        m.complete(w=0, key="k0", state=SUCCEEDED, result='"a"')  # the holder completes meanwhile
+        m.complete(data=_pick(0, "k0"), state=SUCCEEDED, result='"a"')  # the holder completes meanwhile
         m.tick(dt=100.5)  # past retention
         m.take_over(w=1, key="k0", reset=False, which="seen")  # refused (it used to succeed)
         assert (1, "k0") not in m.held
@@ -456,7 +523,7 @@ def test_a_completed_record_past_retention_is_not_continued_by_a_stale_read(benc
         m.take_over(w=1, key="k0", reset=True, which="seen")  # as a new operation: a new origin, no steps
         h = m.held[(1, "k0")]
         assert h.origin == h.fence and m.model.load_steps("k0", h.origin) == []
-        m.load_steps(w=1, key="k0")
+        m.load_steps(data=_pick(1, "k0"))
 
     _program(bench, steps)
 
@@ -467,15 +534,15 @@ def test_a_reset_needs_a_record_past_retention_now(bench: Bench) -> None:
 
     def steps(m: StoreMachine) -> None:
         m.claim(w=0, key="k0", fp="f1")
-        m.put_step(w=0, key="k0", name="charge", state=DONE)
+        m.put_step(data=_pick(0, "k0"), name="charge", state=DONE)
         m.tick(dt=100.5)
         m.read(w=1, key="k0")  # past retention, not live: a reset
-        m.release(w=0, key="k0")  # the stalled holder wakes and releases: retention starts again
+        m.release(data=_pick(0, "k0"))  # the stalled holder wakes and releases: retention starts again
         m.take_over(w=1, key="k0", reset=True, which="seen")
         assert (1, "k0") not in m.held
         m.take_over(w=1, key="k0", reset=False, which="seen")  # the same operation: its steps stand
         assert m.held[(1, "k0")].origin == m.held[(0, "k0")].origin
-        m.load_steps(w=1, key="k0")
+        m.load_steps(data=_pick(1, "k0"))
 
     _program(bench, steps)
 
@@ -486,11 +553,11 @@ def test_a_takeover_keeps_what_it_did_not_reset(bench: Bench) -> None:
         m.tick(dt=10.0)  # exactly at lease_until: no longer live (lease_until > now is strict)
         m.read(w=2, key="k1")
         m.take_over(w=2, key="k1", reset=False, which="seen")
-        m.complete(w=0, key="k1", state=SUCCEEDED, result='"a"')  # the stale holder is refused
-        m.complete(w=2, key="k1", state=SUCCEEDED, result='"b"')
-        m.complete(w=2, key="k1", state=SUCCEEDED, result='"b"')  # a redo finds its own write
+        m.complete(data=_pick(0, "k1"), state=SUCCEEDED, result='"a"')  # the stale holder is refused
+        m.complete(data=_pick(2, "k1"), state=SUCCEEDED, result='"b"')
+        m.complete(data=_pick(2, "k1"), state=SUCCEEDED, result='"b"')  # a redo finds its own write
         m.tick(dt=100.0)  # exactly at expires_at: not yet past retention (expires_at < now is strict)
-        m.sweep()
+        m.operator(abandon=None)
         m.read(w=0, key="k1")
 
     _program(bench, steps)
