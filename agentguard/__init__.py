@@ -14,6 +14,7 @@ import logging
 
 from ._calls import Outcome
 from ._context import current_key, current_task, task
+from ._engine import current_audit
 from ._errors import (
     GuardError,
     InProgressError,
@@ -47,6 +48,7 @@ __all__ = [
     "StepOrderError",
     "StoreError",
     "__version__",
+    "current_audit",
     "current_key",
     "current_task",
     "sub_key",

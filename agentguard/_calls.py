@@ -81,7 +81,7 @@ class Call:
 class Claim:
     """A call whose key this worker holds: its fence, attempt and origin, and its heartbeat's bookkeeping."""
 
-    __slots__ = ("attempt", "beat", "call", "fence", "origin", "renewal", "renewed")
+    __slots__ = ("attempt", "beat", "call", "fence", "notes", "origin", "renewal", "renewed")
 
     def __init__(self, call: Call, fence: int, attempt: int, origin: int) -> None:
         self.call = call
@@ -91,6 +91,14 @@ class Claim:
         self.beat: Heartbeat | None = None
         self.renewed = 0.0  # loop time of the claim or of its last renewal
         self.renewal: asyncio.Task[None] | None = None
+        self.notes: dict[str, Any] | None = None  # what the body added to the audit (``current_audit()``)
+
+    def audit(self) -> str | None:
+        """The audit to store with the outcome: the call's, with the body's notes; None when it has none."""
+        if not self.notes:
+            return None
+        base = _codec.loads(self.call.audit) if self.call.audit else {}
+        return _codec.dumps({**(base if isinstance(base, dict) else {}), **self.notes})
 
 
 class Replay:

@@ -31,6 +31,7 @@ from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError,
 from ._events import Events
 from ._lease import Heartbeats, new_fence, new_owner
 from ._portal import Portal
+from ._watch import Watcher, Watches
 from .stores import FAILED, RUNNING, SUCCEEDED, Record, Store, record_of
 
 log = logging.getLogger("agentguard")
@@ -38,8 +39,9 @@ T = TypeVar("T")
 
 REPLAYING_MAX = 4096  # tasks remembered as replaying (see Engine.begin)
 MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
+POLL_MAX = 0.1  # seconds between a waiting key's reads of the store, at most (one reader per key and process)
 
-# The claim of the multi-step call in progress, for the ``Operation`` parameter it receives.
+# The claim of the guarded call in progress, for the ``Operation`` parameter and ``current_audit()``.
 active_claim: contextvars.ContextVar[Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
 
 
@@ -90,6 +92,7 @@ class Engine:
         self.events = events
         self.cache = cache
         self.beats = Heartbeats(lease, self.renew)
+        self.watches = Watches()  # callers of this process waiting for a key held by another caller
         # Tasks whose last call here was a replay (a resumed agent replaying its history): their next call is
         # read with a plain SELECT first (see begin). Advisory, bounded.
         self.replaying: dict[tuple[str, str], None] = {}
@@ -155,6 +158,7 @@ class Engine:
         """A terminal record with our fingerprint, read from the store: replay it (and remember the task)."""
         self.events.emit("replayed", call, rec.attempts)
         self.cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
+        self.watches.news((call.scope, call.key))  # this process's other waiters on the key: look again
         if self.store.read_is_cheaper:
             replaying = self.replaying
             if len(replaying) >= REPLAYING_MAX:
@@ -208,57 +212,66 @@ class Engine:
         }
         deadline: float | None = None
         delay, vanished = 0.01, 0
-        while True:
-            # Claim by insert, never check-then-insert: one statement decides.
-            try:
-                got = await store.claim(params)
-            except asyncio.CancelledError:
-                await self._undo_claim(call, owner)
-                raise
-            if isinstance(got, int):
-                self.events.emit("claimed", call, 1)
-                return self.claimed(call, got, 1, got)
-            rec = got
-            if rec is None:
-                # The winner's row vanished (swept) between our insert and our read: claim again.
-                vanished += 1
-                if vanished >= MAX_VANISHED:
-                    raise call.error(InProgressError, f"the record of {call.operation!r} kept vanishing while "
-                                                      "being claimed; the tool was not run. Retry the same call "
-                                                      "shortly.")
-                continue
-            if rec.owner == owner and rec.state == RUNNING:
-                # Our own insert committed but its reply was lost to a reconnect.
-                self.events.emit("claimed", call, rec.attempts)
-                return self.claimed(call, rec.fence, rec.attempts, rec.origin)
-            stale = rec.expired and not rec.live  # past retention: a new operation
-            if not stale:
-                if rec.fingerprint != call.fingerprint:
-                    raise self.reuse_error(call, rec)
-                if rec.state in (SUCCEEDED, FAILED):
-                    return self.replayed(call, rec)
-            if stale or not rec.live:
+        watcher: Watcher | None = None
+        try:
+            while True:
+                # Claim by insert, never check-then-insert: one statement decides.
                 try:
-                    took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
+                    got = await store.claim(params)
                 except asyncio.CancelledError:
                     await self._undo_claim(call, owner)
                     raise
-                if took is not None:
-                    attempt = 1 if stale else rec.attempts + 1
-                    self.events.emit("takeover" if not stale else "claimed", call, attempt,
-                                     f"previous state {rec.state}" if not stale else "previous record expired")
-                    return self.claimed(call, took[0], attempt, took[1])
-                continue  # another caller took it first: look again
-            if call.on_conflict == "raise":
-                raise self.in_progress(call, rec, "on_conflict='raise'")
-            now = asyncio.get_running_loop().time()
-            if deadline is None:
-                deadline = now + call.wait_timeout if call.wait_timeout is not None else float("inf")
-                self.events.emit("waiting", call, rec.attempts)
-            if now >= deadline:
-                raise self.in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
-            await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - now, 0.001)))
-            delay = min(delay * 1.6, 0.5)
+                if isinstance(got, int):
+                    self.events.emit("claimed", call, 1)
+                    return self.claimed(call, got, 1, got)
+                rec = got
+                if rec is None:
+                    # The winner's row vanished (swept) between our insert and our read: claim again.
+                    vanished += 1
+                    if vanished >= MAX_VANISHED:
+                        raise call.error(InProgressError, f"the record of {call.operation!r} kept vanishing while "
+                                                          "being claimed; the tool was not run. Retry the same call "
+                                                          "shortly.")
+                    continue
+                if rec.owner == owner and rec.state == RUNNING:
+                    # Our own insert committed but its reply was lost to a reconnect.
+                    self.events.emit("claimed", call, rec.attempts)
+                    return self.claimed(call, rec.fence, rec.attempts, rec.origin)
+                stale = rec.expired and not rec.live  # past retention: a new operation
+                if not stale:
+                    if rec.fingerprint != call.fingerprint:
+                        raise self.reuse_error(call, rec)
+                    if rec.state in (SUCCEEDED, FAILED):
+                        return self.replayed(call, rec)
+                if stale or not rec.live:
+                    try:
+                        took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
+                    except asyncio.CancelledError:
+                        await self._undo_claim(call, owner)
+                        raise
+                    if took is not None:
+                        attempt = 1 if stale else rec.attempts + 1
+                        self.events.emit("takeover" if not stale else "claimed", call, attempt,
+                                         f"previous state {rec.state}" if not stale else "previous record expired")
+                        return self.claimed(call, took[0], attempt, took[1])
+                    continue  # another caller took it first: look again
+                if call.on_conflict == "raise":
+                    raise self.in_progress(call, rec, "on_conflict='raise'")
+                now = asyncio.get_running_loop().time()
+                if deadline is None:
+                    deadline = now + call.wait_timeout if call.wait_timeout is not None else float("inf")
+                    self.events.emit("waiting", call, rec.attempts)
+                if now >= deadline:
+                    raise self.in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
+                if watcher is None:  # waiting from now on: with this process's other waiters on the key, if any
+                    watcher = self.watches.join((call.scope, call.key))
+                await watcher.wait(delay * (0.5 + random.random()), deadline - now)
+                delay = min(delay * 1.6, POLL_MAX)
+                if (replay := self.cached(call)) is not None:  # recorded here meanwhile: no round trip
+                    return replay
+        finally:
+            if watcher is not None:
+                watcher.leave()
 
     async def _undo_claim(self, call: Call, owner: str) -> None:
         """We were cancelled while claiming: if the claim committed, it is ours (owner token) — release it
@@ -321,10 +334,11 @@ class Engine:
         started = time.monotonic()  # before the database computes expires_at: the cache entry dies first
         store = self.store
         if not await self.settled(claim, "storing the result", lambda: store.complete(
-            call.scope, call.key, claim.fence, SUCCEEDED, encoded, self.retention
+            call.scope, call.key, claim.fence, SUCCEEDED, encoded, self.retention, claim.audit()
         )):
             raise self.lease_lost(claim)
         self.remember(claim, SUCCEEDED, encoded, started)
+        self.watches.news((call.scope, call.key))
         self.events.emit("completed", call, claim.attempt)
         return decoded
 
@@ -336,30 +350,30 @@ class Engine:
             stored = _codec.encode_error(exc)
             started = time.monotonic()
             if not await self.settled(claim, "storing the cached error", lambda: store.complete(
-                call.scope, call.key, claim.fence, FAILED, stored, self.retention
+                call.scope, call.key, claim.fence, FAILED, stored, self.retention, claim.audit()
             )):
                 raise self.lease_lost(claim) from exc
             self.remember(claim, FAILED, stored, started)
+            self.watches.news((call.scope, call.key))
             self.events.emit("completed", call, claim.attempt, f"cached error {type(exc).__name__}")
             return
         # Released in its own statement on a fresh connection, never inside a failed transaction.
         try:
             released = await self.settled(claim, "releasing the claim", lambda: store.release(
-                call.scope, call.key, claim.fence, self.retention
+                call.scope, call.key, claim.fence, self.retention, claim.audit()
             ))
         except GuardError as store_exc:
             exc.add_note(f"agentguard: the claim could not be released ({store_exc}); it expires with its lease")
             return
         if released:
+            self.watches.news((call.scope, call.key))
             self.events.emit("released", call, claim.attempt, type(exc).__name__)
         else:
             self.events.emit("lease_lost", call, claim.attempt, "release refused")
 
     # -- drivers ------------------------------------------------------------------------------------------
 
-    async def drive(
-        self, call: Call, body: Callable[[str], Awaitable[T]], *, multi_step: bool = False
-    ) -> tuple[T, bool]:
+    async def drive(self, call: Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
         memory = self.store.memory
         outcome: Claim | Replay | None = self.cached(call)
         if outcome is None:
@@ -371,7 +385,7 @@ class Engine:
             return outcome.result(), True
         claim = outcome
         token = _key.set(call.key)
-        claim_token = active_claim.set(claim) if multi_step else None  # for the Operation parameter
+        claim_token = active_claim.set(claim)  # for the Operation parameter and current_audit()
         try:
             value = await body(call.key)
         except BaseException as exc:
@@ -379,8 +393,7 @@ class Engine:
             raise
         finally:
             _key.reset(token)
-            if claim_token is not None:
-                active_claim.reset(claim_token)
+            active_claim.reset(claim_token)
         return await _recorded(self._on_portal(self.succeed) if memory else self.succeed, claim, value), False
 
     def _on_portal(self, step: Callable[[Claim, Any], Coroutine[Any, Any, T]]) -> Callable[[Claim, Any], Awaitable[T]]:
@@ -398,6 +411,7 @@ class Engine:
         if isinstance(outcome, Replay):
             return outcome.result(), True
         token = _key.set(call.key)
+        claim_token = active_claim.set(outcome)
         try:
             value = body(call.key)
         except BaseException as exc:
@@ -405,4 +419,17 @@ class Engine:
             raise
         finally:
             _key.reset(token)
+            active_claim.reset(claim_token)
         return portal.run(self.succeed(outcome, value)), False
+
+
+def current_audit() -> dict[str, Any]:
+    """What is kept beside the record of the guarded call in progress, for a person (``agentguard ls``): entries
+    added to this dict inside the body are stored with its outcome (or its release), beside the ``audit`` the
+    call was made with. Never part of the key or the fingerprint."""
+    claim = active_claim.get()
+    if claim is None:
+        raise GuardError("current_audit() was called outside a guarded call")
+    if claim.notes is None:
+        claim.notes = {}
+    return claim.notes

@@ -320,9 +320,7 @@ class Guard:
             kwargs = spec.decode_arguments(arguments)
             with _task_ctx(task_id, scope=scope):
                 call, _ = spec.call((), kwargs)
-                value, replayed = await self._engine.drive(
-                    call, functools.partial(spec.invoke, (), kwargs, kwargs), multi_step=spec.op_param is not None
-                )
+                value, replayed = await self._engine.drive(call, functools.partial(spec.invoke, (), kwargs, kwargs))
             done.append(Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope))
         return done
 

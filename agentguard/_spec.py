@@ -199,14 +199,12 @@ class Spec:
 
     def wrapper(self) -> Any:
         fn, spec, engine = self.fn, self, self.engine
-        multi_step = self.op_param is not None
 
         if self.is_async:
 
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 call, arguments = spec.call(args, kwargs)
-                value, _ = await engine.drive(call, lambda key: spec.invoke(args, kwargs, arguments, key),
-                                              multi_step=multi_step)
+                value, _ = await engine.drive(call, lambda key: spec.invoke(args, kwargs, arguments, key))
                 return value
 
             wrapper: Any = async_wrapper

@@ -193,7 +193,7 @@ def _mcp_proxy(args: argparse.Namespace) -> int:
         print(f"agentguard mcp-proxy could not import the MCP SDK ({exc}); reinstall it with "
               "pip install 'agentguard[mcp]'", file=sys.stderr)
         return EXIT_USAGE
-    return proxy.main(args.config)
+    return proxy.main(args.config, http=args.http)
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:
@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Guard the tools a config names in front of any MCP server; "
                                          "checks the store and the upstream's tools first (exit 2 on a problem).")
     p_proxy.add_argument("--config", required=True, metavar="TOML", help="path to agentguard.toml")
+    p_proxy.add_argument("--http", metavar="[HOST:]PORT",
+                         help="serve Streamable HTTP at http://HOST:PORT/mcp instead of stdio, to many hosts "
+                              "(host default 127.0.0.1; needs [proxy] token or $AGENTGUARD_PROXY_TOKEN)")
     p_proxy.set_defaults(run=_mcp_proxy)
     return parser
 

@@ -109,7 +109,9 @@ class NoIOStore:
     async def read(self, scope: str, key: str) -> Record | None:
         return self.rows.get((scope, key))
 
-    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
+    async def complete(
+        self, scope: str, key: str, fence: int, state: str, result: str, retention: float, audit: str | None = None
+    ) -> bool:
         p = self.rows[(scope, key)]
         self.rows[(scope, key)] = record_of((scope, key, state, fence, p["fingerprint"], p["arg_hashes"], result, 1,
                                              None, p["task_id"], p["operation"], False, False, retention, fence))

@@ -40,7 +40,7 @@ as_pg() { "$@"; }
 FLOOR_TESTS=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox_codec.py tests/test_ids.py
              tests/test_store_failures.py tests/test_operations.py tests/test_whitebox_cache.py tests/test_fingerprint_guarded.py
              tests/test_whitebox_fingerprint_property.py tests/test_read_first.py tests/test_whitebox_sqlite_hops.py
-             tests/test_shutdown.py tests/test_downstream.py)
+             tests/test_shutdown.py tests/test_downstream.py tests/test_load.py tests/test_waiters.py)
 if [ "${AGENTGUARD_FLOORS:-}" = 1 ] || { [ "${AGENTGUARD_FLOORS:-}" != 0 ] && [ $# -eq 0 ]; }; then
   echo "== the core suite on the lowest versions pyproject.toml allows (SQLite)"
   .venv/bin/python scripts/floors.py httpx httpx2 stripe > "$SCRATCH/floors.txt"
@@ -60,6 +60,11 @@ find_pg_bin() {
   if command -v initdb >/dev/null 2>&1; then dirname "$(readlink -f "$(command -v initdb)")"; return; fi
   ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
 }
+# strace counts SQLite's syncs in tests/test_durability.py
+if ! command -v strace >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "== installing strace from Debian's packages"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null)
+fi
 PGBIN=$(find_pg_bin || true)
 if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

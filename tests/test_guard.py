@@ -50,8 +50,7 @@ async def test_public_api_is_exactly_this() -> None:
     assert set(agentguard.__all__) == {
         "Guard", "GuardError", "GuardEvent", "InProgressError", "KeyReuseError", "LeaseLostError",
         "MissingTaskError", "Operation", "OutcomeUnknownError", "Outcome", "StepOrderError", "StoreError",
-        "__version__", "current_key",
-        "current_task", "sub_key", "task",
+        "__version__", "current_audit", "current_key", "current_task", "sub_key", "task",
     }
     for name in agentguard.__all__:
         assert hasattr(agentguard, name)
@@ -814,3 +813,39 @@ async def test_a_store_object_through_the_public_seam(store_url: str) -> None:
         Guard(store_url, store=store)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="ClaimStore"):
         Guard(store=object())  # type: ignore[arg-type]
+
+
+async def test_the_body_adds_to_the_audit_of_its_record(make_guard: Callable[..., Guard], kind: ToolKind) -> None:
+    """``current_audit()``: entries a body adds are stored with its outcome (or its release), beside the audit
+    the call was made with; outside a guarded call it is an error."""
+    from agentguard import current_audit
+
+    guard = make_guard()
+
+    @kind.once(guard, key=["order_id"])
+    def charge(order_id: str, fail: bool = False) -> str:
+        current_audit()["approved_by"] = "ops@example.com"
+        if fail:
+            raise ConnectionError("provider down")
+        return order_id
+
+    t = tid()
+    with task(t):
+        assert await charge("o-1") == "o-1"
+        with pytest.raises(ConnectionError):
+            await charge("o-2", fail=True)
+    audits = {r.operation: r.audit for r in await guard.records(task_id=t)}
+    assert audits == {'charge[order_id="o-1"]': {"approved_by": "ops@example.com"},
+                      'charge[order_id="o-2"]': {"approved_by": "ops@example.com"}}
+    outcome = await guard.run("op", _noting, task_id=t, audit={"host": "ci"})
+    assert outcome.value == "noted"
+    assert [r.audit for r in await guard.records(task_id=t) if r.operation == "op"] == [{"host": "ci", "note": 1}]
+    with pytest.raises(GuardError, match="outside a guarded call"):
+        current_audit()
+
+
+async def _noting(key: str) -> str:
+    from agentguard import current_audit
+
+    current_audit()["note"] = 1
+    return "noted"

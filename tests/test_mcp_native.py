@@ -58,6 +58,8 @@ async def test_schema_requires_task_id_and_hides_the_key(client: Client) -> None
     assert "reuse" in schema["properties"]["task_id"]["description"].lower()
     assert tools["create_charge"].output_schema is not None  # structured output survives the wrapper
     assert "task_id" not in tools["list_charges"].input_schema.get("properties", {})
+    hints = tools["create_charge"].annotations  # a guarded tool says it is safe to repeat
+    assert hints is not None and hints.idempotent_hint is True
 
 
 @pytest.mark.anyio

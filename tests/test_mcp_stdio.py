@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import mcp_types as types
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
@@ -24,6 +25,7 @@ from agentguard.mcp import META_KEY, META_REPLAYED
 from conftest import BACKEND
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import full_upstream
 import shifting_upstream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.skipif(
@@ -347,6 +349,66 @@ async def test_an_upstream_that_cannot_be_restarted_is_a_setup_error(setup: Setu
         assert "a person must fix the proxy's configuration" in text(refused)
         assert "retry the same call" not in text(refused).lower()
     assert [e["args"]["order_id"] for e in shifting_upstream.events(log, "pay")] == ["o-1", "o-2"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_whole_surface_of_an_upstream_over_stdio(setup: Setup, mode: str) -> None:
+    """The command in front of ``full_upstream.py`` over stdio: resources, prompts, completions, progress, the
+    upstream's questions, its log lines and its announced changes all reach the host (the in-process tests
+    cover every pairing of eras; this is the one a host runs)."""
+    log = setup.tmp / "upstream.jsonl"
+    config = setup.tmp / "agentguard.toml"
+    config.write_text(
+        f'[store]\nurl = "{setup.store_url}"\n\n'
+        f'[upstream]\ncommand = ["python", "{ROOT / "tests" / "full_upstream.py"}"]\nenv = {{ FULL_LOG = "{log}" }}\n\n'
+        '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n')
+    heard: list[Any] = []
+    changed = anyio.Event()
+
+    async def elicit(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        heard.append(params.message)
+        return types.ElicitResult(action="accept", content={"card": "amex-7"})
+
+    async def logged(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(params.data)
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.PromptListChangedNotification):
+            changed.set()
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        heard.append(done)
+
+    async with Client(setup.proxy(config), mode=mode, elicitation_callback=elicit, logging_callback=logged,
+                      message_handler=on_message, log_level="info") as client, anyio.create_task_group() as tg:
+        if mode == "legacy":  # log lines at a level the host sets (2026-07-28: each request's log_level)
+            await client.session.send_request(types.SetLevelRequest(
+                params=types.SetLevelRequestParams(level="info")), types.EmptyResult)
+        else:
+            async def listen(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                async with client.listen(prompts_list_changed=True) as events:
+                    task_status.started()
+                    async for _ in events:
+                        changed.set()
+
+            await tg.start(listen)
+        paid = await client.call_tool("pay", {"order_id": "o-1", "task_id": "t-1"}, progress_callback=on_progress)
+        asked = await client.call_tool("pay_asking", {"order_id": "o-2"})
+        await client.call_tool("log", {"level": "warning", "message": "careful now"})
+        read = await client.read_resource("memo://b")
+        prompt = await client.get_prompt("greet", {"name": "ada"})
+        done = await client.complete(types.PromptReference(type="ref/prompt", name="greet"),
+                                     {"name": "name", "value": "b"})
+        await client.call_tool("add", {"kind": "prompt", "name": "new"})
+        with anyio.fail_after(10):
+            await changed.wait()
+        tg.cancel_scope.cancel()
+    assert not paid.is_error and text(asked) == "paid with amex-7"
+    assert heard == [1, 2, "Which card?", "careful now"]
+    assert [c.text for c in read.contents if isinstance(c, types.TextResourceContents)] == ["contents of memo://b"]
+    assert prompt.messages[0].content == types.TextContent(type="text", text="Hello, ada")
+    assert done.completion.values == ["bob"]
+    assert [e["args"]["order_id"] for e in full_upstream.events(log, "pay")] == ["o-1", "o-2"]
 
 
 def readme_config() -> str:

@@ -190,3 +190,30 @@ async def test_schema_has_the_sweeper_index_and_a_state_check(store_url: str) ->
             store_url,
         )
 
+
+
+@pytest.mark.postgres
+async def test_whitebox_the_sweep_finds_expired_records_through_the_index(store_url: str) -> None:
+    """With the clock read once per statement (a sub-select), Postgres can use the expires_at index: a sweep
+    with nothing to delete costs the same on a large table as on a small one, instead of a scan."""
+    import asyncpg
+
+    from conftest import pg_dsn
+
+    store = SQLStore(store_url)
+    await store.ensure_schema()
+    sql, args = store._executor._compiled(store.sql.sweep, store.engine())
+    await store.dispose()
+    conn = await asyncpg.connect(pg_dsn(store_url))
+    try:
+        await conn.execute(
+            "INSERT INTO agentguard_calls (scope, key, task_id, operation, fingerprint, arg_hashes, state, fence,"
+            " origin, tool, attempts, created_at, updated_at, expires_at) SELECT 'default', 'ag_' || i, 't', 'op',"
+            " 'fp', '{}', 'succeeded', i, i, 'op', 1, 0, 0, extract(epoch from clock_timestamp()) + 86400"
+            " FROM generate_series(1, 50000) AS i"
+        )
+        await conn.execute("ANALYZE agentguard_calls")
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *args({"batch": 1000})))
+    finally:
+        await conn.close()
+    assert "agentguard_calls_expires_idx" in plan and "Seq Scan" not in plan, plan

@@ -1,4 +1,5 @@
-"""``agentguard mcp-proxy --config FILE``: load the config, check everything, then serve over stdio.
+"""``agentguard mcp-proxy --config FILE [--http [HOST:]PORT]``: load the config, check everything, then serve
+over stdio (one host) or Streamable HTTP (many; ``_http.py``).
 
 Logs go to stderr only (stdout is the protocol), every line without a store password. The protocol's input
 is read without a worker thread where it can be (a pipe, a socket, a terminal), so that SIGINT/SIGTERM can
@@ -15,7 +16,7 @@ import signal
 import stat
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 from mcp.server.lowlevel.server import NotificationOptions
@@ -23,16 +24,19 @@ from mcp.server.lowlevel.server import NotificationOptions
 from .._redact import redact_text
 from ._config import ConfigError, load_config
 from ._guarding import GuardingProxy
+from ._http import http_token, parse_address, serve_http
 from ._startup import StartupError
 
 log = logging.getLogger("agentguard.mcp")
 
 
-def main(config_path: str) -> int:
-    """Entry of ``agentguard mcp-proxy --config FILE``: validate, then serve over stdio. Returns the exit code.
+def main(config_path: str, http: str | None = None) -> int:
+    """Entry of ``agentguard mcp-proxy --config FILE [--http [HOST:]PORT]``: validate, then serve over stdio,
+    or over Streamable HTTP at ``http://HOST:PORT/mcp``. Returns the exit code.
 
     Exits with 2, having printed every problem on stderr and nothing on stdout, when the config is invalid,
-    the store cannot be used, or a guarded tool does not match what the upstream offers.
+    the store cannot be used, a guarded tool does not match what the upstream offers, or (HTTP) there is no
+    bearer token or the address cannot be listened on.
     """
     _open_closed_std_streams()
     try:
@@ -43,13 +47,20 @@ def main(config_path: str) -> int:
     _configure_logging()
     try:
         proxy = GuardingProxy(config)
+        address = None if http is None else (*parse_address(http), http_token(config, os.environ))
     except (ValueError, TypeError) as exc:
         print(redact_text(f"agentguard mcp-proxy: {exc}"), file=sys.stderr)
         return 2
     try:
-        anyio.run(_serve, proxy)
+        if address is None:
+            anyio.run(_serve, proxy)
+        else:
+            anyio.run(_serve_over_http, proxy, *address)
     except StartupError as exc:
         _print_problems(f"cannot serve with {config_path}", exc.problems)
+        return 2
+    except OSError as exc:
+        print(f"agentguard mcp-proxy: cannot listen on {http}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -147,36 +158,44 @@ async def _serve(proxy: GuardingProxy) -> None:
         await _serve_stdio(proxy)
 
 
+async def _serve_over_http(proxy: GuardingProxy, host: str, port: int, token: str) -> None:
+    async with proxy.started(), anyio.create_task_group() as tg:
+        tg.start_soon(_on_signals, proxy, tg.cancel_scope.cancel)
+        await serve_http(proxy, host, port, token)
+
+
+async def _on_signals(proxy: GuardingProxy, stop: Callable[[], None]) -> None:
+    """SIGINT/SIGTERM: no new guarded calls, ``grace`` seconds for those in flight, then ``stop``; a second
+    signal (or calls still in flight then) exits at once, leaving their claims to expire."""
+    async with anyio.create_task_group() as tg:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                if proxy.draining:
+                    log.warning("second signal: exiting now; claims in flight are left to expire")
+                    _hard_exit(1)
+                proxy.draining = True
+                log.info("%s: finishing %d call(s) in flight, then exiting", signal.Signals(signum).name,
+                         proxy.inflight)
+                tg.start_soon(_drain, proxy, stop)
+
+
+async def _drain(proxy: GuardingProxy, stop: Callable[[], None]) -> None:
+    if not await proxy.wait_idle(proxy.config.proxy.grace):
+        # Never release blind: the upstream may have acted. The claims expire with their lease and the next
+        # caller takes over with the same downstream key.
+        log.warning("%d call(s) still in flight after %gs; exiting without releasing their claims",
+                    proxy.inflight, proxy.config.proxy.grace)
+        _hard_exit(1)
+    stop()
+
+
 async def _serve_stdio(proxy: GuardingProxy) -> None:
     from mcp.server.stdio import stdio_server
 
     stdin = await _Stdin.open()
     async with anyio.create_task_group() as tg:
-
-        async def on_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    if proxy.draining:
-                        log.warning("second signal: exiting now; claims in flight are left to expire")
-                        _hard_exit(1)
-                    proxy.draining = True
-                    log.info("%s: finishing %d call(s) in flight, then exiting",
-                             signal.Signals(signum).name, proxy.inflight)
-                    tg.start_soon(drain)
-
-        async def drain() -> None:
-            if not await proxy.wait_idle(proxy.config.proxy.grace):
-                # Never release blind: the upstream may have acted. The claims expire with their lease and the
-                # next caller takes over with the same downstream key.
-                log.warning("%d call(s) still in flight after %gs; exiting without releasing their claims",
-                            proxy.inflight, proxy.config.proxy.grace)
-                _hard_exit(1)
-            if stdin is not None:
-                stdin.end()  # as if the host hung up: answers already produced are still written
-            else:
-                tg.cancel_scope.cancel()
-
-        tg.start_soon(on_signals)
+        # Ending our own reader is as if the host hung up: answers already produced are still written.
+        tg.start_soon(_on_signals, proxy, stdin.end if stdin is not None else tg.cancel_scope.cancel)
         async with stdio_server(stdin=typing.cast("anyio.AsyncFile[str] | None", stdin)) as (read, write):
             try:
                 options = proxy.server.create_initialization_options(NotificationOptions(tools_changed=True))

@@ -111,6 +111,11 @@ class ToolConfig(_Model):
     wait_timeout: PositiveSeconds | None = None
     mark_structured: str | None = None
     """Add this boolean to a replayed structuredContent (and, optional, to the relayed outputSchema)."""
+    confirm: bool = False
+    """Ask the user (MCP elicitation) before the first run of a call, never on a replay; a call the user does
+    not confirm is refused and its claim released."""
+    confirm_without_elicitation: Literal["refuse", "run"] | None = None
+    """With ``confirm``, a host that cannot ask its user: ``refuse`` the call (the default) or ``run`` it."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ToolConfig:
@@ -122,6 +127,8 @@ class ToolConfig(_Model):
         names = [*self.key, *self.ignore, *([self.forward_key_to] if self.forward_key_to else [])]
         if "task_id" in names:
             raise ValueError("`task_id` is added by the proxy; it cannot be a key, ignored or forwarded field")
+        if self.confirm_without_elicitation is not None and not self.confirm:
+            raise ValueError("`confirm_without_elicitation` applies only with `confirm = true`")
         return self
 
     @property
@@ -138,6 +145,11 @@ class ProxyConfig(_Model):
     """How long an in-flight duplicate waits for the first call; keep it well under the host's tool timeout."""
     grace: Annotated[float, Field(ge=0)] = 5.0
     """Seconds in-flight calls get to finish on SIGINT/SIGTERM; claims still held then are left to expire."""
+    input_timeout: PositiveSeconds = 300.0
+    """Seconds the proxy waits for a host to answer a question (a confirmation, an upstream's elicitation or
+    sampling request); then the question counts as cancelled."""
+    token: str | None = Field(default=None, min_length=16)
+    """The bearer token every HTTP request must carry (``--http``); default ``$AGENTGUARD_PROXY_TOKEN``."""
 
 
 class Config(_Model):

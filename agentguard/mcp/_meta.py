@@ -1,14 +1,19 @@
 """What the proxy and guarded native servers put on the wire: ``_meta`` keys, the task id, audit ids, the replay note.
 
-``dev.agentguard/`` is our reverse-DNS ``_meta`` prefix; ``io.modelcontextprotocol/`` is reserved for the
-protocol and is stripped (with progress tokens) before anything is stored, replayed or forwarded, so the
-upstream's transport stamps (its serverInfo) never leak through.
+``dev.agentguard/`` is our reverse-DNS ``_meta`` prefix. Every prefix whose second label is
+``modelcontextprotocol`` or ``mcp`` (``io.modelcontextprotocol/``, ``dev.mcp/``, ``org.mcp.tools/``) is
+reserved for the protocol: such keys belong to one hop (a protocol version, a client's capabilities, a
+server's identity, a subscription id), so they are stripped, with progress tokens, from everything stored,
+replayed or forwarded. The one reserved key the spec asks a request to carry on is its log level
+(``io.modelcontextprotocol/logLevel``), which the proxy passes to an upstream of the same era.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Final
+
+from mcp_types import LOG_LEVEL_META_KEY
 
 from .._context import check_task_id
 from .._errors import MissingTaskError
@@ -19,8 +24,14 @@ META_REPLAYED = "dev.agentguard/replayed"
 
 ENV_TASK_ID = "AGENTGUARD_TASK_ID"
 
-_RESERVED_PREFIX = "io.modelcontextprotocol/"
+_RESERVED_LABELS = frozenset({"modelcontextprotocol", "mcp"})
 _TRANSPORT_KEYS = frozenset({"progressToken", "progress_token"})
+FORWARDED: Final = frozenset({LOG_LEVEL_META_KEY})
+"""Reserved keys a request carries on to an upstream of the same era: its log level (spec: logging)."""
+
+# Where a protocol object holds someone's data rather than protocol fields: never searched for ``_meta``.
+_DATA_FIELDS = frozenset({"structuredContent", "inputSchema", "outputSchema", "arguments", "requestedSchema",
+                          "text", "blob", "metadata", "values"})
 
 TASK_ID_DESCRIPTION = (
     "The id of the task you were given (the ticket, order, invoice or job id). Reuse exactly the same "
@@ -67,11 +78,41 @@ def resolve_task_id(
     raise MissingTaskError(f"no task id for {tool!r}; the tool was not run", operation=tool)
 
 
-def clean_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``meta`` without protocol-reserved keys and progress tokens."""
+def reserved(key: str) -> bool:
+    """Whether a ``_meta`` key is under a prefix the protocol reserves (its second label is
+    ``modelcontextprotocol`` or ``mcp``): ``io.modelcontextprotocol/x`` and ``dev.mcp/x`` are,
+    ``com.example.mcp/x`` and ``dev.agentguard/x`` are not."""
+    prefix, slash, _name = key.partition("/")
+    labels = prefix.split(".")
+    return bool(slash) and len(labels) >= 2 and labels[1] in _RESERVED_LABELS
+
+
+def clean_meta(meta: Mapping[str, Any] | None, *, keep: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``meta`` without protocol-reserved keys (but those in ``keep``) and progress tokens."""
     if not meta:
         return {}
-    return {k: v for k, v in meta.items() if not k.startswith(_RESERVED_PREFIX) and k not in _TRANSPORT_KEYS}
+    return {k: v for k, v in meta.items() if k in keep or (not reserved(k) and k not in _TRANSPORT_KEYS)}
+
+
+def strip_reserved(value: Any) -> Any:
+    """A protocol object's wire form (a result, a tool, a resource...) with reserved keys taken out of every
+    ``_meta`` it holds, its own and its parts' (content blocks, resource contents, listed items). Data the
+    object carries for someone else (structured content, schemas, arguments, text) is left as it is."""
+    if isinstance(value, list):
+        return [strip_reserved(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if k == "_meta" and isinstance(v, Mapping):
+            kept = clean_meta(v)
+            if kept:
+                out[k] = kept
+        elif k in _DATA_FIELDS:
+            out[k] = v
+        else:
+            out[k] = strip_reserved(v)
+    return out
 
 
 def audit_ids(

@@ -15,7 +15,7 @@ from typing import Any
 import mcp_types as types
 
 from .._refusals import nothing_executed
-from ._meta import META_KEY, META_REPLAYED, clean_meta
+from ._meta import META_KEY, META_REPLAYED, clean_meta, strip_reserved
 
 
 def error_result(message: str) -> types.CallToolResult:
@@ -26,7 +26,7 @@ def error_result(message: str) -> types.CallToolResult:
 def payload(res: types.CallToolResult, *, key: str | None = None) -> dict[str, Any]:
     """What is stored for a result: content, structuredContent, isError and a clean _meta (with the
     downstream ``key`` it was sent under, if given, so that a replay carries it too)."""
-    content = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in res.content]
+    content = strip_reserved([c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in res.content])
     out: dict[str, Any] = {"content": content}
     if res.structured_content is not None:
         out["structuredContent"] = res.structured_content
@@ -120,6 +120,32 @@ def held_replay(message: str) -> str:
 def outcome_unknown_passed(tool: str, reason: object) -> str:
     """An unguarded tool met a dead or silent upstream."""
     return f"the outcome of {tool} is unknown ({reason}). The proxy reconnects on the next call."
+
+
+def task_only(tool: str) -> str:
+    """A tool the upstream runs only as an MCP task, which the proxy does not relay."""
+    return nothing_executed(
+        f"Not run by agentguard: the upstream server runs {tool} only as an MCP task, which the proxy does not "
+        "relay, so it was not run. Retrying will not help: tell the user."
+    )
+
+
+# A call the user did not confirm (``confirm``): why -> the text. {tool} the tool, {task} its task id.
+_UNCONFIRMED = {
+    "unsupported": "Refused by agentguard: {tool} needs the user's confirmation, and this client cannot ask its "
+                   "user (it does not support MCP elicitation), so it was not run. Retrying will not help: tell "
+                   "the user.",
+    "declined": "Refused by agentguard: the user declined {tool} for task {task!r} when asked to confirm it, so "
+                "it was not run. Do not retry it unless the user asks you to.",
+    "unanswered": "Not run by agentguard: the user did not confirm {tool} for task {task!r} (the question was "
+                  "dismissed, not answered, or answered with something other than yes or no), so it was not "
+                  "run. Retry the same call if the user still wants it: they will be asked again.",
+}
+
+
+def not_confirmed(why: str, tool: str, task_id: str) -> str:
+    """``why``: ``unsupported`` (a host without elicitation), ``declined`` or ``unanswered``."""
+    return nothing_executed(_UNCONFIRMED[why].format(tool=tool, task=task_id))
 
 
 def failed_unexpectedly(tool: str) -> str:

@@ -22,7 +22,9 @@ from .._guard import Guard
 from .._redact import redact_text, redact_url
 from .._storeconfig import ENV_URL
 from ._config import Config, tool_problems
-from ._upstream import Checker, TargetFactory, Upstream, _Unavailable
+from ._tools import task_problems
+from ._transports import TargetFactory, _Unavailable
+from ._upstream import Checker, Relay, Upstream
 
 log = logging.getLogger("agentguard.mcp")
 
@@ -51,14 +53,18 @@ def tool_check(config: Config) -> Checker:
     """Which guarded tools a tool list breaks, and how."""
 
     def check(tools: list[types.Tool]) -> dict[str, list[str]]:
-        return tool_problems(config, {t.name: t.input_schema for t in tools})
+        problems = tool_problems(config, {t.name: t.input_schema for t in tools})
+        for name, more in task_problems(config, tools).items():
+            problems.setdefault(name, []).extend(more)
+        return problems
 
     return check
 
 
 @asynccontextmanager
 async def open_runtime(
-    config: Config, store_url: str, *, target: TargetFactory, on_change: Callable[[], Coroutine[Any, Any, None]]
+    config: Config, store_url: str, *, target: TargetFactory, on_change: Callable[[], Coroutine[Any, Any, None]],
+    relay: Relay | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the store and connect the upstream, check every guarded tool against the upstream's tools, then
     yield the runtime; the upstream and the store are closed on exit.
@@ -75,7 +81,7 @@ async def open_runtime(
     try:
         async with anyio.create_task_group() as tg:
             upstream = Upstream(tg, target, mode=config.upstream.mode, timeout=config.upstream.timeout,
-                                check=tool_check(config), on_change=on_change)
+                                check=tool_check(config), on_change=on_change, relay=relay)
             problems = await _check(config, guard, upstream, field, redact_url(store_url))
             try:
                 if not problems:

@@ -1,57 +1,61 @@
-"""The proxy's upstream: one MCP ``Client`` at a time, its transports, and the watch on its end of file.
+"""The proxy's upstream: one MCP ``Client`` at a time, what it announces, and what a failure means for a call.
 
-The upstream is the real MCP server the proxy guards, started as a stdio subprocess or reached over
-Streamable HTTP (or, in tests, an in-process server). Every connection lists the upstream's tools and checks
-them against the config; so does every change the upstream announces. Failures are told apart by what they
-mean for a call: it was certainly not sent (:class:`_Unavailable`, and :class:`_Unreachable` when no
-connection can be made at all), or it was sent and no answer came back (:class:`_OutcomeUnknown`).
+The upstream is the real MCP server the proxy guards (its transports: ``_transports.py``). Every connection
+lists the upstream's tools and checks them against the config; so does every change the upstream announces.
+What else the upstream sends on its own (other changes, resource updates, log lines, and in the handshake era
+its requests for elicitation, sampling and roots) goes to the proxy's :class:`Relay`. The proxy subscribes the
+upstream to the resources its hosts subscribed to, on every connection.
+
+Failures are told apart by what they mean for a call (``_transports.py``): not sent, or sent and unanswered.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar, cast
 
 import anyio
 import anyio.abc
 import mcp_types as types
-from mcp import Client, MCPError, StdioServerParameters, stdio_client
-from mcp.client._transport import TransportStreams
-from mcp.server import MCPServer, Server
-from mcp.shared.message import SessionMessage
+from mcp import Client, MCPError
+from mcp.client.session import ClientRequestContext
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.subscriptions import ServerEvent, ToolsListChanged, event_to_notification
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from ._config import Config
+from ._exchange import Answer, Ask, resolve
+from ._transports import (
+    TargetFactory,
+    UpstreamTarget,
+    _describe,
+    _NotGuarded,
+    _OutcomeUnknown,
+    _Unavailable,
+    _Unreachable,
+    _unreachable,
+)
 
 log = logging.getLogger("agentguard.mcp")
 
-UpstreamTarget = Server[Any] | MCPServer | StdioServerParameters | str
+__all__ = ["Relay", "Upstream", "UpstreamTarget"]
+
+T = TypeVar("T")
 
 
-class _OutcomeUnknown(Exception):
-    """The upstream call was sent but no answer came back (the upstream died or timed out)."""
+class Relay(Protocol):
+    """Where the proxy passes on what its upstream sends unasked."""
 
+    async def ask(self, request: types.InputRequest) -> Answer:
+        """A handshake-era request of the upstream's (elicitation, sampling, roots): the host's answer."""
+        ...
 
-class _Unavailable(Exception):
-    """The upstream could not be reached: the call was certainly not sent."""
-
-
-class _Unreachable(_Unavailable):
-    """No connection to the upstream could be made: its command cannot be started, it exits (or hangs up)
-    at once, or it does not answer. Retrying does not help until a person fixes the proxy's configuration."""
-
-
-class _NotGuarded(Exception):
-    """The upstream does not offer a guarded tool as configured (any more): the call is refused, not sent."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
+    async def notify(self, notification: types.ServerNotification) -> None:
+        """A notification of the upstream's (changes other than its tools, resource updates, log lines)."""
+        ...
 
 
 @dataclass(eq=False)
@@ -65,76 +69,20 @@ class _Connection:
     """The upstream said its tools changed and they were not listed again since."""
     changed: anyio.Event = field(default_factory=anyio.Event)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
+    resources: frozenset[str] = frozenset()
+    """The resources this connection is subscribed to."""
+    relisten: anyio.Event = field(default_factory=anyio.Event)
 
     def tool(self, name: str) -> types.Tool | None:
         return next((t for t in self.tools if t.name == name), None)
 
+    @property
+    def modern(self) -> bool:
+        return self.client.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
+
 
 Checker = Callable[[list[types.Tool]], dict[str, list[str]]]
 """Which guarded tools a tool list breaks, and how (``_config.tool_problems`` over the tools' schemas)."""
-
-
-TargetFactory = Callable[[anyio.Event], Any]
-"""Makes a fresh ``Client`` target for each connection; sets the event when the transport reaches EOF."""
-
-
-@asynccontextmanager
-async def _watched(
-    inner: AbstractAsyncContextManager[TransportStreams], eof: anyio.Event
-) -> AsyncIterator[TransportStreams]:
-    """Relay a transport, setting ``eof`` when the upstream's side closes (it died, or hung up).
-
-    A call made after that must not be sent into a dead connection: reconnecting first is safe, while a
-    call that meets a closed connection mid-flight has an unknown outcome.
-    """
-    async with inner as (read, write):
-        send, recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-
-        async def pump() -> None:
-            try:
-                async with send:
-                    async for item in read:
-                        await send.send(item)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass
-            finally:
-                eof.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pump)
-            try:
-                yield recv, write
-            finally:
-                tg.cancel_scope.cancel()
-
-
-@asynccontextmanager
-async def _http(url: str, headers: Mapping[str, str]) -> AsyncIterator[TransportStreams]:
-    import httpx2
-    from mcp.client.streamable_http import streamable_http_client
-
-    timeout = httpx2.Timeout(30.0, read=300.0)
-    async with (
-        httpx2.AsyncClient(headers=dict(headers), timeout=timeout) as http,
-        streamable_http_client(url, http_client=http) as streams,
-    ):
-        yield streams
-
-
-def config_target(config: Config, environ: Mapping[str, str]) -> TargetFactory:
-    """The config's upstream: its command over stdio, or its URL over Streamable HTTP."""
-    up = config.upstream
-    if up.url is not None:
-        url, headers = up.url, dict(up.headers)
-        return lambda eof: _watched(_http(url, headers), eof)
-    cmd, args = config.upstream_command()
-    params = StdioServerParameters(command=cmd, args=args, env=config.upstream_env(environ), cwd=config.upstream_cwd())
-    return lambda eof: _watched(stdio_client(params), eof)
-
-
-def fixed_target(target: UpstreamTarget) -> TargetFactory:
-    """Any ``Client`` target (an in-process server in tests), the same for every connection."""
-    return lambda _eof: target
 
 
 class Upstream:
@@ -149,17 +97,27 @@ class Upstream:
 
     def __init__(
         self, tg: anyio.abc.TaskGroup, target: TargetFactory, *, mode: str, timeout: float, check: Checker,
-        on_change: Callable[[], Coroutine[Any, Any, None]] | None = None,
+        on_change: Callable[[], Coroutine[Any, Any, None]] | None = None, relay: Relay | None = None,
     ) -> None:
-        self._tg = tg
-        self._target = target
-        self._mode = mode
-        self.timeout = timeout
-        self._check = check
-        self._on_change = on_change
+        self._tg, self._target, self._mode, self.timeout = tg, target, mode, timeout
+        self._check, self._on_change, self._relay = check, on_change, relay
         self._lock = anyio.Lock()
         self._conn: _Connection | None = None
         self._seen: tuple[str, dict[str, list[str]]] | None = None  # the last tools listed, and their problems
+        self._resources: frozenset[str] = frozenset()  # what the hosts subscribed to
+
+    @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        conn = self._conn
+        return conn.client.server_capabilities if conn is not None else None
+
+    @property
+    def modern(self) -> bool:
+        return self._conn is not None and self._conn.modern
+
+    @property
+    def instructions(self) -> str | None:
+        return self._conn.client.instructions if self._conn is not None else None
 
     async def _hold(self, ready: anyio.Event, box: dict[str, Any]) -> None:
         conn: _Connection | None = None
@@ -169,12 +127,17 @@ class Upstream:
             if isinstance(message, types.ToolListChangedNotification) and conn is not None:
                 conn.stale = True  # at once: a guarded call arriving before the relist lists again first
                 conn.changed.set()
+            elif isinstance(message, types.ServerNotification) and self._relay is not None:
+                await self._relay.notify(message)
+            elif isinstance(message, Exception):
+                log.warning("the upstream sent something that is not a message: %s", _describe(message))
 
         try:
             # The timeout bounds the handshake, each listing and a subscription's acknowledgment too: an
             # upstream that never answers fails the startup (or the reconnection) instead of hanging it.
             async with Client(self._target(stop), mode=self._mode, raise_exceptions=False,
-                              read_timeout_seconds=self.timeout, message_handler=on_message, cache=None) as client:
+                              read_timeout_seconds=self.timeout, message_handler=on_message, cache=None,
+                              **self._callbacks()) as client:
                 conn = _Connection(client, stop)
                 async with anyio.create_task_group() as tg:
                     # Subscribed before the first listing, so no change can fall between the two.
@@ -182,6 +145,7 @@ class Upstream:
                     tg.start_soon(self._follow, conn)
                     async with conn.lock:
                         await self._list(conn)
+                    await self._subscribe(conn)
                     box["conn"] = conn
                     ready.set()
                     await stop.wait()
@@ -198,28 +162,66 @@ class Upstream:
         if conn is not None:
             log.info("the upstream connection closed; the next call reconnects")
 
+    def _callbacks(self) -> dict[str, Any]:
+        """The handshake era's upstream requests, passed on to the relay (the client declares what it relays)."""
+        relay = self._relay
+        if relay is None:
+            return {}
+
+        async def elicit(_ctx: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
+            return await relay.ask(types.ElicitRequest(params=params))
+
+        async def sample(_ctx: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
+            return await relay.ask(types.CreateMessageRequest(params=params))
+
+        async def roots(_ctx: ClientRequestContext) -> Any:
+            return await relay.ask(types.ListRootsRequest())
+
+        return {"elicitation_callback": elicit, "sampling_callback": sample, "list_roots_callback": roots}
+
     async def _listen(self, conn: _Connection, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        # On the 2026-07-28 era change notifications come only on a subscriptions/listen stream (the
-        # handshake era sends them unasked). Its events reach on_message too.
-        caps = conn.client.server_capabilities.tools
-        if conn.client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS or caps is None or not caps.list_changed:
+        # On the 2026-07-28 era change notifications come only on a subscriptions/listen stream (the handshake
+        # era sends them unasked); its events reach on_message too. A new set of resources opens a new stream.
+        caps = conn.client.server_capabilities
+        wanted = {"tools_list_changed": bool(caps.tools and caps.tools.list_changed),
+                  "prompts_list_changed": bool(caps.prompts and caps.prompts.list_changed),
+                  "resources_list_changed": bool(caps.resources and caps.resources.list_changed)}
+        subscribes = bool(caps.resources and caps.resources.subscribe)
+        if not conn.modern or not (any(wanted.values()) or subscribes):
             task_status.started()
             return
         started = False
-        try:
-            async with conn.client.listen(tools_list_changed=True) as events:
-                task_status.started()
-                started = True
-                async for _event in events:
-                    conn.stale = True
-                    conn.changed.set()
-        except Exception as exc:  # the connection ended, or the upstream refused the stream
-            if not started:
-                log.warning("the upstream does not send its tool changes (%s): they are seen when a host lists "
-                            "the tools or the proxy reconnects", _describe(exc))
-                task_status.started()
-            else:
-                log.debug("the upstream's change notifications ended: %s", _describe(exc))
+        while True:
+            conn.relisten = anyio.Event()
+            uris = sorted(conn.resources) if subscribes else []
+            try:
+                async with conn.client.listen(**wanted, resource_subscriptions=uris) as events, \
+                        anyio.create_task_group() as tg:
+                    if not started:
+                        task_status.started()
+                        started = True
+                    tg.start_soon(_cancel_on, conn.relisten, tg.cancel_scope)
+                    async for event in events:
+                        await self._event(conn, event)
+                    tg.cancel_scope.cancel()
+            except Exception as exc:  # the connection ended, or the upstream refused the stream
+                if not started:
+                    log.warning("the upstream does not send its changes (%s): its tools are checked again when a "
+                                "host lists them or the proxy reconnects", _describe(exc))
+                    task_status.started()
+                else:
+                    log.debug("the upstream's change notifications ended: %s", _describe(exc))
+                return
+            if not conn.relisten.is_set():
+                log.debug("the upstream ended its change notifications")
+                return
+
+    async def _event(self, conn: _Connection, event: ServerEvent) -> None:
+        if isinstance(event, ToolsListChanged):
+            conn.stale = True
+            conn.changed.set()
+        elif self._relay is not None:
+            await self._relay.notify(event_to_notification(event, {}))
 
     async def _follow(self, conn: _Connection) -> None:
         while True:
@@ -268,6 +270,35 @@ class Upstream:
                 self.drop(conn)
                 raise _Unavailable(f"the connection ended while listing its tools ({_describe(exc)})") from exc
 
+    # -- resources the hosts subscribed to ------------------------------------------------------------------
+
+    async def subscribe(self, resources: frozenset[str]) -> None:
+        """Subscribe the upstream to exactly these resources (the union of the hosts' subscriptions)."""
+        self._resources = resources
+        conn = self._conn
+        if conn is not None and not conn.stop.is_set():
+            await self._subscribe(conn)
+
+    async def _subscribe(self, conn: _Connection) -> None:
+        want, had = self._resources, conn.resources
+        if want == had:
+            return
+        conn.resources = want
+        if conn.modern:
+            conn.relisten.set()
+            return
+        requests: list[types.ClientRequest] = [
+            *(types.SubscribeRequest(params=types.SubscribeRequestParams(uri=u)) for u in sorted(want - had)),
+            *(types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=u)) for u in sorted(had - want)),
+        ]
+        for request in requests:
+            try:
+                await conn.client.session.send_request(request, types.EmptyResult)
+            except MCPError as exc:
+                log.warning("the upstream refused %s: %s", request.method, exc.error.message)
+
+    # -- the connection ------------------------------------------------------------------------------------
+
     async def connect(self) -> _Connection:
         """The live connection, or a new one. Raises _Unreachable if none can be made."""
         conn = self._conn
@@ -306,16 +337,40 @@ class Upstream:
         if self._conn is not None:
             self.drop(self._conn)
 
-    async def call(
-        self, name: str, arguments: dict[str, Any], meta: dict[str, Any], conn: _Connection | None = None
-    ) -> types.CallToolResult:
-        """Call upstream (on ``conn`` if given). Raises _Unavailable (not sent), _OutcomeUnknown (sent, no
-        answer) or MCPError."""
-        conn = conn if conn is not None else await self.connect()
+    async def request(self, send: Callable[[Client], Awaitable[T]]) -> T:
+        """Any request but a tool call (a listing, a read, a completion...), passed through: raises MCPError,
+        with ``CONNECTION_CLOSED`` when the upstream cannot be reached or hung up."""
         try:
-            return await conn.client.call_tool(
-                name, arguments, read_timeout_seconds=self.timeout, meta=meta  # type: ignore[arg-type]
+            conn = await self.connect()
+        except _Unavailable as exc:
+            raise MCPError(CONNECTION_CLOSED, f"agentguard proxy: the upstream server is unavailable ({exc})") from None
+        try:
+            return await send(conn.client)
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                self.drop(conn)
+            raise
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+            self.drop(conn)
+            raise MCPError(CONNECTION_CLOSED, "agentguard proxy: the upstream server closed the connection") from None
+
+    async def call(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any], conn: _Connection | None = None, *,
+        progress: ProgressFnT | None = None, ask: Ask | None = None,
+    ) -> types.CallToolResult:
+        """Call upstream (on ``conn`` if given), its progress to ``progress``, its questions (2026-07-28) to
+        ``ask``. Raises _Unavailable (not sent), _OutcomeUnknown (sent, no answer) or MCPError."""
+        conn = conn if conn is not None else await self.connect()
+
+        async def send(answers: types.InputResponses | None, state: str | None) -> Any:
+            return await conn.client.session.call_tool(
+                name, arguments, read_timeout_seconds=self.timeout, progress_callback=progress,
+                input_responses=answers, request_state=state, meta=cast("types.RequestParamsMeta", meta),
+                allow_input_required=True,
             )
+
+        try:
+            result = await resolve(send, ask)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 self.drop(conn)
@@ -328,19 +383,10 @@ class Upstream:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             self.drop(conn)
             raise _OutcomeUnknown("the upstream server closed the connection mid-call") from exc
+        assert isinstance(result, types.CallToolResult)
+        return result
 
 
-def _unreachable(exc: BaseException | None) -> str:
-    """Why no connection could be made (the upstream's own stderr, passed on to the proxy's, says more)."""
-    if exc is None or (isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED):
-        return "it closed the connection before it was ready: it may have exited at once (see its stderr)"
-    return _describe(exc)
-
-
-def _describe(exc: BaseException | None) -> str:
-    if exc is None:
-        return "unknown error"
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return _describe(exc.exceptions[0])
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if not isinstance(exc, MCPError | OSError) else text
+async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()

@@ -8,11 +8,11 @@
         return await provider.charge(order_id, amount_cents, idempotency_key=idempotency_key)
 
 ``guarded_tool`` applies ``guard.once`` with the options given (``key``, ``ignore``, ``cache_errors``,
-``inject``, ``operation``) and registers the tool. The tool schema gains a required ``task_id`` argument and
-never shows the injected key. The task id comes from that argument if it is sent, else
-``_meta["dev.agentguard/task_id"]``, else ``$AGENTGUARD_TASK_ID``; a value that is present but not a usable
-task id (a number, a list, ``""``) is refused, never replaced by the next source; without one the call is
-refused. A replay carries
+``inject``, ``operation``) and registers the tool, listed with ``idempotentHint: true`` (the ``annotations``
+given are kept otherwise). The tool schema gains a required ``task_id`` argument and never shows the injected
+key. The task id comes from that argument if it is sent, else ``_meta["dev.agentguard/task_id"]``, else
+``$AGENTGUARD_TASK_ID``; a value that is present but not a usable task id (a number, a list, ``""``) is
+refused, never replaced by the next source; without one the call is refused. A replay carries
 ``_meta["dev.agentguard/replayed"] = true`` and a leading text line saying it is a replay. Refusals are tool
 errors whose text says that nothing was executed.
 """
@@ -205,7 +205,9 @@ def guarded_tool(
         tool_fn.__annotations__ = tool_annotations
         metadata = func_metadata(tool_fn, skip_names=[ctx_name], structured_output=structured_output)
 
-        server.add_tool(tool_fn, name=tool_name, title=title, description=description, annotations=annotations,
+        # Safe to repeat, and the model is told so; the other hints are the caller's (destructiveHint first).
+        idempotent = (annotations or types.ToolAnnotations()).model_copy(update={"idempotent_hint": True})
+        server.add_tool(tool_fn, name=tool_name, title=title, description=description, annotations=idempotent,
                         structured_output=structured_output)
         _require_task_id(server, tool_name)
         return typing.cast(Callable[P, R], guarded)

@@ -1,4 +1,4 @@
-"""The guarding MCP proxy: ``agentguard mcp-proxy --config agentguard.toml``.
+"""The guarding MCP proxy: ``agentguard mcp-proxy --config agentguard.toml [--http [HOST:]PORT]``.
 
 It sits between a host (Claude Code, Codex, any MCP client) and an upstream MCP server. ``tools/list`` is
 relayed; each tool the config names gains a required ``task_id`` argument. A guarded call is claimed in the
@@ -8,13 +8,22 @@ to every later call, labelled as a replay. Every other tool passes through untou
 
 This module is the proxy's front door; the code lives in one module per concept:
 
-    _config.py     the TOML config, and the check of each guarded tool against the upstream's tools
-    _upstream.py   the upstream connection: transports, reconnection, the watched end of file
-    _startup.py    checked first, served second: store and upstream opened and checked before serving
-    _guarding.py   GuardingProxy: tools/list and tools/call, the guarded call through Guard.run
-    _results.py    payloads stored, results sent, replay marking, the proxy's own refusal texts
-    _meta.py       the wire: _meta keys, the task id rule, audit ids, the replay note
-    _command.py    the command: logging, stdin, signals, serving over stdio, exit codes
+    _config.py      the TOML config, and the check of each guarded tool against the upstream's tools
+    _transports.py  how the upstream is reached: stdio, Streamable HTTP, in process; the watched end of file
+    _upstream.py    the upstream connection: reconnection, its tools, its notifications and subscriptions,
+                    what a failure means for a call
+    _startup.py     checked first, served second: store and upstream opened and checked before serving
+    _guarding.py    GuardingProxy: the server, tools/list and tools/call
+    _guarded.py     a guarded call through Guard.run
+    _confirm.py     the user's confirmation before a guarded call first runs (confirm = true)
+    _exchange.py    a host's request answered by calling upstream, and the questions asked on the way
+    _relay.py       everything but tools, passed through: resources, prompts, completions, logging
+    _hub.py         the hosts: change notifications, subscriptions, log levels, requests that name no call
+    _tools.py       the upstream's tools as the proxy lists them (task_id, idempotentHint, tasks)
+    _results.py     payloads stored, results sent, replay marking, the proxy's own refusal texts
+    _meta.py        the wire: _meta keys (reserved ones stripped), the task id rule, audit ids, the replay note
+    _http.py        --http: Streamable HTTP for many hosts, behind a bearer token
+    _command.py     the command: logging, stdin, signals, serving over stdio or HTTP, exit codes
 
 Logs go to stderr only: stdout is the protocol.
 """
@@ -22,10 +31,11 @@ Logs go to stderr only: stdout is the protocol.
 from __future__ import annotations
 
 from ._command import main
+from ._guarded import _FinalError as _FinalError  # stored records name it agentguard.mcp.proxy:_FinalError
+from ._guarded import _HeldUnknown as _HeldUnknown  # (and this one likewise)
 from ._guarding import GuardingProxy
-from ._guarding import _FinalError as _FinalError  # stored records name it agentguard.mcp.proxy:_FinalError
-from ._guarding import _HeldUnknown as _HeldUnknown  # (and this one likewise)
 from ._startup import StartupError
-from ._upstream import Upstream, UpstreamTarget
+from ._transports import UpstreamTarget
+from ._upstream import Upstream
 
 __all__ = ["GuardingProxy", "StartupError", "Upstream", "UpstreamTarget", "main"]

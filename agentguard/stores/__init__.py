@@ -8,7 +8,8 @@ What the guard asks of a store is written as three protocols (``ClaimStore``, ``
 - ``_dialects``    every SQLite/Postgres difference, in one object chosen when the store is made;
 - ``_claims``      the three ways to ask for a claim (the dialect picks one);
 - ``_aiosqlite``   what the store needs of aiosqlite beyond SQLAlchemy (connections, threads, one hop);
-- ``_engines``     one engine per event loop, the idle connections of the hot path, letting go;
+- ``_engines``     one engine per event loop, and letting go;
+- ``_lane``        the hot path's connections on a loop: a few kept idle, each handed to the longest waiter;
 - ``_executor``    running statements: the hot path, the general path, one retry policy, ``StoreError``;
 - ``_store``       ``SQLStore``: the verbs;
 - ``_protocols``   the interfaces.

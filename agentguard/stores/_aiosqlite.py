@@ -96,20 +96,32 @@ async def fetch_row(drv: Any, sql: str, args: Sequence[Any]) -> Any:
     return rows[0] if rows else None
 
 
-def fetch_pair(drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]) -> Any:
+def fetch_pair(drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any], *,
+               claim_unsynced: bool = False) -> Any:
     """:func:`read_or_claim` in one hop (awaitable)."""
-    return drv._execute(read_or_claim, drv._conn, sql, args, then_sql, then_args)
+    return drv._execute(read_or_claim, drv._conn, sql, args, then_sql, then_args, claim_unsynced)
 
 
 def read_or_claim(conn: Any, read_sql: str, read_args: Sequence[Any], claim_sql: str,
-                  claim_args: Sequence[Any]) -> int | tuple[Any, ...] | None:
+                  claim_args: Sequence[Any], claim_unsynced: bool = False) -> int | tuple[Any, ...] | None:
     """Runs on aiosqlite's thread (autocommit): the record's columns, or the fence we inserted. A racing
-    insert from another process between the read and the insert makes the insert do nothing: read again."""
+    insert from another process between the read and the insert makes the insert do nothing: read again.
+
+    ``claim_unsynced`` (a store at ``synchronous=FULL``): the claim's commit does not sync the WAL; the
+    completion's commit, synced, covers its frames too. A power loss between the two loses the claim, and the
+    retry runs again with the same downstream key — what a takeover after a crash does anyway — so the
+    contract holds while a first call costs one sync instead of two."""
     for _ in range(3):
         rows = conn.execute(read_sql, read_args).fetchall()
         if rows:
             return tuple(rows[0])
-        rows = conn.execute(claim_sql, claim_args).fetchall()  # fetch all: the statement ends, it commits
+        if claim_unsynced:
+            conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            rows = conn.execute(claim_sql, claim_args).fetchall()  # fetch all: the statement ends, it commits
+        finally:
+            if claim_unsynced:
+                conn.execute("PRAGMA synchronous = FULL")
         if rows:
             return int(rows[0][0])
     return None  # the row keeps vanishing and reappearing: the caller's bounded retry decides

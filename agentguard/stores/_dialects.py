@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from .._errors import StoreError
 from .._extras import require
@@ -81,6 +82,12 @@ class Dialect:
     claim_function = False  # the store makes (and claims through) the read-or-claim function
     claim: ClaimWay  # how a claim is asked (see _claims)
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
+    single_writer = False  # one write lock for the whole database (SQLite): a long writer makes others wait
+
+    @property
+    def capacity(self) -> int:
+        """How many connections the engine's pool allows in all (its size and overflow)."""
+        return 1 if self.memory else self.options.pool_size * 3
 
     def __init__(self, url: str, options: Options) -> None:
         self.url = url  # normalised: always names the driver
@@ -151,6 +158,21 @@ class SQLite(Dialect):
     now = "((julianday('now') - 2440587.5) * 86400.0)"
     schema_begin = "BEGIN IMMEDIATE"  # DDL is serialised by SQLite's single writer lock
     step_isolation = "SERIALIZABLE"
+    single_writer = True
+
+    @property
+    def _pool_size(self) -> int:
+        # One writer at a time, each connection a thread of aiosqlite's: more than a few only add threads.
+        return min(self.options.pool_size, 5)
+
+    @property
+    def capacity(self) -> int:
+        return 1 if self.memory else self._pool_size * 3
+
+    @property
+    def claim_unsynced(self) -> bool:
+        """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.read_or_claim``)."""
+        return self.options.sqlite_synchronous.upper() == "FULL"
 
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
@@ -179,7 +201,13 @@ class SQLite(Dialect):
             raise StoreError(f"the store failed (not permitted to read and write the SQLite file {path!r})")
 
     def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
-        return {**super().engine_kwargs(opened), "async_creator": connector(self.url, opened)}
+        kwargs = {**super().engine_kwargs(opened), "async_creator": connector(self.url, opened)}
+        if not self.memory:  # (an in-memory database is one connection: SQLAlchemy's static pool)
+            # A queue pool of this size, whatever the SQLAlchemy version's default for aiosqlite (NullPool before
+            # 2.0.38: a new connection, and a new aiosqlite thread, per checkout).
+            size = self._pool_size
+            kwargs.update(poolclass=AsyncAdaptedQueuePool, pool_size=size, max_overflow=size * 2)
+        return kwargs
 
     def set_up(self, engine: AsyncEngine) -> None:
         synchronous = self.options.sqlite_synchronous.upper()
@@ -199,7 +227,9 @@ class SQLite(Dialect):
 
     def fetch_pair(self, drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]
                    ) -> Awaitable[Any]:
-        return aiosqlite_pair(drv, sql, args, then_sql, then_args)  # type: ignore[no-any-return]
+        return aiosqlite_pair(  # type: ignore[no-any-return]
+            drv, sql, args, then_sql, then_args, claim_unsynced=self.claim_unsynced
+        )
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
         return isinstance(exc, ValueError)  # aiosqlite: "no active connection"

@@ -10,32 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import StoreError
 from .._redact import redact_text
 from ._aiosqlite import join_threads
 from ._dialects import Dialect
-
-IDLE_MAX = 2  # driver connections kept between hot statements, per event loop
-
-Idle = list[tuple[Any, Any]]  # (pool connection, its driver connection): reaching the driver's costs three hops
+from ._lane import Lane
 
 
 class Engines:
     """The store's engines, one per event loop, and each loop's idle connections.
 
-    **The idle connections** are a shortcut for the hot path (``Executor.one``): up to ``IDLE_MAX`` pool
-    connections per loop stay checked out between statements, so a statement skips SQLAlchemy's pool
-    checkout and check-in, a large share of a one-statement step. They are the pool's own connections:
-    a statement on one must equal the same statement on a connection just checked out of the pool
-    (``engine.raw_connection()``), and any connection that may be broken goes back to the pool instead.
+    Each loop's hot-path connections are a :class:`~._lane.Lane`: a few kept idle between statements, every
+    one a statement is done with handed to the caller that has waited longest.
     """
 
     def __init__(self, dialect: Dialect) -> None:
@@ -43,9 +35,9 @@ class Engines:
         self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
             weakref.WeakKeyDictionary()
         )
-        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Idle] = weakref.WeakKeyDictionary()
-        # The last loop's (loop, engine, idle connections): the hot path's one lookup, not two weak ones.
-        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], AsyncEngine, Idle] | None = None
+        self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Lane] = weakref.WeakKeyDictionary()
+        # The last loop's (loop, engine, lane): the hot path's one lookup, not two weak ones.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], AsyncEngine, Lane] | None = None
         self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         # The driver connections with threads of their own (aiosqlite) opened on each loop, to join at dispose.
         self._opened: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
@@ -63,18 +55,18 @@ class Engines:
             self._close_with(loop)
         return engine
 
-    def here(self) -> tuple[AsyncEngine, Idle]:
-        """The running loop's engine and idle connections."""
+    def here(self) -> tuple[AsyncEngine, Lane]:
+        """The running loop's engine and hot-path lane."""
         loop = asyncio.get_running_loop()
         last = self._last
         if last is not None and last[0]() is loop:
             return last[1], last[2]
         engine = self.engine()
-        idle = self._idle.get(loop)
-        if idle is None:
-            idle = self._idle[loop] = []
-        self._last = (weakref.ref(loop), engine, idle)
-        return engine, idle
+        lane = self._lanes.get(loop)
+        if lane is None:
+            lane = self._lanes[loop] = Lane(self._dialect.capacity)
+        self._last = (weakref.ref(loop), engine, lane)
+        return engine, lane
 
     def _make(self) -> AsyncEngine:
         d = self._dialect
@@ -85,31 +77,27 @@ class Engines:
         d.set_up(engine)
         return engine
 
-    async def connect(self, engine: AsyncEngine, idle: Idle) -> Any:
-        """A connection from the pool, opened to the end even if the caller is cancelled meanwhile: a connect
-        cut off halfway (asyncpg's TLS negotiation, say) leaves a half-open socket and a failed future behind.
-        A connection nobody waits for any more joins the idle ones (or goes back to the pool)."""
-        opening = asyncio.ensure_future(engine.raw_connection())
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection]:
+        """``engine.connect()`` for the general path, counted among the pool's waiters until it has its
+        connection (so the hot path's idle connections do not keep it waiting)."""
+        engine, lane = self.here()
+        conn = engine.connect()
+        lane.waiting += 1
         try:
-            return await asyncio.shield(opening)
-        except asyncio.CancelledError:
-            if not opening.done():
-                opening.add_done_callback(functools.partial(_adopt, idle))
-            raise
-
-    @staticmethod
-    async def give_back(raw: Any) -> None:
-        """Return a connection to the pool, inside SQLAlchemy's greenlet, so a connection the pool discards
-        (overflow, invalidated) is closed with an await rather than dropped."""
-        await greenlet_spawn(raw.close)
+            await conn.start()
+        finally:
+            lane.waiting -= 1
+        try:
+            yield conn
+        finally:
+            await conn.__aexit__(None, None, None)  # (closes it to completion, as ``async with`` does)
 
     async def drop_idle(self) -> None:
         """Invalidate the running loop's idle connections (after one was found dead, the others likely are)."""
-        idle = self._idle.get(asyncio.get_running_loop())
-        while idle:
-            stale = idle.pop()[0]
-            stale.invalidate()
-            await greenlet_spawn(stale.close)
+        lane = self._lanes.get(asyncio.get_running_loop())
+        if lane is not None:
+            await lane.drop_idle()
 
     def _close_with(self, loop: asyncio.AbstractEventLoop) -> None:
         """Dispose this loop's engine when the loop shuts down."""
@@ -129,20 +117,10 @@ class Engines:
         """Dispose the engine of the running loop, its idle connections, and join its driver threads."""
         loop = asyncio.get_running_loop()
         self._last = None
-        idle = self._idle.pop(loop, None)
-        while idle:
-            await greenlet_spawn(idle.pop()[0].close)
+        lane = self._lanes.pop(loop, None)
+        if lane is not None:
+            await lane.close_idle()
         engine = self._engines.pop(loop, None)
         if engine is not None:
             await engine.dispose()
         await join_threads(self._opened.pop(loop, []))
-
-
-def _adopt(idle: Idle, opening: asyncio.Future[Any]) -> None:
-    if opening.cancelled() or opening.exception() is not None:
-        return  # retrieved: nothing is left unreported
-    raw = opening.result()
-    if len(idle) < IDLE_MAX:
-        idle.append((raw, raw.driver_connection))
-    else:
-        asyncio.get_running_loop().create_task(greenlet_spawn(raw.close))

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .._errors import StoreError
 from .._redact import redact_text
 from ._dialects import Dialect
-from ._engines import IDLE_MAX, Engines
+from ._engines import Engines
 
 log = logging.getLogger("agentguard.store")
 T = TypeVar("T")
@@ -80,9 +80,8 @@ class Executor:
         if self.schema_ready:
             return
         self.dialect.prepare()
-        engine = self.engines.engine()
         try:
-            async with engine.connect() as conn:
+            async with self.engines.connection() as conn:
                 await self._make_schema_on(conn)
         except (SQLAlchemyError, OSError) as exc:
             raise self.error("creating the schema", exc, False) from exc
@@ -108,7 +107,7 @@ class Executor:
 
         A shortcut beside :meth:`run`: SQLAlchemy still owns the pool, the dialect and the compiled SQL, but
         the statement goes straight to the driver (asyncpg's prepared-statement cache, aiosqlite's
-        ``execute_fetchall``) on an idle connection (see ``Engines``), skipping the per-statement cursor,
+        ``execute_fetchall``) on a connection of the loop's lane (``_lane.Lane``), skipping the per-statement cursor,
         result and reset steps of the general path — on aiosqlite each of them a thread hop. It must answer
         what ``run(what, lambda conn: conn.execute(stmt, params).first())`` answers.
 
@@ -118,42 +117,35 @@ class Executor:
         """
         if not self.schema_ready:
             await self.ensure_schema()
-        engines = self.engines
-        engine, idle = engines.here()
+        engine, lane = self.engines.here()
         sql, getter = self._compiled(stmt, engine)
         args = getter(params)
         if then is not None:
             then_sql, then_getter = self._compiled(then, engine)
             then_args = then_getter(params)
         for attempt in (1, 2):
-            if idle:
-                raw, drv = idle.pop()
-            else:
-                try:
-                    raw = await engines.connect(engine, idle)
-                except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
-                    raise self.error(what, exc, body_ran) from exc
-                drv = raw.driver_connection
-            keep = False
+            try:
+                conn = await lane.acquire(engine)
+            except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
+                raise self.error(what, exc, body_ran) from exc
+            raw, drv = conn
+            sound = False
             try:
                 if then is None:
                     row = await self._fetch(drv, sql, args)
                 else:
                     row = await self._fetch_pair(drv, sql, args, then_sql, then_args)
-                keep = len(idle) < IDLE_MAX
+                sound = True
                 return row
             except Exception as exc:
                 if not await self._retry_lost(what, exc, attempt, raw, drv):
                     raise self.error(what, exc, body_ran) from exc
             finally:
-                # Cancelled mid-statement (keep is False): both drivers recover the connection by themselves
+                # Cancelled mid-statement (not sound): both drivers recover the connection by themselves
                 # (asyncpg completes its cancel request before the next query; aiosqlite finishes the
                 # statement on its thread), so it goes back to the pool as it is; terminating it here would
                 # race asyncpg's cancel protocol.
-                if keep:
-                    idle.append((raw, drv))
-                else:
-                    await engines.give_back(raw)
+                await lane.release(conn, sound=sound)
         raise AssertionError("unreachable")
 
     # -- the general path --------------------------------------------------------------------------------
@@ -166,11 +158,10 @@ class Executor:
         if ``transaction``), retried once on a fresh connection if its connection was lost."""
         if not self.schema_ready:
             await self.ensure_schema()
-        engine = self.engines.engine()
         for attempt in (1, 2):
             opened = False
             try:
-                async with engine.connect() as conn:
+                async with self.engines.connection() as conn:
                     opened = True
                     if not transaction:
                         return await fn(conn)
@@ -192,7 +183,7 @@ class Executor:
             await self.ensure_schema()
         raised_inside: BaseException | None = None
         try:
-            async with self.engines.engine().connect() as conn:
+            async with self.engines.connection() as conn:
                 tx_conn = await conn.execution_options(isolation_level=self.dialect.step_isolation)
                 async with tx_conn.begin():
                     try:

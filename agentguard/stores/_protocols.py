@@ -64,11 +64,15 @@ class ClaimStore(Protocol):
 
     async def renew(self, scope: str, key: str, fence: int, lease: float) -> bool: ...
 
-    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
-        """Record the outcome (``state`` succeeded or failed); idempotent for the fence that holds the claim."""
+    async def complete(
+        self, scope: str, key: str, fence: int, state: str, result: str, retention: float, audit: str | None = None
+    ) -> bool:
+        """Record the outcome (``state`` succeeded or failed); idempotent for the fence that holds the claim.
+        ``audit``: if given, replaces what is kept beside the record for a person (``Listing.audit``)."""
         ...
 
-    async def release(self, scope: str, key: str, fence: int, retention: float) -> bool: ...
+    async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None) -> bool:
+        ...
 
     async def release_owned(self, scope: str, key: str, owner: str, retention: float) -> bool:
         """Release a claim that a cancelled claimer may or may not have won, recognised by its owner token."""

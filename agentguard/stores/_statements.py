@@ -125,17 +125,20 @@ class Statements:
         # finds its own earlier write), and refuse any other fence.
         self.complete = text(
             f"UPDATE {TABLE} SET state = :state, result = :result, lease_until = NULL, updated_at = {now},"
-            f" expires_at = {now} + :retention WHERE {where_fenced}"
+            f" expires_at = {now} + :retention, audit = COALESCE(:audit, audit) WHERE {where_fenced}"
             f" AND (state = '{RUNNING}' OR (state = :state AND result = :result)) RETURNING fence"
         )
         self.release = text(
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
-            f" expires_at = {now} + :retention WHERE {where_fenced} AND state IN ('{RUNNING}', '{RELEASED}')"
-            " RETURNING fence"
+            f" expires_at = {now} + :retention, audit = COALESCE(:audit, audit) WHERE {where_fenced}"
+            f" AND state IN ('{RUNNING}', '{RELEASED}') RETURNING fence"
         )
         # Bounded batches; the outer predicate is re-checked on rows changed meanwhile (a takeover
-        # between the sub-select and the delete refreshes expires_at, so it is not deleted).
-        dead = f"expires_at < {now} AND NOT {live}"
+        # between the sub-select and the delete refreshes expires_at, so it is not deleted). The clock is read
+        # once per statement, as a sub-select: compared with a volatile clock call, Postgres cannot use the
+        # expires_at index and scans the table, even when nothing is expired.
+        once = f"(SELECT {now})"
+        dead = f"expires_at < {once} AND NOT (state = '{RUNNING}' AND lease_until > {once})"
         self.sweep = text(
             f"DELETE FROM {TABLE} WHERE (scope, key) IN"
             f" (SELECT scope, key FROM {TABLE} WHERE {dead} LIMIT :batch) AND {dead}"

@@ -8,6 +8,7 @@ dialect's (``_dialects``); how statements run, and fail, is the executor's (``_e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -97,9 +98,12 @@ class SQLStore:
         params = {"scope": scope, "key": key, "fence": fence, "lease": lease}
         return await self._one("renewing the lease", self.sql.renew, params, body_ran=True) is not None
 
-    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float) -> bool:
+    async def complete(
+        self, scope: str, key: str, fence: int, state: str, result: str, retention: float, audit: str | None = None
+    ) -> bool:
         params = {
             "scope": scope, "key": key, "fence": fence, "state": state, "result": result, "retention": retention,
+            "audit": audit,
         }
         return await self._one("storing the result", self.sql.complete, params, body_ran=True) is not None
 
@@ -108,8 +112,8 @@ class SQLStore:
         params = {"scope": scope, "key": key, "owner": owner, "retention": retention}
         return await self._one("releasing the claim", self.sql.release_owned, params, body_ran=None) is not None
 
-    async def release(self, scope: str, key: str, fence: int, retention: float) -> bool:
-        params = {"scope": scope, "key": key, "fence": fence, "retention": retention}
+    async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None) -> bool:
+        params = {"scope": scope, "key": key, "fence": fence, "retention": retention, "audit": audit}
         return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
 
     # -- steps ---------------------------------------------------------------------------------------------
@@ -199,12 +203,17 @@ class SQLStore:
         async def run(conn: AsyncConnection) -> int:
             return int((await conn.execute(self.sql.sweep, {"batch": batch})).rowcount or 0)
 
-        total = 0
+        total, loop = 0, asyncio.get_running_loop()
         while True:
+            started = loop.time()
             n = await self._executor.run("sweeping expired records", run, body_ran=None)
             total += n
             if n < batch:
                 break
+            if self.dialect.single_writer:
+                # Each batch held the database's one write lock: leave it free as long again before the next,
+                # so other processes' claims (waiting in SQLite's busy handler) get their turn.
+                await asyncio.sleep(loop.time() - started)
 
         async def orphans(conn: AsyncConnection) -> None:
             await conn.execute(self.sql.sweep_steps)
