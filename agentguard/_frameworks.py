@@ -13,6 +13,8 @@ _TOOL_OBJECTS: dict[tuple[str, str], tuple[str, str]] = {
     ("anthropic", "BetaAsyncFunctionTool"): ("@beta_async_tool", "the Anthropic SDK"),
     ("anthropic", "BaseFunctionTool"): ("@beta_tool", "the Anthropic SDK"),
     ("pydantic_ai", "Tool"): ("Tool(...)", "pydantic-ai"),
+    ("smolagents", "Tool"): ("@tool", "smolagents"),
+    ("llama_index", "BaseTool"): ("FunctionTool.from_defaults(...)", "LlamaIndex"),
 }
 
 
