@@ -14,6 +14,7 @@ _TOOL_OBJECTS: dict[tuple[str, str], tuple[str, str]] = {
     ("anthropic", "BaseFunctionTool"): ("@beta_tool", "the Anthropic SDK"),
     ("pydantic_ai", "Tool"): ("Tool(...)", "pydantic-ai"),
     ("smolagents", "Tool"): ("@tool", "smolagents"),
+    ("agno", "Function"): ("@tool", "agno"),
     ("llama_index", "BaseTool"): ("FunctionTool.from_defaults(...)", "LlamaIndex"),
 }
 

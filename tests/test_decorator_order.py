@@ -15,7 +15,16 @@ import pytest
 from pydantic_ai import RunContext
 
 from agentguard import Guard
-from agentguard.integrations import dbos, langchain, llamaindex, openai_agents, pydantic_ai, smolagents, temporal
+from agentguard.integrations import (
+    agno,
+    dbos,
+    langchain,
+    llamaindex,
+    openai_agents,
+    pydantic_ai,
+    smolagents,
+    temporal,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -27,6 +36,7 @@ ADAPTERS: dict[str, tuple[ModuleType, str]] = {  # adapter → (module, its fram
     "temporal": (temporal, "@activity.defn"),
     "smolagents": (smolagents, "tool(...)"),
     "llamaindex": (llamaindex, "FunctionTool.from_defaults"),
+    "agno": (agno, "@tool"),
 }
 
 
@@ -101,6 +111,12 @@ def llamaindex_tool() -> Any:
     return FunctionTool.from_defaults(charge)
 
 
+def agno_tool() -> Any:
+    from agno.tools import tool
+
+    return tool(charge)
+
+
 # tool object maker → (its class, what made it: a decorator the message shows on top, or a call)
 TOOL_OBJECTS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "function_tool": (function_tool, "FunctionTool", "@function_tool"),
@@ -112,6 +128,7 @@ TOOL_OBJECTS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "pydantic_ai.Tool": (pydantic_ai_tool, "Tool", "Tool(...)"),  # a call, not a decorator
     "smolagents-tool": (smolagents_tool, "SimpleTool", "@tool"),
     "llamaindex-FunctionTool": (llamaindex_tool, "FunctionTool", "FunctionTool.from_defaults(...)"),  # a call
+    "agno-tool": (agno_tool, "Function", "@tool"),
 }
 
 
