@@ -15,6 +15,8 @@ _TOOL_OBJECTS: dict[tuple[str, str], tuple[str, str]] = {
     ("pydantic_ai", "Tool"): ("Tool(...)", "pydantic-ai"),
     ("smolagents", "Tool"): ("@tool", "smolagents"),
     ("agno", "Function"): ("@tool", "agno"),
+    ("strands", "AgentTool"): ("@tool", "the Strands Agents SDK"),
+    ("crewai", "BaseTool"): ("@tool", "CrewAI"),
     ("llama_index", "BaseTool"): ("FunctionTool.from_defaults(...)", "LlamaIndex"),
 }
 

@@ -34,7 +34,7 @@ from ._common import AdapterOptions, Framework, ToolSpec, adapt, refusal_message
 require("smolagents", extra="smolagents", by=__name__)
 
 if TYPE_CHECKING:
-    from smolagents import Tool  # type: ignore[import-untyped]  # smolagents ships no type information
+    from smolagents import Tool
 
 P = ParamSpec("P")
 R = TypeVar("R")
