@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q -e ".[frameworks-a]" 2>&1 | grep -v "^WARNING: Location" || true  # issue 20, below
+.venv/bin/python -m pip install -q -e ".[frameworks-a]" 2>&1 | grep -v "^WARNING: Location" || true  # see "agent frameworks" below
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
 
 echo "== ruff"
