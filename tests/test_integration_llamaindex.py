@@ -196,3 +196,32 @@ async def test_an_explicit_task_id_callable_gets_the_context(guard: Guard) -> No
     await run(agent_for(charge_tool(guard, ledger, task_id=from_ctx), Script([500]), task_id="ignored"))
     assert isinstance(got[0], Context)
     assert [r.task_id for r in await guard.records()] == ["explicit-1"]
+
+
+async def test_a_workflow_step_retried_after_a_timeout_replays_the_charge(guard: Guard) -> None:
+    from workflows import Workflow, step
+    from workflows.events import StartEvent, StopEvent
+    from workflows.retry_policy import retry_policy, stop_after_attempt, wait_none
+
+    ledger = Ledger()
+    receipts: list[Any] = []
+
+    @once(guard, key="order_id")
+    async def charge(ctx: Context, order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+        return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    class Checkout(Workflow):
+        @step(retry_policy=retry_policy(wait=wait_none(), stop=stop_after_attempt(3)))
+        async def pay(self, ctx: Context, ev: StartEvent) -> StopEvent:
+            receipts.append(await charge(ctx, order_id="o-1", amount_cents=500))
+            if len(receipts) == 1:
+                raise TimeoutError("the receipt step timed out after the charge")  # the engine retries the step
+            return StopEvent(result=receipts[-1])
+
+    workflow = Checkout()
+    ctx = Context(workflow)
+    await ctx.store.set("task_id", "order-5")
+    result = await workflow.run(ctx=ctx)
+    assert len(receipts) == 2 and receipts[0] == receipts[1] == result
+    assert len(ledger.charges) == 1
+    assert [r.task_id for r in await guard.records()] == ["order-5"]
