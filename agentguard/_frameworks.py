@@ -13,6 +13,11 @@ _TOOL_OBJECTS: dict[tuple[str, str], tuple[str, str]] = {
     ("anthropic", "BetaAsyncFunctionTool"): ("@beta_async_tool", "the Anthropic SDK"),
     ("anthropic", "BaseFunctionTool"): ("@beta_tool", "the Anthropic SDK"),
     ("pydantic_ai", "Tool"): ("Tool(...)", "pydantic-ai"),
+    ("smolagents", "Tool"): ("@tool", "smolagents"),
+    ("agno", "Function"): ("@tool", "agno"),
+    ("strands", "AgentTool"): ("@tool", "the Strands Agents SDK"),
+    ("crewai", "BaseTool"): ("@tool", "CrewAI"),
+    ("llama_index", "BaseTool"): ("FunctionTool.from_defaults(...)", "LlamaIndex"),
 }
 
 

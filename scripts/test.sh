@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: virtualenv, install, lint, type-check, the core suite on the
 # lowest versions pyproject.toml allows (in a second, throwaway virtualenv), then pytest twice — once on
-# embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit.
+# embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit (the SQLite pass
+# also model-checks the protocol with spin: tests/test_model.py), then the short chaos run (python -m chaos).
 # Usage: bash scripts/test.sh [pytest args...]
-#   With pytest args the floors job is skipped (a quick loop); AGENTGUARD_FLOORS=1 runs it anyway,
-#   AGENTGUARD_FLOORS=0 skips it always.
+#   With pytest args the floors job and the chaos run are skipped (a quick loop); AGENTGUARD_FLOORS=1 and
+#   AGENTGUARD_CHAOS=1 run them anyway, AGENTGUARD_FLOORS=0 and AGENTGUARD_CHAOS=0 skip them always.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,10 +15,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q -e ".[frameworks-a]" 2>&1 | grep -v "^WARNING: Location" || true  # see "agent frameworks" below
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
 
 echo "== ruff"
-.venv/bin/ruff check agentguard tests servers examples benchmarks scripts
+.venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
 echo "== mypy --strict"
 .venv/bin/mypy
 
@@ -54,6 +56,28 @@ else
   echo "== (the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
 fi
 
+# -- agent frameworks (issue 20, part a) --------------------------------------------------------------------
+# smolagents, agno and LlamaIndex live in the main virtualenv (the frameworks-a extra, installed above) and their
+# tests run in both pytest passes below. Strands Agents and CrewAI cannot live there (strands-agents pins mcp<2.2;
+# crewai 1.7+ pins aiosqlite~=0.21, below agentguard's floor, so pip picks crewai 1.6.1): each gets a throwaway
+# virtualenv of its own, where its tests and its example run on SQLite. A framework named in
+# AGENTGUARD_TEST_FRAMEWORKS that is not installed fails the run (tests/conftest.py): none is skipped silently.
+export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
+framework_venv() {  # extra, its module, then the -k expression choosing its tests and example
+  echo "== $1 in its own virtualenv (SQLite)"
+  "$PY" -m venv "$SCRATCH/$1"
+  "$SCRATCH/$1/bin/python" -m pip install -q -e ".[$1]" pytest anyio pytest-timeout 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  AGENTGUARD_TEST_BACKEND=sqlite AGENTGUARD_TEST_FRAMEWORKS=$2 "$SCRATCH/$1/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/test_integration_"$1".py tests/test_examples.py -k "$3"
+}
+if [ "${AGENTGUARD_FRAMEWORK_VENVS:-}" = 1 ] || { [ "${AGENTGUARD_FRAMEWORK_VENVS:-}" != 0 ] && [ $# -eq 0 ]; }; then
+  framework_venv strands strands "test_integration_strands or strands_agent"
+  framework_venv crewai crewai "test_integration_crewai or crewai_crew"
+else
+  echo "== (Strands and CrewAI in their own virtualenvs are skipped: pytest arguments were given; AGENTGUARD_FRAMEWORK_VENVS=1 runs them)"
+fi
+
 # -- a throwaway PostgreSQL ---------------------------------------------------------------------------
 find_pg_bin() {
   if command -v initdb >/dev/null 2>&1; then dirname "$(readlink -f "$(command -v initdb)")"; return; fi
@@ -75,6 +99,18 @@ if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
     exit 1
   fi
 fi
+
+# -- spin, the model checker of tests/test_model.py (and a C compiler for the verifiers it generates) ------
+if ! command -v spin >/dev/null 2>&1 || ! { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing spin from Debian's packages"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin gcc >/dev/null)
+  else
+    echo "spin (the model checker) or a C compiler is not installed; install spin and gcc and re-run" >&2
+    exit 1
+  fi
+fi
+export AGENTGUARD_REQUIRE_SPIN=1  # tests/test_model.py fails rather than skips without it
 
 PGTMP=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-pg.XXXXXX")
 PGPORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -104,3 +140,11 @@ run_pytest() {
 run_pytest sqlite "$@"
 run_pytest postgres "$@"
 echo "== all tests passed on sqlite and postgres"
+
+# -- the chaos run: a fleet of workers under SIGKILL, SIGSTOP, cut connections and a Postgres restart -------
+if [ "${AGENTGUARD_CHAOS:-}" = 1 ] || { [ "${AGENTGUARD_CHAOS:-}" != 0 ] && [ $# -eq 0 ]; }; then
+  echo "== the chaos run (short; python -m chaos --long for the long one)"
+  .venv/bin/python -m chaos --short
+else
+  echo "== (the chaos run is skipped: pytest arguments were given; AGENTGUARD_CHAOS=1 runs it)"
+fi

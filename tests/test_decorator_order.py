@@ -15,7 +15,16 @@ import pytest
 from pydantic_ai import RunContext
 
 from agentguard import Guard
-from agentguard.integrations import dbos, langchain, openai_agents, pydantic_ai, temporal
+from agentguard.integrations import (
+    agno,
+    dbos,
+    langchain,
+    llamaindex,
+    openai_agents,
+    pydantic_ai,
+    smolagents,
+    temporal,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -25,6 +34,9 @@ ADAPTERS: dict[str, tuple[ModuleType, str]] = {  # adapter → (module, its fram
     "pydantic_ai": (pydantic_ai, "@agent.tool"),
     "dbos": (dbos, "@DBOS.step()"),
     "temporal": (temporal, "@activity.defn"),
+    "smolagents": (smolagents, "tool(...)"),
+    "llamaindex": (llamaindex, "FunctionTool.from_defaults"),
+    "agno": (agno, "@tool"),
 }
 
 
@@ -78,7 +90,34 @@ def pydantic_ai_tool() -> Any:
     return Tool(charge)
 
 
-# tool object maker → (its class, the decorator the message shows on top)
+def smolagents_tool() -> Any:
+    from smolagents import tool
+
+    def charge(order_id: str, amount_cents: int) -> str:
+        """Charge an order.
+
+        Args:
+            order_id: the order
+            amount_cents: how much
+        """
+        return f"{order_id}:{amount_cents}"
+
+    return tool(charge)
+
+
+def llamaindex_tool() -> Any:
+    from llama_index.core.tools import FunctionTool
+
+    return FunctionTool.from_defaults(charge)
+
+
+def agno_tool() -> Any:
+    from agno.tools import tool
+
+    return tool(charge)
+
+
+# tool object maker → (its class, what made it: a decorator the message shows on top, or a call)
 TOOL_OBJECTS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "function_tool": (function_tool, "FunctionTool", "@function_tool"),
     "function_tool-async": (async_function_tool, "FunctionTool", "@function_tool"),
@@ -86,7 +125,10 @@ TOOL_OBJECTS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "langchain-tool-async": (langchain_async_tool, "StructuredTool", "@tool"),
     "beta_tool": (beta_tool, "BetaFunctionTool", "@beta_tool"),
     "beta_async_tool": (beta_async_tool, "BetaAsyncFunctionTool", "@beta_async_tool"),
-    "pydantic_ai.Tool": (pydantic_ai_tool, "Tool", ""),  # not a decorator: the adapter's own is shown
+    "pydantic_ai.Tool": (pydantic_ai_tool, "Tool", "Tool(...)"),  # a call, not a decorator
+    "smolagents-tool": (smolagents_tool, "SimpleTool", "@tool"),
+    "llamaindex-FunctionTool": (llamaindex_tool, "FunctionTool", "FunctionTool.from_defaults(...)"),  # a call
+    "agno-tool": (agno_tool, "Function", "@tool"),
 }
 
 
@@ -113,8 +155,9 @@ async def test_once_on_top_of_a_framework_tool_object_says_which_way_round(
     make, cls, decorator = TOOL_OBJECTS[made]
     tool = make()
     assert type(tool).__name__ == cls
-    what = rf"a {cls} made by .+'s {re.escape(decorator or 'Tool(...)')}"
-    with pytest.raises(TypeError, match=says_which_way_round(adapter, what, decorator or own)):
+    what = rf"a {cls} made by .+'s {re.escape(decorator)}"
+    top = decorator if decorator.startswith("@") else own  # a call, not a decorator: the adapter's own is shown
+    with pytest.raises(TypeError, match=says_which_way_round(adapter, what, top)):
         module.once(guard, key="order_id")(tool)
 
 

@@ -418,8 +418,9 @@ def test_importing_agentguard_and_its_adapters_imports_no_framework(python: str)
         "import sys, agentguard, agentguard.downstream, agentguard.integrations\n"
         "import agentguard.integrations.pydantic_ai, agentguard.integrations.openai_agents\n"
         "import agentguard.integrations.langchain, agentguard.integrations.dbos, agentguard.integrations.temporal\n"
+        "import agentguard.integrations.smolagents, agentguard.integrations.llamaindex, agentguard.integrations.agno\n"
         "heavy = {'pydantic_ai', 'agents', 'langchain', 'langchain_core', 'langgraph', 'dbos', 'temporalio',\n"
-        "         'httpx', 'httpx2', 'stripe', 'mcp'}\n"
+        "         'httpx', 'httpx2', 'stripe', 'mcp', 'smolagents', 'llama_index', 'workflows', 'agno'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)

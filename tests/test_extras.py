@@ -39,6 +39,9 @@ EXTRAS = {
     "agentguard.integrations.langchain": ("langchain", ["langchain_core", "langgraph", "langchain"]),
     "agentguard.integrations.dbos": ("dbos", ["dbos"]),
     "agentguard.integrations.temporal": ("temporal", ["temporalio"]),
+    "agentguard.integrations.smolagents": ("smolagents", ["smolagents"]),
+    "agentguard.integrations.llamaindex": ("llamaindex", ["llama_index", "workflows"]),
+    "agentguard.integrations.agno": ("agno", ["agno"]),
     "agentguard.servers.payments_demo": ("mcp", ["mcp", "mcp_types"]),
     "agentguard.mcp": ("mcp", ["mcp", "mcp_types"]),
 }

@@ -43,10 +43,13 @@ class SQLStore:
         sqlite_synchronous: str = "FULL",
         pg_synchronous_commit: str | None = None,
         pg_claim_unsynced: bool = False,
+        clock: str | None = None,
     ) -> None:
+        # clock: a test seam, off by default (see _dialects.Options.clock)
         self.dialect = dialect_for(url, pool_size=pool_size, connect_timeout=connect_timeout,
                                    sqlite_synchronous=sqlite_synchronous,
-                                   pg_synchronous_commit=pg_synchronous_commit, pg_claim_unsynced=pg_claim_unsynced)
+                                   pg_synchronous_commit=pg_synchronous_commit, pg_claim_unsynced=pg_claim_unsynced,
+                                   clock=clock)
         self.url = self.dialect.url
         self.backend = self.dialect.name
         self.memory = self.dialect.memory
