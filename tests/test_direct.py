@@ -248,3 +248,32 @@ async def test_an_existing_record_is_read_on_the_loop_as_the_claim_reads_it(tmp_
     finally:
         await store.dispose()
         await general.dispose()
+
+
+def test_a_hot_write_waits_for_the_write_lock_and_other_errors_pass_at_once(tmp_path: Path) -> None:
+    """``_aiosqlite.written`` (every hot write on SQLite): a write lock held by another connection is waited
+    for in short sleeps and the write lands once it is released; any other error is raised at once, and the
+    connection's own busy timeout is restored either way."""
+    from agentguard.stores._aiosqlite import BUSY_MS, written
+
+    path = tmp_path / "w.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode = WAL")
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    done: list[Any] = []
+    thread = threading.Thread(target=lambda: done.append(written(writer, "INSERT INTO t VALUES (2) RETURNING x", ())))
+    thread.start()
+    thread.join(0.2)  # (it waits for the lock meanwhile)
+    holder.execute("COMMIT")
+    thread.join(60)
+    assert done == [[(2,)]]
+    assert sorted(r[0] for r in holder.execute("SELECT x FROM t")) == [1, 2]
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        written(writer, "INSERT INTO missing VALUES (1)", ())
+    assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_MS
+    holder.close()
+    writer.close()

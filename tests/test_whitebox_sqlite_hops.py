@@ -60,7 +60,7 @@ async def test_each_step_is_one_thread_hop(store_url: str, hops: list[str]) -> N
             hops.clear()
             assert await charge_cached(2) == 2
             cached_replay = list(hops)
-    assert first == ["read_or_claim", "_execute_fetchall"]  # read-or-claim, complete
+    assert first == ["read_or_claim", "_first_written"]  # read-or-claim, complete
     assert replay == []  # the read on the loop's thread finds the completed record; no hop, no insert
     assert cached_replay == []
     assert runs == 3  # 0, 1 and 2

@@ -33,7 +33,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from .._errors import StoreError
 from .._extras import require
 from .._redact import redact_url
-from ._aiosqlite import Opened, connector, runs_functions
+from ._aiosqlite import BUSY_MS, Opened, connector, runs_functions
 from ._aiosqlite import fetch_pair as aiosqlite_pair
 from ._aiosqlite import fetch_row as aiosqlite_row
 from ._claims import ClaimWay, by_function, by_insert, in_one_hop
@@ -228,7 +228,7 @@ class SQLite(Dialect):
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA busy_timeout = 30000")
+            cur.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
             if not memory:
                 cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
             cur.execute(f"PRAGMA synchronous = {synchronous}")

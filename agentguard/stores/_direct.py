@@ -23,7 +23,7 @@ from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
 from sqlalchemy.engine import make_url
 
 from .._errors import StoreError
-from ._aiosqlite import read_or_claim
+from ._aiosqlite import BUSY_MS, read_or_claim, written
 from ._schema import Record, record_from_row
 from ._statements import Statements
 
@@ -52,7 +52,7 @@ class DirectSQLite:
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def _conn(self, role: str = "conn", busy_ms: int = 30000) -> sqlite3.Connection:
+    def _conn(self, role: str = "conn", busy_ms: int = BUSY_MS) -> sqlite3.Connection:
         """This thread's connection for ``role`` (its own busy timeout), opened on first use."""
         held: sqlite3.Connection | None = getattr(self._local, role, None)
         if held is not None and self._pid == os.getpid():
@@ -107,7 +107,7 @@ class DirectSQLite:
         params = {"scope": scope, "key": key, "fence": fence, "state": state, "result": result,
                   "retention": retention, "audit": audit}
         try:
-            rows = self._conn().execute(sql, args(params)).fetchall()  # fetch all: the statement ends, it commits
+            rows = written(self._conn(), sql, args(params))
         except (sqlite3.Error, OSError) as exc:
             raise self._error("storing the result", exc, True) from exc
         return bool(rows)
