@@ -42,7 +42,7 @@ def result_text(block: dict[str, Any]) -> str:
     content = block.get("content", "")
     if isinstance(content, str):
         return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 class FakeMessagesAPI:
