@@ -15,6 +15,12 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
+# -- agent frameworks B: Google ADK, AG2, the Claude Agent SDK (its wheel bundles the Claude Code CLI that its
+# tests drive against a fake Messages API on loopback), the Anthropic SDK. They install beside `integrations`
+# without a conflict, so their tests run in this virtualenv on both databases; those tests import their
+# framework at module level, so a framework missing here fails the run (here, or at collection), never a skip.
+.venv/bin/python -m pip install -q -e ".[frameworks-b]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import google.adk, ag2, claude_agent_sdk, anthropic" # frameworks B installed
 
 echo "== ruff"
 .venv/bin/ruff check agentguard tests servers examples benchmarks scripts
