@@ -4,6 +4,7 @@ in-process MCP tool back through the SDK — against a fake of the Messages API 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -65,14 +66,14 @@ def charge_tool(guard: Guard, ledger: Ledger, **options: Any) -> SdkMcpTool[Any]
     return charge
 
 
-async def run(api: FakeMessagesAPI, charge: SdkMcpTool[Any], home: Path) -> ResultMessage:
+async def run(api: FakeMessagesAPI, charge: SdkMcpTool[Any], home: Path, **env: str) -> ResultMessage:
     options = ClaudeAgentOptions(
         mcp_servers={"payments": create_sdk_mcp_server("payments", tools=[charge])},
         tools=[], allowed_tools=[TOOL], model="claude-sonnet-4-5", max_turns=8, cwd=str(home), setting_sources=[],
         env={
             "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test", "HOME": str(home),
             "CLAUDE_CONFIG_DIR": str(home / ".claude"), "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1", **env,
         },
     )
     results = [m async for m in query(prompt="charge o-1", options=options) if isinstance(m, ResultMessage)]
@@ -137,6 +138,55 @@ async def test_task_id_from_the_arguments_and_none_refused(guard: Guard, tmp_pat
     assert out["toolu_2_0"].get("is_error") is True and "no usable task id" in refused
     assert refused.endswith("Nothing was executed.")
     assert [r.task_id for r in await guard.records()] == ["T-9"]
+
+
+class KeyedProvider:
+    """A provider that honours idempotency keys, as Stripe does: a key seen before gets its first charge back."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        self.charges: dict[str, str] = {}
+
+    def charge(self, order_id: str, amount_cents: int, key: str) -> str:
+        self.requests.append(key)
+        if key not in self.charges:
+            self.charges[key] = f"charged {order_id}: {amount_cents} cents, ch_{len(self.charges) + 1}"
+        return self.charges[key]
+
+
+async def test_a_call_claude_code_timed_out_is_retried_under_the_same_key(guard: Guard, tmp_path: Path) -> None:
+    """A real timeout: the provider charged, the answer is late, Claude Code gives up on the tool after its MCP
+    tool timeout and cancels the handler (the guard releases the claim), and the model calls again: the retry
+    runs under the same downstream key, so the provider hands back its first charge."""
+    provider, attempts = KeyedProvider(), []
+    told = threading.Event()  # the model has been told the first call timed out
+
+    @tool("charge", "Charge an order", {"order_id": str, "amount_cents": int})
+    @once(guard, key="order_id")
+    async def charge(args: dict[str, Any]) -> dict[str, Any]:
+        attempts.append(1)
+        text = provider.charge(args["order_id"], args["amount_cents"], current_key())
+        for _ in range(6000):  # the first answer is late: past the timeout, until the model has heard of it
+            if len(attempts) > 1 or told.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return {"content": [{"type": "text", "text": text}]}
+
+    model = script([charge_args()], [charge_args()])
+
+    def watching(body: dict[str, Any]) -> list[dict[str, Any]]:
+        if "toolu_0_0" in tool_results(body):
+            told.set()
+        return model(body)
+
+    with FakeMessagesAPI(watching) as api, task("ticket-4"):
+        await run(api, charge, tmp_path, MCP_TOOL_TIMEOUT="3000")  # roomy: the retry must not time out too
+    out = final_results(api)
+    assert out["toolu_0_0"].get("is_error") is True and "timed out" in text_of(out["toolu_0_0"])
+    assert len(provider.charges) == 1 and len(set(provider.requests)) == 1  # one key, one charge
+    assert "ch_1" in text_of(out["toolu_1_0"]) and not out["toolu_1_0"].get("is_error")
+    (record,) = await guard.records()
+    assert provider.requests[0] == record.key
 
 
 async def test_once_on_top_of_tool_says_which_way_round(guard: Guard) -> None:
