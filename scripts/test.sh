@@ -14,9 +14,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q -e ".[frameworks-a]" 2>&1 | grep -v "^WARNING: Location" || true  # see "agent frameworks" below
+# One resolution for everything the main virtualenv holds: the frameworks of "integrations" and of
+# "frameworks-a" (smolagents, agno, LlamaIndex; see "agent frameworks" below) and "frameworks-b" (Google ADK,
+# AG2, the Claude Agent SDK, whose wheel bundles the Claude Code CLI its tests drive against a fake Messages
+# API on loopback, and the Anthropic SDK), so their tests run on both databases.
+.venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations,frameworks-a,frameworks-b]" 2>&1 \
+  | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
+# frameworks B's tests import their framework at module level: one missing fails the run, never a skip
+.venv/bin/python -c "import google.adk, ag2, claude_agent_sdk, anthropic"
 
 echo "== ruff"
 .venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
