@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,18 +17,9 @@ from ag2.tools.final import FunctionTool
 from agentguard import Guard, current_key, task
 from agentguard.integrations.ag2 import GuardToolError, once, refusals
 
+from charges import Ledger
+
 pytestmark = pytest.mark.anyio
-
-
-class Ledger:
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int, str]] = []
-        self.lock = threading.Lock()
-
-    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
-        with self.lock:
-            self.charges.append((order_id, amount_cents, key))
-            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
 
 
 def script(*turns: Sequence[int]) -> TrackingConfig:

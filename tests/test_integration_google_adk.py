@@ -4,7 +4,6 @@ model — a ``BaseLlm`` subclass, the extension point ADK documents for models o
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
@@ -20,6 +19,8 @@ from pydantic import Field
 
 from agentguard import Guard, current_key, task
 from agentguard.integrations.google_adk import once
+
+from charges import Ledger
 
 pytestmark = pytest.mark.anyio
 
@@ -64,17 +65,6 @@ def script(*turns: Sequence[int]) -> ScriptedModel:
         model="scripted",
         turns=[[("charge", {"order_id": "o-1", "amount_cents": a}) for a in turn] for turn in turns],
     )
-
-
-class Ledger:
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int, str]] = []
-        self.lock = threading.Lock()
-
-    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
-        with self.lock:
-            self.charges.append((order_id, amount_cents, key))
-            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
 
 
 def guarded_charge(guard: Guard, ledger: Ledger, **options: Any) -> Callable[..., Any]:
