@@ -64,10 +64,10 @@ fi
 
 # -- agent frameworks (issue 20, part a) --------------------------------------------------------------------
 # smolagents, agno and LlamaIndex live in the main virtualenv (the frameworks-a extra, installed above) and their
-# tests run in both pytest passes below. Strands Agents and CrewAI cannot live there (strands-agents pins mcp<2.2;
-# crewai 1.7+ pins aiosqlite~=0.21, below agentguard's floor, so pip picks crewai 1.6.1): each gets a throwaway
-# virtualenv of its own, where its tests and its example run on SQLite. A framework named in
-# AGENTGUARD_TEST_FRAMEWORKS that is not installed fails the run (tests/conftest.py): none is skipped silently.
+# tests run in both pytest passes below. Strands Agents and CrewAI cannot live there (strands-agents pins mcp<2.2,
+# crewai mcp 1.x; the mcp extra needs mcp 2): each gets a throwaway virtualenv of its own, where its tests and its
+# example run on SQLite. A framework named in AGENTGUARD_TEST_FRAMEWORKS that is not installed fails the run
+# (tests/conftest.py): none is skipped silently.
 export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
 framework_venv() {  # extra, its module, then the -k expression choosing its tests and example
   echo "== $1 in its own virtualenv (SQLite)"
