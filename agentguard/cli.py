@@ -1,12 +1,13 @@
-"""The ``agentguard`` command: demo, ls, resolve, sweep, mcp-proxy.
+"""The ``agentguard`` command: demo, ls, resolve, sweep, console, mcp-proxy.
 
     agentguard demo                                  the offline demo, on the embedded SQLite store
     agentguard ls [--json] [--unknown] [--task T]     the latest records (or the operations held on an unknown outcome)
     agentguard resolve KEY (--result JSON | --retry | --abandon)
     agentguard sweep [--batch N]                     delete records past their retention
+    agentguard console [--port N] [--host H]         a local web page: tasks, timelines, held outcomes (console extra)
     agentguard mcp-proxy --config agentguard.toml    the guarding MCP proxy (the mcp extra)
 
-``ls``, ``resolve`` and ``sweep`` name their store with ``--url URL`` or ``--config agentguard.toml`` (the
+``ls``, ``resolve``, ``sweep`` and ``console`` name their store with ``--url URL`` or ``--config agentguard.toml`` (the
 proxy's config: its ``[store]`` url and scope), else ``$AGENTGUARD_URL``, else ``agentguard.db`` here. They
 only read or settle records, so they never create a store: a SQLite file that does not exist is reported as
 ``no store at PATH``, and an in-memory URL is refused (it exists only inside the process that opened it).
@@ -177,6 +178,27 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _console(args: argparse.Namespace) -> int:
+    require("starlette", "uvicorn", extra="console", by="agentguard console")
+    ref = _existing_store(args)
+    from .console import _command
+
+    try:
+        return _command.serve(ref.url, host=args.host, port=args.port)
+    except _command.ServeError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535 (0: any free port), got {n}")
+    return n
+
+
 def _demo(args: argparse.Namespace) -> int:
     if args.url:
         _check_driver(args.url)
@@ -271,6 +293,18 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--batch", type=_positive, default=1000, metavar="N",
                          help="delete at most N records per statement (default: 1000)")
     p_sweep.set_defaults(run=_sweep)
+
+    p_console = sub.add_parser("console", help="serve a local web page: tasks, timelines, held outcomes to settle",
+                               description="Serve a page of the store's tasks, each task's timeline and the "
+                                           "operations held on an unknown outcome, with actions to settle them "
+                                           "(what `agentguard resolve` does). Prints the URL with a token: "
+                                           "without it the page is read-only. Needs agentguard[console].")
+    _store_options(p_console)
+    p_console.add_argument("--port", type=_port, default=8765, metavar="N",
+                           help="the port to listen on (default: 8765; 0: any free port, printed)")
+    p_console.add_argument("--host", default="127.0.0.1",
+                           help="the address to listen on (default: 127.0.0.1, this machine only)")
+    p_console.set_defaults(run=_console)
 
     p_proxy = sub.add_parser("mcp-proxy", help="serve a guarding MCP proxy over stdio (needs agentguard[mcp])",
                              description="Guard the tools a config names in front of any MCP server; "
