@@ -88,7 +88,7 @@ def test_whitebox_redaction() -> None:
 
 # -- the command line behaves like the tools people know ---------------------------------------------------
 
-COMMANDS = ("demo", "ls", "resolve", "sweep", "mcp-proxy")
+COMMANDS = ("demo", "ls", "resolve", "sweep", "console", "mcp-proxy")
 # Tests that never open the suite's store run once, in the SQLite pass.
 storeless = pytest.mark.skipif(BACKEND != "sqlite", reason="independent of the store's backend: runs with sqlite")
 
