@@ -5,6 +5,7 @@ SIGKILL inside a step), and ``agentguard console`` started in a subprocess on a 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -12,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,11 @@ async def _held(store_url: str) -> list[dict[str, Any]]:
 
 
 def held(store_url: str) -> dict[str, dict[str, Any]]:
-    """The operations held on an unknown outcome, by task id."""
-    return {h["task_id"]: h for h in asyncio.run(_held(store_url))}
+    """The operations held on an unknown outcome, by task id. (Read on a thread of its own: Playwright's sync
+    API keeps an event loop running in the test's thread.)"""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        found = pool.submit(asyncio.run, _held(store_url)).result()
+    return {h["task_id"]: h for h in found}
 
 
 def seeded(store_url: str, *, done: tuple[str, ...] = ("t-done",), hold: tuple[str, ...] = ("t-held",),
@@ -58,7 +63,7 @@ def seeded(store_url: str, *, done: tuple[str, ...] = ("t-done",), hold: tuple[s
         found = held(store_url)
         if set(hold) <= found.keys():
             return keys | {t: found[t]["key"] for t in hold}
-        asyncio.run(asyncio.sleep(0.1))
+        time.sleep(0.1)
     raise AssertionError(f"the held operations did not appear: {held(store_url)}")
 
 

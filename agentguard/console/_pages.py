@@ -29,8 +29,8 @@ code,.key{font-family:ui-monospace,monospace;font-size:12px}
 .note{padding:8px 12px;border-radius:4px;margin:8px 0;background:#e8f5e9;border:1px solid #a5d6a7}
 .error{padding:8px 12px;border-radius:4px;margin:8px 0;background:#ffebee;border:1px solid #ef9a9a}
 .state{padding:1px 6px;border-radius:8px;font-size:12px;color:#fff}
-.succeeded{background:#2e7d32}.failed{background:#c62828}.running{background:#1565c0}
-.released{background:#8d8d8d}.held{background:#ef6c00}
+.state.succeeded{background:#2e7d32}.state.failed{background:#c62828}.state.running{background:#1565c0}
+.state.released{background:#8d8d8d}.state.held{background:#ef6c00}
 form.filters{display:flex;gap:10px;align-items:end;flex-wrap:wrap}
 form.filters label{display:flex;flex-direction:column;font-size:12px}
 fieldset{background:#fff;border:1px solid #cfd8dc;margin:10px 0;max-width:760px}
@@ -95,20 +95,21 @@ def page(title: str, body: str, frame: Frame) -> str:
             f'<span class="who">{_e(who)}</span></header><main><h1>{_e(title)}</h1>{notes}{body}</main></body></html>')
 
 
+def _held_row(h: dict[str, object]) -> str:
+    scope, key, step, task_id = (str(h[k]) for k in ("scope", "key", "step", "task_id"))
+    return (f"<tr><td>{_e(scope)}</td><td><a href=\"{_e(task_href(scope, task_id))}\">{_e(task_id)}</a></td>"
+            f"<td>{_e(h['operation'])}</td><td><code>{_e(step)}</code></td>"
+            f"<td class=\"key\">{_e(sub_key(key, step))}</td><td>{_e(h['attempts'])}</td>"
+            f"<td>{_e(_ago(float(str(h['age']))))}</td>"
+            f"<td><a href=\"{_e(record_href(scope, key))}\" title=\"{_e(key)}\">settle</a></td></tr>")
+
+
 def _held_queue(held: Sequence[dict[str, object]]) -> str:
     if not held:
         return "<p>No operation is held on an unknown outcome.</p>"
-    rows = "".join(
-        f"<tr><td>{_e(h['scope'])}</td><td><a href=\"{_e(task_href(str(h['scope']), str(h['task_id'])))}\">"
-        f"{_e(h['task_id'])}</a></td><td>{_e(h['operation'])}</td><td><code>{_e(h['step'])}</code></td>"
-        f"<td class=\"key\">{_e(sub_key(str(h['key']), str(h['step'])))}</td><td>{_e(h['attempts'])}</td>"
-        f"<td>{_e(_ago(float(str(h['age']))))}</td>"
-        f"<td><a href=\"{_e(record_href(str(h['scope']), str(h['key'])))}\">settle {_e(h['key'])}</a></td></tr>"
-        for h in held
-    )
     return ("<table class=\"held\"><tr><th>scope</th><th>task</th><th>operation</th><th>step</th>"
             "<th>sub-key (the provider's idempotency key)</th><th>attempts</th><th>since</th><th></th></tr>"
-            f"{rows}</table>")
+            + "".join(_held_row(h) for h in held) + "</table>")
 
 
 def tasks_page(frame: Frame, now: float, tasks: Sequence[TaskRow], held: Sequence[dict[str, object]],

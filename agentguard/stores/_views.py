@@ -75,11 +75,12 @@ async def tasks(
     store: SQLStore, *, scope: str | None = None, state: str | None = None, operation: str | None = None,
     limit: int = 100,
 ) -> tuple[float, list[TaskRow]]:
-    """The tasks, most recently changed first: those with a record in ``state`` (or held) and one whose
-    operation starts with ``operation``, if given."""
+    """The tasks, most recently changed first: those with a record in ``state`` (``held``, or a state of the
+    records not held) and one whose operation starts with ``operation``, if given."""
     now = store.dialect.now
     held = _held_sql(now, "c.")
-    counts = ", ".join(f"SUM(CASE WHEN c.state = '{s}' THEN 1 ELSE 0 END)"
+    # a held record counts as held, not as running or released
+    counts = ", ".join(f"SUM(CASE WHEN c.state = '{s}' AND NOT {held} THEN 1 ELSE 0 END)"
                        for s in (RUNNING, SUCCEEDED, FAILED, RELEASED))
     where: list[str] = []
     having: list[str] = []
@@ -90,7 +91,7 @@ async def tasks(
     if state == HELD:
         having.append(f"SUM(CASE WHEN {held} THEN 1 ELSE 0 END) > 0")
     elif state is not None:
-        having.append("SUM(CASE WHEN c.state = :state THEN 1 ELSE 0 END) > 0")
+        having.append(f"SUM(CASE WHEN c.state = :state AND NOT {held} THEN 1 ELSE 0 END) > 0")
         params["state"] = state
     if operation is not None:  # a prefix, compared exactly on both databases (LIKE's case rules differ)
         having.append("SUM(CASE WHEN substr(c.operation, 1, :oplen) = :op THEN 1 ELSE 0 END) > 0")
