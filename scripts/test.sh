@@ -64,6 +64,12 @@ if ! command -v strace >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-g
   echo "== installing strace from Debian's packages"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null)
 fi
+# headless Chromium (Debian's) drives the console's page in tests/test_console_browser.py, which then must run
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "== installing chromium from Debian's packages"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+fi
+if command -v chromium >/dev/null 2>&1; then export AGENTGUARD_REQUIRE_BROWSER=1; fi
 PGBIN=$(find_pg_bin || true)
 if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .._extras import require
 
-require("starlette", "uvicorn", extra="console", by="agentguard console")
+require("starlette", "uvicorn", extra="console", by="agentguard.console")
 
 from ._command import serve  # noqa: E402
 
