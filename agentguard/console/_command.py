@@ -46,7 +46,8 @@ def serve(url: str, *, host: str = "127.0.0.1", port: int = 8765, out: TextIO | 
     bound = sock.getsockname()[1]
     token = new_token()
     console = Console(url, Gate(token, host, bound))
-    server = uvicorn.Server(uvicorn.Config(console.app(), log_level="warning", access_log=False, lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(console.app(), log_level="warning", access_log=False, lifespan="on",
+                                           timeout_graceful_shutdown=5))
     shown = f"[{host}]" if ":" in host else host
     address = f"http://{shown}:{bound}/"
 
