@@ -142,7 +142,7 @@ def task_page(frame: Frame, scope: str, task_id: str, now: float, records: Seque
         f"<tr><td><a href=\"{_e(record_href(r.scope, r.key))}\">{_e(r.operation)}</a></td><td>{_state(r, now)}</td>"
         f"<td>{r.attempts}</td><td>{_e(', '.join(f'{s.name} ({s.state})' for s in r.steps))}</td>"
         f"<td>{_e(_ago(now - r.created))}</td><td>{(r.updated - r.created):.3f} s</td>"
-        f"<td class=\"key\">{_e(r.key)}</td></tr>"
+        f"<td class=\"key\" title=\"{_e(r.key)}\">{_e(r.key[:15])}…</td></tr>"
         for r in records
     )
     body = (f"<p>scope <code>{_e(scope)}</code></p><h2>Timeline</h2><div class=\"svgbox\">{picture}</div>"
