@@ -27,8 +27,11 @@ CHROMIUM = os.environ.get("AGENTGUARD_CHROMIUM") or shutil.which("chromium") or 
 ARTIFACTS = Path(os.environ.get("AGENTGUARD_TEST_ARTIFACTS") or ROOT / "test-artifacts") / "console" / BACKEND
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+@pytest.fixture
+def browser(store_url: str) -> Iterator[Any]:
+    # Per test, and after the test's store: Playwright's sync API keeps an event loop running in this thread
+    # while it is started, and the store fixture's own asyncio.run (a Postgres database made and dropped)
+    # must run outside it.
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
