@@ -9,9 +9,12 @@ Without Chromium or Playwright these tests are skipped, unless ``AGENTGUARD_REQU
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,6 +124,33 @@ def test_a_person_reads_the_tasks_opens_a_timeline_and_settles_a_held_outcome(
     assert answer["ok"]["charge"] == {"id": "ch_real", "amount_cents": 4200}
 
 
+@contextlib.contextmanager
+def _page_server(html: str) -> Iterator[str]:
+    """Serve ``html`` at / on another loopback port until the block ends; yields its URL."""
+    body = html.encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 def _foreign_form(c: Running, form_html: str) -> str:
     """A page elsewhere (not this console's origin) carrying a copy of the console's settle form."""
     return form_html.replace('action="/settle"', f'action="{c.base}/settle"')
@@ -156,6 +186,12 @@ def test_without_the_token_the_page_is_read_only_and_actions_are_refused(
         lure = context.new_page()
         lure.set_content(_foreign_form(c, form_html))
         assert submit(lure, "retry step") == 403
+        # ... and from another port of this machine: the same site, so the browser sends the cookie along;
+        # the console's origin check refuses it
+        with _page_server(_foreign_form(c, form_html)) as elsewhere:
+            lure.goto(elsewhere)
+            assert submit(lure, "retry step") == 403
+            assert "cross-site" in lure.get_by_role("alert").inner_text()
         assert "t-held" in held(store_url)  # nothing changed
 
 
