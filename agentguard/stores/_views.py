@@ -77,10 +77,17 @@ async def tasks(
 ) -> tuple[float, list[TaskRow]]:
     """The tasks, most recently changed first: those with a record in ``state`` (``held``, or a state of the
     records not held) and one whose operation starts with ``operation``, if given."""
-    now = store.dialect.now
-    held = _held_sql(now, "c.")
+    # The clock read once (Postgres' clock_timestamp() is volatile: per row it would be read per row), and the
+    # held records found once, from the few started steps, then joined: not a subquery per record.
+    clock = f"clock AS (SELECT {store.dialect.now} AS now)"
+    held_keys = (
+        f"held AS (SELECT DISTINCT c.scope, c.key FROM {TABLE} c JOIN {STEPS} s ON s.scope = c.scope"
+        f" AND s.key = c.key AND s.origin = c.origin CROSS JOIN clock WHERE s.state = '{STARTED}'"
+        f" AND c.state IN ('{RUNNING}', '{RELEASED}') AND NOT {live_sql('clock.now', 'c.')})"
+    )
+    is_held = "h.key IS NOT NULL"
     # a held record counts as held, not as running or released
-    counts = ", ".join(f"SUM(CASE WHEN c.state = '{s}' AND NOT {held} THEN 1 ELSE 0 END)"
+    counts = ", ".join(f"SUM(CASE WHEN c.state = '{s}' AND h.key IS NULL THEN 1 ELSE 0 END)"
                        for s in (RUNNING, SUCCEEDED, FAILED, RELEASED))
     where: list[str] = []
     having: list[str] = []
@@ -89,21 +96,24 @@ async def tasks(
         where.append("c.scope = :scope")
         params["scope"] = scope
     if state == HELD:
-        having.append(f"SUM(CASE WHEN {held} THEN 1 ELSE 0 END) > 0")
+        having.append(f"SUM(CASE WHEN {is_held} THEN 1 ELSE 0 END) > 0")
     elif state is not None:
-        having.append(f"SUM(CASE WHEN c.state = :state AND NOT {held} THEN 1 ELSE 0 END) > 0")
+        having.append("SUM(CASE WHEN c.state = :state AND h.key IS NULL THEN 1 ELSE 0 END) > 0")
         params["state"] = state
     if operation is not None:  # a prefix, compared exactly on both databases (LIKE's case rules differ)
         having.append("SUM(CASE WHEN substr(c.operation, 1, :oplen) = :op THEN 1 ELSE 0 END) > 0")
         params.update(op=operation, oplen=len(operation))
     stmt = text(
-        f"SELECT c.scope, c.task_id, COUNT(*), MIN(c.created_at), MAX(c.updated_at), {counts},"
-        f" SUM(CASE WHEN {held} THEN 1 ELSE 0 END), MAX({now}) FROM {TABLE} c"
+        f"WITH {clock}, {held_keys}"
+        f" SELECT c.scope, c.task_id, COUNT(*), MIN(c.created_at), MAX(c.updated_at), {counts},"
+        f" SUM(CASE WHEN {is_held} THEN 1 ELSE 0 END), MAX(clock.now) FROM {TABLE} c CROSS JOIN clock"
+        " LEFT JOIN held h ON h.scope = c.scope AND h.key = c.key"
         + (" WHERE " + " AND ".join(where) if where else "")
         + " GROUP BY c.scope, c.task_id"
         + (" HAVING " + " AND ".join(having) if having else "")
         + " ORDER BY MAX(c.updated_at) DESC, c.scope, c.task_id LIMIT :limit"
     )
+    now = store.dialect.now
 
     async def run(conn: AsyncConnection) -> tuple[float, list[TaskRow]]:
         rows = list(await conn.execute(stmt, params))
