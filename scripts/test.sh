@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: virtualenv, install, lint, type-check, the core suite on the
 # lowest versions pyproject.toml allows (in a second, throwaway virtualenv), then pytest twice — once on
-# embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit.
+# embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit (the SQLite pass
+# also model-checks the protocol with spin: tests/test_model.py), then the short chaos run (python -m chaos).
 # Usage: bash scripts/test.sh [pytest args...]
-#   With pytest args the floors job is skipped (a quick loop); AGENTGUARD_FLOORS=1 runs it anyway,
-#   AGENTGUARD_FLOORS=0 skips it always.
+#   With pytest args the floors job and the chaos run are skipped (a quick loop); AGENTGUARD_FLOORS=1 and
+#   AGENTGUARD_CHAOS=1 run them anyway, AGENTGUARD_FLOORS=0 and AGENTGUARD_CHAOS=0 skip them always.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,7 @@ fi
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
 
 echo "== ruff"
-.venv/bin/ruff check agentguard tests servers examples benchmarks scripts
+.venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
 echo "== mypy --strict"
 .venv/bin/mypy
 
@@ -64,12 +65,17 @@ if ! command -v strace >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-g
   echo "== installing strace from Debian's packages"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null)
 fi
-# headless Chromium (Debian's) drives the console's page in tests/test_console_browser.py, which then must run
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "== installing chromium from Debian's packages"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+# -- Chromium (Debian's, headless): tests/test_console_browser.py drives the console's page in it -----------
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing chromium from Debian's packages"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+  else
+    echo "chromium is not installed (the console's browser tests need it); install chromium and re-run" >&2
+    exit 1
+  fi
 fi
-if command -v chromium >/dev/null 2>&1; then export AGENTGUARD_REQUIRE_BROWSER=1; fi
+export AGENTGUARD_REQUIRE_BROWSER=1  # tests/test_console_browser.py fails rather than skips without it
 PGBIN=$(find_pg_bin || true)
 if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -81,6 +87,18 @@ if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
     exit 1
   fi
 fi
+
+# -- spin, the model checker of tests/test_model.py (and a C compiler for the verifiers it generates) ------
+if ! command -v spin >/dev/null 2>&1 || ! { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing spin from Debian's packages"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin gcc >/dev/null)
+  else
+    echo "spin (the model checker) or a C compiler is not installed; install spin and gcc and re-run" >&2
+    exit 1
+  fi
+fi
+export AGENTGUARD_REQUIRE_SPIN=1  # tests/test_model.py fails rather than skips without it
 
 PGTMP=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-pg.XXXXXX")
 PGPORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -110,3 +128,11 @@ run_pytest() {
 run_pytest sqlite "$@"
 run_pytest postgres "$@"
 echo "== all tests passed on sqlite and postgres"
+
+# -- the chaos run: a fleet of workers under SIGKILL, SIGSTOP, cut connections and a Postgres restart -------
+if [ "${AGENTGUARD_CHAOS:-}" = 1 ] || { [ "${AGENTGUARD_CHAOS:-}" != 0 ] && [ $# -eq 0 ]; }; then
+  echo "== the chaos run (short; python -m chaos --long for the long one)"
+  .venv/bin/python -m chaos --short
+else
+  echo "== (the chaos run is skipped: pytest arguments were given; AGENTGUARD_CHAOS=1 runs it)"
+fi

@@ -1,6 +1,7 @@
 """Every place where SQLite and Postgres differ, in one object chosen once, when the store is made.
 
-- the clock: always the database's, never the worker's, so leases and retention agree across machines;
+- the clock: always the database's, never the worker's, so leases and retention agree across machines
+  (``Options.clock``, off by default, is a test seam that replaces it in every statement);
 - schema creation under concurrency: Postgres serialises it with an advisory lock (and makes its claim
   function); SQLite through its single writer lock;
 - the claim (see ``_claims``): Postgres' read-or-claim function, or SQLite's read-or-claim in one hop to
@@ -54,6 +55,11 @@ class Options:
     connect_timeout: float = 10.0
     sqlite_synchronous: str = "FULL"
     pg_synchronous_commit: str | None = None
+    # A test seam, off by default: SQL for "seconds since the epoch" that replaces the database clock in every
+    # statement (and in the Postgres claim function), e.g. ``(SELECT t FROM my_clock)`` for a clock a test
+    # moves itself (tests/test_stateful_store.py). Never set it in production: leases must follow the
+    # database's own clock.
+    clock: str | None = None
 
     def __post_init__(self) -> None:
         if self.pool_size < 1:
@@ -86,6 +92,8 @@ class Dialect:
     def __init__(self, url: str, options: Options) -> None:
         self.url = url  # normalised: always names the driver
         self.options = options
+        if options.clock is not None:
+            self.now = options.clock  # the test seam (see Options.clock)
 
     def prepare(self) -> None:
         """Anything to do once before the first connection."""

@@ -7,6 +7,7 @@ turns a row into a :class:`Record` (whose fields are ``scope``, ``key`` and then
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -94,7 +95,10 @@ async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, fun
             await conn.exec_driver_sql(ddl)
         await conn.exec_driver_sql("COMMIT")
     except BaseException:
-        await conn.exec_driver_sql("ROLLBACK")
+        # The connection may be the failure (terminated, a server restarting): then the rollback fails too,
+        # and must not hide the cause, which says whether the failure is an outage that may pass.
+        with contextlib.suppress(Exception):
+            await conn.exec_driver_sql("ROLLBACK")
         raise
 
 

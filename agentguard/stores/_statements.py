@@ -94,7 +94,11 @@ class Statements:
             names = ", ".join(f":{name}" for name, _ in CLAIM_PARAMS)
             self.claim_or_fetch = text(f"SELECT * FROM {CLAIM_FUNCTION}({names})")
         # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
-        # released, lease expired, or past retention (then it restarts as a new operation: reset = 1).
+        # released or lease expired (reset = 0: the same operation goes on, with its steps), or past retention
+        # by the database clock now (reset = 1: it restarts as a new operation, with a new origin). The caller's
+        # reset comes from an earlier read, so the statement checks it again: a completed record is only ever
+        # restarted, never continued (model/agentguard.pml found a taker stalled between its read and this
+        # statement continuing a completed, expired operation with that operation's steps).
         self.take_over = text(
             f"UPDATE {TABLE} SET fence = fence + 1, state = '{RUNNING}', owner = :owner,"
             f" lease_until = {now} + :lease, updated_at = {now}, expires_at = {now} + :retention,"
@@ -104,8 +108,8 @@ class Statements:
             " operation = :operation, result = NULL, audit = COALESCE(:audit, audit), tool = :tool,"
             " arguments = COALESCE(:arguments, arguments),"
             " origin = CASE WHEN :reset = 1 THEN fence + 1 ELSE origin END"
-            f" WHERE {where_fenced} AND NOT {live}"
-            f" AND (state IN ('{RUNNING}', '{RELEASED}') OR expires_at < {now})"
+            f" WHERE {where_fenced} AND NOT {live} AND CASE WHEN :reset = 1 THEN expires_at < {now}"
+            f" ELSE state IN ('{RUNNING}', '{RELEASED}') END"
             " RETURNING fence, origin"
         )
         self.release_owned = text(

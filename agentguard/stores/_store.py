@@ -40,10 +40,12 @@ class SQLStore:
         connect_timeout: float = 10.0,
         sqlite_synchronous: str = "FULL",
         pg_synchronous_commit: str | None = None,
+        clock: str | None = None,
     ) -> None:
+        # clock: a test seam, off by default (see _dialects.Options.clock)
         self.dialect = dialect_for(url, pool_size=pool_size, connect_timeout=connect_timeout,
                                    sqlite_synchronous=sqlite_synchronous,
-                                   pg_synchronous_commit=pg_synchronous_commit)
+                                   pg_synchronous_commit=pg_synchronous_commit, clock=clock)
         self.url = self.dialect.url
         self.backend = self.dialect.name
         self.memory = self.dialect.memory
