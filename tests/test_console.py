@@ -267,3 +267,14 @@ def test_the_command_refuses_to_start_where_it_cannot_serve(
     down = run("--url", "postgresql+asyncpg://u:hunter2@127.0.0.1:1/db", "--port", "0")
     assert down.returncode == 1 and "cannot read the store" in down.stderr and "hunter2" not in down.stderr
     assert down.stdout == ""  # no URL printed for a console that did not start
+
+
+def test_what_the_store_holds_is_shown_escaped(store_url: str, tmp_path: Path, clients: list[Any]) -> None:
+    sly = "<script>alert('t')</script>\"&"
+    seeded(store_url, done=(sly,), hold=())
+    with console(store_url, tmp_path / "console.log") as c:
+        client = signed_in(clients, c)
+        for path, params in (("/", {}), ("/task", {"scope": "default", "id": sly})):
+            page = client.get(path, params=params)
+            assert page.status_code == 200 and "<script>" not in page.text
+            assert "&lt;script&gt;alert(&#x27;t&#x27;)&lt;/script&gt;&quot;&amp;" in page.text
