@@ -30,9 +30,11 @@ from ._context import _key
 from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, StoreError
 from ._events import Events
 from ._lease import Heartbeats, new_fence, new_owner
+from ._observe import Note, Observer
 from ._portal import Portal
 from ._watch import Watcher, Watches
 from .stores import FAILED, RUNNING, SUCCEEDED, Record, Store, record_of
+from .stores._attempts import LEASE_LOST, RAN, RELEASED_KIND, REPLAYED
 
 log = logging.getLogger("agentguard")
 T = TypeVar("T")
@@ -82,9 +84,10 @@ class Engine:
 
     def __init__(
         self, store: Store, portal: Portal, *, lease: float, retention: float, window: float, events: Events,
-        cache: ReplayCache,
+        cache: ReplayCache, observer: Observer | None = None,
     ) -> None:
         self.store = store
+        self.observer = Observer(None) if observer is None else observer
         self.portal = portal
         self.lease = lease
         self.retention = retention
@@ -152,7 +155,7 @@ class Engine:
         if rec.fingerprint != call.fingerprint:
             raise self.reuse_error(call, rec)
         self.events.emit("replayed", call, rec.attempts, "from the in-process cache")
-        return Replay(call, rec)
+        return Replay(call, rec, "cache")
 
     def replayed(self, call: Call, rec: Record) -> Replay:
         """A terminal record with our fingerprint, read from the store: replay it (and remember the task)."""
@@ -176,8 +179,8 @@ class Engine:
 
     # -- claim --------------------------------------------------------------------------------------------
 
-    def claimed(self, call: Call, fence: int, attempt: int, origin: int) -> Claim:
-        claim = Claim(call, fence, attempt, origin)
+    def claimed(self, call: Call, fence: int, attempt: int, origin: int, took: str | None = None) -> Claim:
+        claim = Claim(call, fence, attempt, origin, took)
         self.beats.start(claim)
         return claim
 
@@ -253,11 +256,12 @@ class Engine:
                         attempt = 1 if stale else rec.attempts + 1
                         self.events.emit("takeover" if not stale else "claimed", call, attempt,
                                          f"previous state {rec.state}" if not stale else "previous record expired")
-                        return self.claimed(call, took[0], attempt, took[1])
+                        return self.claimed(call, took[0], attempt, took[1], None if stale else rec.state)
                     continue  # another caller took it first: look again
                 if call.on_conflict == "raise":
                     raise self.in_progress(call, rec, "on_conflict='raise'")
-                now = asyncio.get_running_loop().time()
+                loop = asyncio.get_running_loop()
+                now = loop.time()
                 if deadline is None:
                     deadline = now + call.wait_timeout if call.wait_timeout is not None else float("inf")
                     self.events.emit("waiting", call, rec.attempts)
@@ -265,7 +269,10 @@ class Engine:
                     raise self.in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
                 if watcher is None:  # waiting from now on: with this process's other waiters on the key, if any
                     watcher = self.watches.join((call.scope, call.key))
-                await watcher.wait(delay * (0.5 + random.random()), deadline - now)
+                try:
+                    await watcher.wait(delay * (0.5 + random.random()), deadline - now)
+                finally:
+                    call.waited += loop.time() - now
                 delay = min(delay * 1.6, POLL_MAX)
                 if (replay := self.cached(call)) is not None:  # recorded here meanwhile: no round trip
                     return replay
@@ -342,7 +349,9 @@ class Engine:
         self.events.emit("completed", call, claim.attempt)
         return decoded
 
-    async def fail(self, claim: Claim, exc: BaseException) -> None:
+    async def fail(self, claim: Claim, exc: BaseException) -> tuple[str, str]:
+        """Record what the body's exception means: a cached error stored, or the claim released. Returns the
+        ledger's kind and detail for it."""
         call, store = claim.call, self.store
         if (renewal := self.beats.stop(claim)) is not None:
             await renewal
@@ -356,7 +365,7 @@ class Engine:
             self.remember(claim, FAILED, stored, started)
             self.watches.news((call.scope, call.key))
             self.events.emit("completed", call, claim.attempt, f"cached error {type(exc).__name__}")
-            return
+            return RAN, f"failed: cached error {type(exc).__name__}"
         # Released in its own statement on a fresh connection, never inside a failed transaction.
         try:
             released = await self.settled(claim, "releasing the claim", lambda: store.release(
@@ -364,16 +373,29 @@ class Engine:
             ))
         except GuardError as store_exc:
             exc.add_note(f"agentguard: the claim could not be released ({store_exc}); it expires with its lease")
-            return
+            return RELEASED_KIND, f"{type(exc).__name__}; the release failed: the claim expires with its lease"
         if released:
             self.watches.news((call.scope, call.key))
             self.events.emit("released", call, claim.attempt, type(exc).__name__)
-        else:
-            self.events.emit("lease_lost", call, claim.attempt, "release refused")
+            return RELEASED_KIND, type(exc).__name__
+        self.events.emit("lease_lost", call, claim.attempt, "release refused")
+        return LEASE_LOST, "release refused"
 
     # -- drivers ------------------------------------------------------------------------------------------
 
     async def drive(self, call: Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
+        note = self.observer.begin(call)
+        if note is None:
+            return await self._drive(call, body, None)
+        try:
+            done = await self._drive(call, body, note)
+        except BaseException as exc:
+            self.observer.end(note, exc)
+            raise
+        self.observer.end(note, None)
+        return done
+
+    async def _drive(self, call: Call, body: Callable[[str], Awaitable[T]], note: Note | None) -> tuple[T, bool]:
         memory = self.store.memory
         outcome: Claim | Replay | None = self.cached(call)
         if outcome is None:
@@ -382,25 +404,51 @@ class Engine:
             except StoreError as exc:
                 raise self.not_run(call, exc) from exc
         if isinstance(outcome, Replay):
+            if note is not None:
+                note.kind, note.detail, note.attempt = REPLAYED, outcome.source, outcome.record.attempts
             return outcome.result(), True
         claim = outcome
+        if note is not None:
+            note.claimed(claim.attempt, claim.took)
         token = _key.set(call.key)
         claim_token = active_claim.set(claim)  # for the Operation parameter and current_audit()
+        started = time.perf_counter()
         try:
             value = await body(call.key)
         except BaseException as exc:
-            await _recorded(self._on_portal(self.fail) if memory else self.fail, claim, exc)
+            if note is not None:
+                note.body = time.perf_counter() - started
+            failed = await _recorded(self._on_portal(self.fail) if memory else self.fail, claim, exc)
+            if note is not None:
+                note.kind, note.detail = failed
             raise
         finally:
             _key.reset(token)
             active_claim.reset(claim_token)
-        return await _recorded(self._on_portal(self.succeed) if memory else self.succeed, claim, value), False
+        if note is not None:
+            note.body = time.perf_counter() - started
+        value = await _recorded(self._on_portal(self.succeed) if memory else self.succeed, claim, value)
+        if note is not None:
+            note.ran("succeeded")
+        return value, False
 
     def _on_portal(self, step: Callable[[Claim, Any], Coroutine[Any, Any, T]]) -> Callable[[Claim, Any], Awaitable[T]]:
         """A recording step run on the portal's loop, where an in-memory store lives."""
         return lambda claim, arg: self.portal.arun(step(claim, arg))
 
     def drive_sync(self, call: Call, body: Callable[[str], T]) -> tuple[T, bool]:
+        note = self.observer.begin(call)
+        if note is None:
+            return self._drive_sync(call, body, None)
+        try:
+            done = self._drive_sync(call, body, note)
+        except BaseException as exc:
+            self.observer.end(note, exc)
+            raise
+        self.observer.end(note, None)
+        return done
+
+    def _drive_sync(self, call: Call, body: Callable[[str], T], note: Note | None) -> tuple[T, bool]:
         portal = self.portal
         outcome: Claim | Replay | None = self.cached(call)
         if outcome is None:
@@ -409,18 +457,32 @@ class Engine:
             except StoreError as exc:
                 raise self.not_run(call, exc) from exc
         if isinstance(outcome, Replay):
+            if note is not None:
+                note.kind, note.detail, note.attempt = REPLAYED, outcome.source, outcome.record.attempts
             return outcome.result(), True
+        if note is not None:
+            note.claimed(outcome.attempt, outcome.took)
         token = _key.set(call.key)
         claim_token = active_claim.set(outcome)
+        started = time.perf_counter()
         try:
             value = body(call.key)
         except BaseException as exc:
-            portal.run(self.fail(outcome, exc))
+            if note is not None:
+                note.body = time.perf_counter() - started
+            failed = portal.run(self.fail(outcome, exc))
+            if note is not None:
+                note.kind, note.detail = failed
             raise
         finally:
             _key.reset(token)
             active_claim.reset(claim_token)
-        return portal.run(self.succeed(outcome, value)), False
+        if note is not None:
+            note.body = time.perf_counter() - started
+        value = portal.run(self.succeed(outcome, value))
+        if note is not None:
+            note.ran("succeeded")
+        return value, False
 
 
 def current_audit() -> dict[str, Any]:
