@@ -246,6 +246,9 @@ def test_the_task_list_filters_by_scope_state_and_operation(
         assert tasks(scope="elsewhere") == [] and tasks(operation="Book") == []
         timeline = client.get("/task", params={"scope": "default", "id": "t-done"}).text
         assert timeline.count('class="span ') == 2 and timeline.count('class="mark step"') == 2  # two steps
+        # and from the ledger: the booking ran, was replayed, the refund ran (its declined error stored)
+        assert timeline.count('class="mark ran"') == 2 and timeline.count('class="mark replayed"') == 1
+        assert "3 attempt(s) in the ledger" in timeline
 
 
 def test_the_command_refuses_to_start_where_it_cannot_serve(

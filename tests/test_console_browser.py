@@ -100,9 +100,14 @@ def test_a_person_reads_the_tasks_opens_a_timeline_and_settles_a_held_outcome(
         spans = timeline.locator("rect.span")
         assert spans.count() == 2 and timeline.locator("rect.span.failed").count() == 1
         assert timeline.locator("path.mark.step").count() == 2  # the booking's two steps
+        # the ledger's attempts: the booking ran and was replayed, the refund ran (its error stored)
+        assert timeline.locator("circle.mark.ran").count() == 2
+        assert timeline.locator("circle.mark.replayed").count() == 1
         timeline.screenshot(path=str(ARTIFACTS / "timeline.png"))
         shot(page, "task")
 
+        refused = json.loads(seed(store_url, "resume", "t-held").stdout)  # the agent tries again: held
+        assert refused["error"] == "OutcomeUnknownError"
         page.goto(f"{c.base}/")
         page.locator("table.held").get_by_role("link").last.click()
         page.wait_for_load_state()
@@ -120,8 +125,15 @@ def test_a_person_reads_the_tasks_opens_a_timeline_and_settles_a_held_outcome(
         shot(page, "settled")
         page.goto(f"{c.base}/")
         assert "No operation is held" in page.inner_text("main")
-    answer = json.loads(seed(store_url, "resume", "t-held").stdout)
-    assert answer["ok"]["charge"] == {"id": "ch_real", "amount_cents": 4200}
+        answer = json.loads(seed(store_url, "resume", "t-held").stdout)
+        assert answer["ok"]["charge"] == {"id": "ch_real", "amount_cents": 4200}
+        # the held task's timeline: held on the unknown outcome, resolved by the operator, then carried on
+        page.goto(f"{c.base}/task?scope=default&id=t-held")
+        timeline = page.locator("svg.timeline")
+        assert timeline.locator("circle.mark.unknown").count() == 1
+        assert timeline.locator("rect.mark.resolved").count() == 1
+        assert timeline.locator("circle.mark.took_over, circle.mark.ran").count() == 1
+        timeline.screenshot(path=str(ARTIFACTS / "timeline-settled.png"))
 
 
 @contextlib.contextmanager

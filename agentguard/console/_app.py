@@ -1,7 +1,7 @@
 """The console's web application (Starlette): four pages and one action.
 
     GET  /                      tasks (newest first; filters: scope, state, operation) and the held outcomes
-    GET  /task?scope=S&id=T     a task's timeline (SVG) and its operations
+    GET  /task?scope=S&id=T     a task's timeline (SVG: its records, their steps, the ledger's attempts)
     GET  /record?scope=S&key=K  one record: its steps, its values (to the token's holder), settle forms
     POST /settle                settle a held operation: exactly ``Guard.resolve``, as ``agentguard resolve``
 
@@ -30,9 +30,10 @@ from .._guard import Guard
 from .._redact import redact_text
 from ..stores import SQLStore
 from ..stores import _views as views
+from ..stores._attempts import DROPPED
 from . import _pages as pages
 from ._auth import Gate
-from ._timeline import rows_of_records, svg
+from ._timeline import rows_of_attempts, svg
 
 MAX_FORM = 1 << 20  # bytes: a step's result is a provider's answer, not a file
 SETTLED = {
@@ -40,6 +41,7 @@ SETTLED = {
     "retry": "the step was cleared: the next call of this operation runs it again, with the same sub-key",
     "abandon": "the operation was abandoned: every later call of it errors",
 }
+MAX_ATTEMPTS = 2000  # ledger entries drawn on a task's timeline (the oldest first)
 LIMITS = {"scope": 255, "task": 1000, "key": 64, "operation": 1000}
 
 
@@ -132,11 +134,15 @@ class Console:
         scope, task_id = self._arg(request, "scope", "scope"), self._arg(request, "id", "task")
         assert scope is not None and task_id is not None
         now, records = await views.task(self.store, scope, task_id)
-        if not records:
-            raise BadInput(f"no records of task {task_id!r} in scope {scope!r}", 404)
-        hrefs = {r.key: pages.record_href(r.scope, r.key) for r in records}
-        picture = svg(rows_of_records(records, now, hrefs), title=f"timeline of task {task_id}")
-        return HTMLResponse(pages.task_page(self._frame(request), scope, task_id, now, records, picture))
+        # what each call came to, from the ledger (an operation forgotten or swept keeps its attempts)
+        attempts = [a for a in await self.guard.attempts(task_id=task_id, scope=scope, limit=MAX_ATTEMPTS)
+                    if a.kind != DROPPED]
+        if not records and not attempts:
+            raise BadInput(f"no records or attempts of task {task_id!r} in scope {scope!r}", 404)
+        rows = rows_of_attempts(records, attempts, now, lambda key: pages.record_href(scope, key))
+        picture = svg(rows, title=f"timeline of task {task_id}")
+        return HTMLResponse(pages.task_page(self._frame(request), scope, task_id, now, records, picture,
+                                            len(attempts)))
 
     async def record(self, request: Request, *, error: str | None = None, status: int = 200,
                      draft: str = "") -> Response:

@@ -137,7 +137,8 @@ def tasks_page(frame: Frame, now: float, tasks: Sequence[TaskRow], held: Sequenc
     return page("Tasks", body, frame)
 
 
-def task_page(frame: Frame, scope: str, task_id: str, now: float, records: Sequence[RecordRow], picture: str) -> str:
+def task_page(frame: Frame, scope: str, task_id: str, now: float, records: Sequence[RecordRow], picture: str,
+              attempts: int) -> str:
     rows = "".join(
         f"<tr><td><a href=\"{_e(record_href(r.scope, r.key))}\">{_e(r.operation)}</a></td><td>{_state(r, now)}</td>"
         f"<td>{r.attempts}</td><td>{_e(', '.join(f'{s.name} ({s.state})' for s in r.steps))}</td>"
@@ -145,7 +146,8 @@ def task_page(frame: Frame, scope: str, task_id: str, now: float, records: Seque
         f"<td class=\"key\" title=\"{_e(r.key)}\">{_e(r.key[:15])}…</td></tr>"
         for r in records
     )
-    body = (f"<p>scope <code>{_e(scope)}</code></p><h2>Timeline</h2><div class=\"svgbox\">{picture}</div>"
+    body = (f"<p>scope <code>{_e(scope)}</code> · {len(records)} operation(s) · {attempts} attempt(s) in the "
+            f"ledger</p><h2>Timeline</h2><div class=\"svgbox\">{picture}</div>"
             "<h2>Operations</h2><table class=\"records\"><tr><th>operation</th><th>state</th><th>attempts</th>"
             f"<th>steps</th><th>claimed</th><th>claimed to last change</th><th>key</th></tr>{rows}</table>")
     return page(f"Task {task_id}", body, frame)

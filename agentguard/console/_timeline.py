@@ -3,17 +3,17 @@
 A row has spans (a claim held from when it was taken until its outcome was stored, or until now while it
 runs) and marks (a step written, an attempt that replayed, was refused, took over ...), each coloured by its
 kind and titled (a browser shows the title on hover; no script is needed to read the picture). Rows link to
-their record's page. What goes in the rows is the caller's (:func:`rows_of_records`); this module only draws.
+their record's page. :func:`rows_of_attempts` makes the rows of a task; :func:`svg` draws them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html import escape
-from typing import Protocol
 
+from ..stores import Attempt
 from ..stores._views import RecordRow
 
 # kind -> (fill colour, what the legend calls it). Spans: a record's claim, by its state. Marks: a step, and
@@ -92,7 +92,7 @@ def _tick_step(span: float) -> float:
 def _claim(r: RecordRow, now: float, faint: bool) -> Span:
     kind = "held" if r.held else r.state
     end = now if r.live else r.updated
-    title = f"{r.operation}: {kind}, {r.attempts} attempt(s), claimed {_seconds(end - r.created)} until its last change"
+    title = f"{r.operation}: {kind}, {r.attempts} attempt(s), {_seconds(end - r.created)} from claim to last change"
     return Span(r.created, end, kind, title, faint)
 
 
@@ -105,33 +105,17 @@ def _steps(r: RecordRow) -> list[Mark]:
     return marks
 
 
-def rows_of_records(records: Sequence[RecordRow], now: float, href: Mapping[str, str]) -> list[Row]:
-    """The picture from records and steps alone: a record's claim as a span from its first claim to its last
-    change (to now while its lease is live), its steps as marks when they were last written."""
-    return [Row(r.operation, href[r.key], spans=[_claim(r, now, False)], marks=_steps(r)) for r in records]
-
-
-class AttemptLike(Protocol):
-    """What the picture needs of a ledger entry (``agentguard.stores.Attempt``)."""
-
-    key: str
-    operation: str
-    kind: str
-    detail: str
-    attempt: int
-    at: float
-    wait_ms: float | None
-
-
-def rows_of_attempts(records: Sequence[RecordRow], attempts: Sequence[AttemptLike], now: float,
+def rows_of_attempts(records: Sequence[RecordRow], attempts: Sequence[Attempt], now: float,
                      href: Callable[[str], str]) -> list[Row]:
-    """The picture with the ledger: each record's claim (faint) and steps, and every attempt at the time it
-    ended — ran, replayed, refused, took over, released, held on an unknown outcome, an operator's act —
-    with the time it waited for another caller as a whisker. An operation whose record is gone (forgotten,
-    swept) keeps its row of attempts."""
+    """The picture: each record's claim as a span from its first claim to its last change (to now while its
+    lease is live), its steps when they were written, and every attempt in the ledger at the time it ended
+    (ran, replayed, refused, took over, released, held on an unknown outcome, an operator's act), with the
+    time it waited for another caller as a whisker. An operation whose record is gone (forgotten, swept)
+    keeps its row of attempts."""
     rows: dict[str, Row] = {}
-    for r in records:
-        rows[r.key] = Row(r.operation, href(r.key), spans=[_claim(r, now, True)], marks=_steps(r))
+    tried = {a.key for a in attempts}
+    for r in records:  # a claim under its attempts is drawn faint; without them (none kept), in full
+        rows[r.key] = Row(r.operation, href(r.key), spans=[_claim(r, now, r.key in tried)], marks=_steps(r))
     for a in attempts:
         row = rows.get(a.key)
         if row is None:
