@@ -3,9 +3,10 @@
     python scripts/console_screenshot.py [OUT.png]      (default: docs/console.png)
 
 Needs the console extra, Playwright and Debian's ``chromium`` (as the browser tests do). A throwaway SQLite
-store gets one support task made by real guarded calls — an order looked up, a card charged in two steps, the
-model calling the charge again (a replay), a refund declined — and the console is started on it, shot and
-stopped. Nothing leaves the machine.
+store gets one support task made by real guarded calls — an order looked up, a card charged in two steps by
+two identical calls at once (one runs, the other waits and replays), the charge asked again (a replay) and
+with another amount (refused), a refund declined — and the console is started on it, shot and stopped.
+Nothing leaves the machine.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agentguard import Guard, Operation, task
+from agentguard import Guard, KeyReuseError, Operation, task
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = "ticket-4711"
@@ -59,9 +60,13 @@ async def seed(url: str) -> None:
         with task(TASK, scope="shop"):
             await lookup_order("o-1001")
             await asyncio.sleep(0.1)
-            await charge("o-1001", 4200)
+            # the model emits the same call twice at once: one runs, the other waits and replays
+            await asyncio.gather(charge("o-1001", 4200), charge("o-1001", 4200))
             await asyncio.sleep(0.15)
             await charge("o-1001", 4200)  # the model asks again: a replay
+            await asyncio.sleep(0.1)
+            with contextlib.suppress(KeyReuseError):
+                await charge("o-1001", 4300)  # the same order, another amount: refused, nothing runs
             await asyncio.sleep(0.1)
             with contextlib.suppress(RefundDeclined):
                 await refund("o-1001", 4200)

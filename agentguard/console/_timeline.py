@@ -43,6 +43,7 @@ STEPS = ("step", "step_unknown")
 OPERATOR = ("resolved", "forgotten")
 
 WIDTH, LABEL, ROW, TOP, PAD = 960, 260, 30, 30, 16
+LANES = (0, -8, 8)  # vertical offsets of marks that would cover one another
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +192,12 @@ def svg(rows: Sequence[Row], *, title: str) -> str:
             out.append(f'<rect x="{x1:.1f}" y="{y + 7}" width="{x2 - x1:.1f}" height="{ROW - 14}" rx="3" '
                        f'fill="{SPANS.get(s.kind, ("#999", ""))[0]}"{faint} class="span {escape(s.kind)}">'
                        f"<title>{escape(s.title)}</title></rect>")
-        for m in r.marks:
-            mx, my, colour = x(m.at), y + ROW / 2, MARKS.get(m.kind, ("#999", ""))[0]
+        ends: list[float] = []  # where each lane's last mark is: a mark that would cover another moves lane
+        for m in sorted(r.marks, key=lambda m: m.at):
+            mx, colour = x(m.at), MARKS.get(m.kind, ("#999", ""))[0]
+            lane = next((i for i, end in enumerate(ends) if mx - end >= 11), len(ends))
+            ends[lane:lane + 1] = [mx]
+            my = y + ROW / 2 + LANES[lane % len(LANES)]
             if m.waited:
                 out.append(f'<line x1="{x(m.at - m.waited):.1f}" y1="{my}" x2="{mx:.1f}" y2="{my}" stroke="{colour}" '
                            f'stroke-width="2" class="wait"/>')
