@@ -94,6 +94,8 @@ class Console:
                 return self._message(request, str(exc), exc.status)
             except StoreError as exc:
                 return self._message(request, redact_text(str(exc)), 503)
+            except GuardError as exc:
+                return self._message(request, str(exc), exc.status or 400)
 
         return endpoint
 
@@ -144,12 +146,10 @@ class Console:
         return HTMLResponse(pages.task_page(self._frame(request), scope, task_id, now, records, picture,
                                             len(attempts)))
 
-    async def record(self, request: Request, *, error: str | None = None, status: int = 200,
-                     draft: str = "") -> Response:
+    async def record(self, request: Request) -> Response:
         scope, key = self._arg(request, "scope", "scope"), self._arg(request, "key", "key")
         assert scope is not None and key is not None
-        return await self._record_page(request, scope, key, error=error, status=status, draft=draft,
-                                       note=SETTLED.get(request.query_params.get("settled", "")))
+        return await self._record_page(request, scope, key, note=SETTLED.get(request.query_params.get("settled", "")))
 
     async def _record_page(self, request: Request, scope: str, key: str, *, error: str | None = None,
                            note: str | None = None, status: int = 200, draft: str = "") -> Response:
