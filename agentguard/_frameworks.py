@@ -13,6 +13,14 @@ _TOOL_OBJECTS: dict[tuple[str, str], tuple[str, str]] = {
     ("anthropic", "BetaAsyncFunctionTool"): ("@beta_async_tool", "the Anthropic SDK"),
     ("anthropic", "BaseFunctionTool"): ("@beta_tool", "the Anthropic SDK"),
     ("pydantic_ai", "Tool"): ("Tool(...)", "pydantic-ai"),
+    ("smolagents", "Tool"): ("@tool", "smolagents"),
+    ("agno", "Function"): ("@tool", "agno"),
+    ("strands", "AgentTool"): ("@tool", "the Strands Agents SDK"),
+    ("crewai", "BaseTool"): ("@tool", "CrewAI"),
+    ("llama_index", "BaseTool"): ("FunctionTool.from_defaults(...)", "LlamaIndex"),
+    ("google", "BaseTool"): ("FunctionTool(...)", "Google ADK"),  # google.adk.tools: ADK has no decorator
+    ("ag2", "Tool"): ("@tool", "AG2"),
+    ("claude_agent_sdk", "SdkMcpTool"): ("@tool", "the Claude Agent SDK"),
 }
 
 

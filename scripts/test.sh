@@ -14,8 +14,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations]" 2>&1 | grep -v "^WARNING: Location" || true
+# One resolution for everything the main virtualenv holds: the frameworks of "integrations" and of
+# "frameworks-a" (smolagents, agno, LlamaIndex; see "agent frameworks" below) and "frameworks-b" (Google ADK,
+# AG2, the Claude Agent SDK, whose wheel bundles the Claude Code CLI its tests drive against a fake Messages
+# API on loopback, and the Anthropic SDK), so their tests run on both databases.
+.venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations,frameworks-a,frameworks-b]" 2>&1 \
+  | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
+# frameworks B's tests import their framework at module level: one missing fails the run, never a skip
+.venv/bin/python -c "import google.adk, ag2, claude_agent_sdk, anthropic"
 
 echo "== ruff"
 .venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
@@ -53,6 +60,28 @@ if [ "${AGENTGUARD_FLOORS:-}" = 1 ] || { [ "${AGENTGUARD_FLOORS:-}" != 0 ] && [ 
     --deselect tests/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
 else
   echo "== (the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
+fi
+
+# -- agent frameworks (issue 20, part a) --------------------------------------------------------------------
+# smolagents, agno and LlamaIndex live in the main virtualenv (the frameworks-a extra, installed above) and their
+# tests run in both pytest passes below. Strands Agents and CrewAI cannot live there (strands-agents pins mcp<2.2;
+# crewai 1.7+ pins aiosqlite~=0.21, below agentguard's floor, so pip picks crewai 1.6.1): each gets a throwaway
+# virtualenv of its own, where its tests and its example run on SQLite. A framework named in
+# AGENTGUARD_TEST_FRAMEWORKS that is not installed fails the run (tests/conftest.py): none is skipped silently.
+export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
+framework_venv() {  # extra, its module, then the -k expression choosing its tests and example
+  echo "== $1 in its own virtualenv (SQLite)"
+  "$PY" -m venv "$SCRATCH/$1"
+  "$SCRATCH/$1/bin/python" -m pip install -q -e ".[$1]" pytest anyio pytest-timeout 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  AGENTGUARD_TEST_BACKEND=sqlite AGENTGUARD_TEST_FRAMEWORKS=$2 "$SCRATCH/$1/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/test_integration_"$1".py tests/test_examples.py -k "$3"
+}
+if [ "${AGENTGUARD_FRAMEWORK_VENVS:-}" = 1 ] || { [ "${AGENTGUARD_FRAMEWORK_VENVS:-}" != 0 ] && [ $# -eq 0 ]; }; then
+  framework_venv strands strands "test_integration_strands or strands_agent"
+  framework_venv crewai crewai "test_integration_crewai or crewai_crew"
+else
+  echo "== (Strands and CrewAI in their own virtualenvs are skipped: pytest arguments were given; AGENTGUARD_FRAMEWORK_VENVS=1 runs them)"
 fi
 
 # -- a throwaway PostgreSQL ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ own SQLite file or its own Postgres database, so tests never see each other's re
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import os
 import sqlite3
@@ -25,6 +26,26 @@ if BACKEND not in ("sqlite", "postgres"):
     raise RuntimeError(f"AGENTGUARD_TEST_BACKEND must be sqlite or postgres, got {BACKEND!r}")
 if BACKEND == "postgres" and not PG_URL:
     raise RuntimeError("AGENTGUARD_TEST_BACKEND=postgres needs AGENTGUARD_TEST_PG_URL (scripts/test.sh sets it)")
+
+
+# Agent frameworks whose tests run in a virtualenv of their own (scripts/test.sh): each pins a dependency the main
+# one cannot hold (strands-agents: mcp<2.2; crewai 1.7+: aiosqlite 0.21). Where one is absent, its test file and
+# its example are left out, and said so (tests/test_examples.py).
+OWN_VIRTUALENV = {"strands": "test_integration_strands.py", "crewai": "test_integration_crewai.py"}
+# The frameworks a run must have (module names), named by scripts/test.sh: a missing one fails the run, never
+# skips it. Other runs (a quick local loop) need none of them beyond what their test files import.
+REQUIRED_FRAMEWORKS = os.environ.get("AGENTGUARD_TEST_FRAMEWORKS", "").split()
+_absent = [m for m in REQUIRED_FRAMEWORKS if importlib.util.find_spec(m) is None]
+if _absent:
+    raise RuntimeError(f"AGENTGUARD_TEST_FRAMEWORKS names {', '.join(_absent)}, not installed here: the run would "
+                       "leave their tests out")
+
+
+def framework_absent(module: str) -> bool:
+    return module not in REQUIRED_FRAMEWORKS and importlib.util.find_spec(module) is None
+
+
+collect_ignore = [path for module, path in OWN_VIRTUALENV.items() if framework_absent(module)]
 
 
 def tid() -> str:

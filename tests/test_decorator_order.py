@@ -15,7 +15,20 @@ import pytest
 from pydantic_ai import RunContext
 
 from agentguard import Guard
-from agentguard.integrations import dbos, langchain, openai_agents, pydantic_ai, temporal
+from agentguard.integrations import (
+    ag2,
+    agno,
+    anthropic,
+    claude_agent_sdk,
+    dbos,
+    google_adk,
+    langchain,
+    llamaindex,
+    openai_agents,
+    pydantic_ai,
+    smolagents,
+    temporal,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -25,6 +38,13 @@ ADAPTERS: dict[str, tuple[ModuleType, str]] = {  # adapter → (module, its fram
     "pydantic_ai": (pydantic_ai, "@agent.tool"),
     "dbos": (dbos, "@DBOS.step()"),
     "temporal": (temporal, "@activity.defn"),
+    "smolagents": (smolagents, "tool(...)"),
+    "llamaindex": (llamaindex, "FunctionTool.from_defaults"),
+    "agno": (agno, "@tool"),
+    "google_adk": (google_adk, "FunctionTool(...)"),
+    "ag2": (ag2, "@tool"),
+    "anthropic": (anthropic, "@beta_tool"),
+    "claude_agent_sdk": (claude_agent_sdk, '@tool("charge", ...)'),
 }
 
 
@@ -63,13 +83,36 @@ def langchain_async_tool() -> Any:
 
 
 def beta_tool() -> Any:
-    anthropic = pytest.importorskip("anthropic")
-    return anthropic.beta_tool(charge)
+    from anthropic import beta_tool
+
+    return beta_tool(charge)
 
 
 def beta_async_tool() -> Any:
-    anthropic = pytest.importorskip("anthropic")
-    return anthropic.beta_async_tool(acharge)
+    from anthropic import beta_async_tool
+
+    return beta_async_tool(acharge)
+
+
+def adk_function_tool() -> Any:
+    from google.adk.tools import FunctionTool
+
+    return FunctionTool(charge)
+
+
+def ag2_tool() -> Any:
+    from ag2 import tool
+
+    return tool(acharge)
+
+
+def sdk_mcp_tool() -> Any:
+    from claude_agent_sdk import tool
+
+    async def handler(args: dict[str, Any]) -> dict[str, Any]:
+        return {"content": []}
+
+    return tool("charge", "Charge an order", {"order_id": str})(handler)
 
 
 def pydantic_ai_tool() -> Any:
@@ -78,7 +121,35 @@ def pydantic_ai_tool() -> Any:
     return Tool(charge)
 
 
-# tool object maker → (its class, the decorator the message shows on top)
+def smolagents_tool() -> Any:
+    from smolagents import tool
+
+    def charge(order_id: str, amount_cents: int) -> str:
+        """Charge an order.
+
+        Args:
+            order_id: the order
+            amount_cents: how much
+        """
+        return f"{order_id}:{amount_cents}"
+
+    return tool(charge)
+
+
+def llamaindex_tool() -> Any:
+    from llama_index.core.tools import FunctionTool
+
+    return FunctionTool.from_defaults(charge)
+
+
+def agno_tool() -> Any:
+    from agno.tools import tool
+
+    return tool(charge)
+
+
+# tool object maker → (its class, what made it as the message names it; a decorator is shown on top, anything
+# else gives way to the adapter's own decorator)
 TOOL_OBJECTS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "function_tool": (function_tool, "FunctionTool", "@function_tool"),
     "function_tool-async": (async_function_tool, "FunctionTool", "@function_tool"),
@@ -86,7 +157,13 @@ TOOL_OBJECTS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "langchain-tool-async": (langchain_async_tool, "StructuredTool", "@tool"),
     "beta_tool": (beta_tool, "BetaFunctionTool", "@beta_tool"),
     "beta_async_tool": (beta_async_tool, "BetaAsyncFunctionTool", "@beta_async_tool"),
-    "pydantic_ai.Tool": (pydantic_ai_tool, "Tool", ""),  # not a decorator: the adapter's own is shown
+    "pydantic_ai.Tool": (pydantic_ai_tool, "Tool", "Tool(...)"),  # a call, not a decorator
+    "smolagents-tool": (smolagents_tool, "SimpleTool", "@tool"),
+    "llamaindex-FunctionTool": (llamaindex_tool, "FunctionTool", "FunctionTool.from_defaults(...)"),  # a call
+    "agno-tool": (agno_tool, "Function", "@tool"),
+    "google_adk.FunctionTool": (adk_function_tool, "FunctionTool", "FunctionTool(...)"),
+    "ag2.tool": (ag2_tool, "FunctionTool", "@tool"),
+    "claude_agent_sdk.tool": (sdk_mcp_tool, "SdkMcpTool", "@tool"),
 }
 
 
@@ -110,11 +187,12 @@ async def test_once_on_top_of_a_framework_tool_object_says_which_way_round(
     guard: Guard, adapter: str, made: str
 ) -> None:
     module, own = ADAPTERS[adapter]
-    make, cls, decorator = TOOL_OBJECTS[made]
+    make, cls, maker = TOOL_OBJECTS[made]
     tool = make()
     assert type(tool).__name__ == cls
-    what = rf"a {cls} made by .+'s {re.escape(decorator or 'Tool(...)')}"
-    with pytest.raises(TypeError, match=says_which_way_round(adapter, what, decorator or own)):
+    what = rf"a {cls} made by .+'s {re.escape(maker)}"
+    top = maker if maker.startswith("@") else own
+    with pytest.raises(TypeError, match=says_which_way_round(adapter, what, top)):
         module.once(guard, key="order_id")(tool)
 
 
@@ -135,9 +213,10 @@ async def test_the_right_order_still_makes_each_framework_tool(guard: Guard) -> 
 
 
 async def test_beta_tool_in_the_right_order(guard: Guard) -> None:
-    anthropic = pytest.importorskip("anthropic")
-    sync_tool = anthropic.beta_tool(guard.once(key="order_id")(charge))
-    async_tool = anthropic.beta_async_tool(guard.once(key="order_id", operation="acharge")(acharge))
+    from anthropic import beta_async_tool, beta_tool
+
+    sync_tool = beta_tool(guard.once(key="order_id")(charge))
+    async_tool = beta_async_tool(guard.once(key="order_id", operation="acharge")(acharge))
     for made in (sync_tool, async_tool):
         assert set(made.to_dict()["input_schema"]["properties"]) == {"order_id", "amount_cents"}
 

@@ -18,7 +18,7 @@ FINDER = (
     "import sys\n"
     "class Refuse:\n"
     "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name.partition('.')[0] in {blocked!r}:\n"
+    "        if any(name == b or name.startswith(b + '.') for b in {blocked!r}):\n"
     "            raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)\n"
     "sys.meta_path.insert(0, Refuse())\n"
 )
@@ -39,6 +39,13 @@ EXTRAS = {
     "agentguard.integrations.langchain": ("langchain", ["langchain_core", "langgraph", "langchain"]),
     "agentguard.integrations.dbos": ("dbos", ["dbos"]),
     "agentguard.integrations.temporal": ("temporal", ["temporalio"]),
+    "agentguard.integrations.smolagents": ("smolagents", ["smolagents"]),
+    "agentguard.integrations.llamaindex": ("llamaindex", ["llama_index", "workflows"]),
+    "agentguard.integrations.agno": ("agno", ["agno"]),
+    "agentguard.integrations.google_adk": ("google-adk", ["google.adk"]),
+    "agentguard.integrations.ag2": ("ag2", ["ag2"]),
+    "agentguard.integrations.claude_agent_sdk": ("claude-agent-sdk", ["claude_agent_sdk"]),
+    "agentguard.integrations.anthropic": ("anthropic", ["anthropic"]),
     "agentguard.servers.payments_demo": ("mcp", ["mcp", "mcp_types"]),
     "agentguard.mcp": ("mcp", ["mcp", "mcp_types"]),
     "agentguard.console": ("console", ["starlette", "uvicorn"]),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ def connector(url: str, opened: Opened) -> Callable[[], Any]:
 
     def connect() -> Any:
         conn = aiosqlite.connect(*cargs, **cparams)
-        conn._thread.daemon = True  # as SQLAlchemy's own connect does: never keeps the process alive
+        _worker(conn).daemon = True  # as SQLAlchemy's own connect does: never keeps the process alive
         here = opened.setdefault(asyncio.get_running_loop(), [])
         here[:] = [d for d in here if _thread_alive(d) or not _thread_started(d)]
         here.append(conn)
@@ -67,15 +68,21 @@ async def join_threads(drivers: Sequence[Any]) -> None:
     log.warning("aiosqlite threads still running while their event loop is let go")
 
 
+def _worker(drv: Any) -> threading.Thread:
+    """An aiosqlite connection's worker thread: ``Connection._thread`` from 0.22, the connection itself (a
+    ``Thread`` subclass) before."""
+    thread = getattr(drv, "_thread", drv)
+    assert isinstance(thread, threading.Thread), type(drv)
+    return thread
+
+
 def _thread_alive(drv: Any) -> bool:
     """Whether an aiosqlite connection's worker thread still runs (it ends after the connection stops)."""
-    thread = getattr(drv, "_thread", None)
-    return thread is not None and thread.is_alive()
+    return _worker(drv).is_alive()
 
 
 def _thread_started(drv: Any) -> bool:
-    thread = getattr(drv, "_thread", None)
-    return thread is not None and thread.ident is not None
+    return _worker(drv).ident is not None
 
 
 def runs_functions() -> bool:

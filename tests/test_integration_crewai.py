@@ -1,0 +1,180 @@
+"""CrewAI: a scripted subclass of CrewAI's own ``BaseLLM`` (answering in the ReAct text CrewAI parses) drives the
+real Crew → Agent → executor loop; crews kicked off at once run their tools at once.
+
+crewai 1.7 and later pin aiosqlite~=0.21, below agentguard's floor, so pip installs crewai 1.6.1 beside
+agentguard, and scripts/test.sh runs this file in a virtualenv of its own (SQLite)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+os.environ.update(  # nothing leaves the machine, and no prompt waits for an answer
+    CREWAI_DISABLE_TELEMETRY="true", OTEL_SDK_DISABLED="true", CREWAI_TRACING_ENABLED="false", CREWAI_TESTING="true"
+)
+
+with warnings.catch_warnings():  # crewai.rag's lazily set submodules warn on import (CrewAI's, not ours)
+    warnings.simplefilter("ignore", ImportWarning)
+    from crewai import Agent, Crew, Task
+    from crewai.llms.base_llm import BaseLLM
+    from crewai.tools import tool
+
+from agentguard import Guard, GuardEvent, task
+from agentguard.integrations.crewai import once
+
+pytestmark = pytest.mark.anyio
+
+
+class Ledger:
+    """The side effect: every real charge, with the downstream key it was made under."""
+
+    def __init__(self) -> None:
+        self.charges: list[tuple[str, int, str]] = []
+        self.lock = threading.Lock()
+
+    def charge(self, order_id: str, amount_cents: int, key: str) -> str:
+        with self.lock:
+            self.charges.append((order_id, amount_cents, key))
+            n = len(self.charges)
+        return json.dumps({"charge_id": f"ch_{n}", "order_id": order_id, "amount_cents": amount_cents})
+
+
+class Scripted(BaseLLM):
+    """Calls the charge tool for order o-1 once per amount, one step each, then gives its final answer. Keeps
+    what it was sent, so a test reads the observations the agent was given."""
+
+    def __init__(self, amounts: Sequence[int]) -> None:
+        super().__init__(model="scripted")
+        self.amounts = list(amounts)
+        self.seen: list[Any] = []
+
+    def call(self, messages: Any, tools: Any = None, callbacks: Any = None, available_functions: Any = None,
+             from_task: Any = None, from_agent: Any = None, response_model: Any = None) -> str:
+        self.seen.append(messages)
+        if self.amounts:
+            args = json.dumps({"order_id": "o-1", "amount_cents": self.amounts.pop(0)})
+            return f"Thought: I charge the order.\nAction: charge\nAction Input: {args}"
+        return "Thought: I now know the final answer\nFinal Answer: done"
+
+    def supports_function_calling(self) -> bool:
+        return False  # the ReAct loop: one action per step, its observation fed back
+
+    def supports_stop_words(self) -> bool:
+        return False
+
+    def get_context_window_size(self) -> int:
+        return 8192
+
+    def observations(self) -> list[str]:
+        """The observations the agent was given, in order."""
+        last = self.seen[-1]
+        said = [m["content"] for m in last if m["role"] == "assistant"] if isinstance(last, list) else []
+        return [s.split("Observation:", 1)[1].strip() for s in said if "Observation:" in s]
+
+
+def guarded_tool(guard: Guard, ledger: Ledger, before: Callable[[], None] = lambda: None) -> Any:
+    @once(guard, key="order_id")
+    def charge_order(order_id: str, amount_cents: int, idempotency_key: str = "") -> str:
+        return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    @tool("charge")
+    def charge(order_id: str, amount_cents: int) -> str:
+        """Charge an order."""
+        before()
+        return charge_order(order_id=order_id, amount_cents=amount_cents)
+
+    return charge
+
+
+def crew_of(tool_: Any, llm: Scripted, *, async_execution: bool = False) -> Crew:
+    agent = Agent(role="billing", goal="charge orders", backstory="a careful clerk", llm=llm, tools=[tool_],
+                  verbose=False)
+    tasks = [Task(description="charge o-1", expected_output="done", agent=agent, async_execution=async_execution)]
+    return Crew(agents=[agent], tasks=tasks, verbose=False)
+
+
+@pytest.fixture
+def events() -> list[GuardEvent]:
+    return []
+
+
+@pytest.fixture
+def guard(make_guard: Callable[..., Guard], events: list[GuardEvent]) -> Guard:
+    return make_guard(on_event=events.append)
+
+
+async def test_a_rerun_after_a_timeout_replays_and_a_change_is_refused(guard: Guard, events: list[GuardEvent]) -> None:
+    ledger = Ledger()
+
+    @tool("charge")
+    @once(guard, key="order_id")
+    def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> str:
+        """Charge an order."""
+        return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    first, rerun = Scripted([500]), Scripted([500, 700])
+    with task("task-42"):
+        assert str(crew_of(charge, first).kickoff()) == "done"
+        # the crew is run again (its caller timed out): new objects, so CrewAI's own cache cannot help
+        assert str(crew_of(charge, rerun).kickoff()) == "done"
+    assert len(ledger.charges) == 1
+    (record,) = await guard.records()
+    assert record.task_id == "task-42" and ledger.charges[0][2] == record.key
+    charged = json.loads(first.observations()[0])
+    assert charged == {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
+    replayed, refused = rerun.observations()
+    assert json.loads(replayed) == charged
+    assert [e.kind for e in events].count("replayed") == 1
+    assert refused.startswith("Refused by agentguard:") and "amount_cents" in refused
+    assert "already called in task 'task-42' with different arguments" in refused
+    assert refused.endswith("Nothing was executed.")
+
+
+async def test_two_crews_at_once_charge_once(guard: Guard) -> None:
+    ledger = Ledger()
+    both_in = threading.Barrier(2)
+    tool_ = guarded_tool(guard, ledger, before=lambda: both_in.wait(timeout=60))  # both calls in flight at once
+    one, two = Scripted([500]), Scripted([500])
+    with task("task-7"):
+        outs = await asyncio.gather(crew_of(tool_, one).kickoff_async(), crew_of(tool_, two).kickoff_async())
+    assert [str(o) for o in outs] == ["done", "done"]
+    assert len(ledger.charges) == 1
+    assert one.observations() == two.observations()
+
+
+async def test_an_async_execution_task_without_a_task_id_is_refused_not_run(guard: Guard) -> None:
+    ledger = Ledger()
+    llm = Scripted([500])
+    with task("task-9"):  # CrewAI runs an async_execution task on a plain thread: this context does not reach it
+        crew_of(guarded_tool(guard, ledger), llm, async_execution=True).kickoff()
+    assert ledger.charges == []
+    (said,) = llm.observations()
+    assert "no task id" in said and said.endswith("Nothing was executed.")
+
+
+async def test_once_on_top_of_tool_says_which_way_round(guard: Guard) -> None:
+    @tool("charge")
+    def charge(order_id: str) -> str:
+        """Charge an order."""
+        return order_id
+
+    with pytest.raises(TypeError, match=r"crewai\.once\(\.\.\.\) was placed on top of a Tool made by CrewAI's @tool; "
+                                        r"put it underneath"):
+        once(guard, key="order_id")(charge)
+
+
+async def test_the_schema_the_model_sees_has_only_the_model_arguments(guard: Guard) -> None:
+    @tool("charge")
+    @once(guard, key="order_id")
+    def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> str:
+        """Charge an order."""
+        return order_id
+
+    assert set(charge.args_schema.model_json_schema()["properties"]) == {"order_id", "amount_cents"}

@@ -1,0 +1,200 @@
+"""smolagents: a scripted ``Model`` subclass drives the real ToolCallingAgent loop (parallel calls on its
+worker threads); the tool is guarded with guard_tool or with once under tool(...)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from smolagents import Model, Tool, ToolCallingAgent, tool
+from smolagents.models import ChatMessage, ChatMessageToolCall, ChatMessageToolCallFunction, MessageRole
+
+from agentguard import Guard, GuardError, GuardEvent, current_key, task
+from agentguard.integrations.smolagents import guard_tool, once
+
+from charges import Ledger
+
+pytestmark = pytest.mark.anyio
+
+
+class Scripted(Model):
+    """Each turn lists the amounts of the charge calls the model makes for order o-1 in one message; then
+    it answers. Keeps the messages it was given, so a test reads what the model was told."""
+
+    def __init__(self, *turns: Sequence[int]) -> None:
+        super().__init__(model_id="scripted")
+        self.turns = list(turns)
+        self.seen: list[list[Any]] = []
+
+    def generate(self, messages: list[Any], stop_sequences: Any = None, response_format: Any = None,
+                 tools_to_call_from: Any = None, **kwargs: Any) -> ChatMessage:
+        n = len(self.seen)
+        self.seen.append(list(messages))
+        if n < len(self.turns):
+            calls = [("charge", f"call_{n}_{i}", {"order_id": "o-1", "amount_cents": a})
+                     for i, a in enumerate(self.turns[n])]
+        else:
+            calls = [("final_answer", "final", {"answer": "done"})]
+        return ChatMessage(role=MessageRole.ASSISTANT, content="", tool_calls=[
+            ChatMessageToolCall(id=cid, type="function", function=ChatMessageToolCallFunction(name=name, arguments=a))
+            for name, cid, a in calls
+        ])
+
+    def told(self, turn: int = -1) -> str:
+        """What the model read before ``turn`` (by default its last): the observations of the step before."""
+        content = self.seen[turn][-1].content
+        return "".join(part["text"] for part in content) if isinstance(content, list) else str(content)
+
+
+def charge_tool(ledger: Ledger) -> Tool:
+    @tool
+    def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much, in cents
+        """
+        return ledger.charge(order_id, amount_cents, current_key())
+
+    return charge
+
+
+def observations(agent: ToolCallingAgent) -> list[Any]:
+    return [s.observations for s in agent.memory.steps if getattr(s, "tool_calls", None)]
+
+
+@pytest.fixture
+def events() -> list[GuardEvent]:
+    return []
+
+
+@pytest.fixture
+def guard(make_guard: Callable[..., Guard], events: list[GuardEvent]) -> Guard:
+    return make_guard(on_event=events.append)
+
+
+def run(agent: ToolCallingAgent, task_id: str | None) -> Any:
+    if task_id is None:
+        return agent.run("charge o-1")
+    with task(task_id):
+        return agent.run("charge o-1")
+
+
+async def test_repeat_after_a_timeout_and_parallel_calls_charge_once_and_a_change_is_refused(
+    guard: Guard, events: list[GuardEvent]
+) -> None:
+    ledger = Ledger()
+    # a charge; the same call again (the model's retry after a timeout); two at once; one with another amount
+    model = Scripted([500], [500], [500, 500], [700])
+    agent = ToolCallingAgent(tools=[guard_tool(charge_tool(ledger), guard, key="order_id")], model=model,
+                             verbosity_level=0)
+    assert run(agent, "task-42") == "done"
+    assert len(ledger.charges) == 1
+    (record,) = await guard.records()
+    assert ledger.charges[0][2] == record.key and record.task_id == "task-42"
+    first = {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
+    obs = observations(agent)
+    assert obs[0] == obs[1] == str(first)
+    assert obs[2] == f"{first}\n{first}"  # both parallel calls: the recorded outcome
+    assert [e.kind for e in events].count("replayed") == 3
+    text = model.told(4)  # what the model read after the call with another amount
+    assert "already called in task 'task-42' with different arguments" in text and "amount_cents" in text
+    assert text.rstrip().endswith("Nothing was executed.")
+    assert "Please try again" not in text and "Error" not in text
+
+
+async def test_two_identical_calls_in_one_message_run_on_two_threads_and_charge_once(guard: Guard) -> None:
+    ledger = Ledger()
+    threads: set[int] = set()
+
+    @tool
+    def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much, in cents
+        """
+        threads.add(threading.get_ident())
+        return ledger.charge(order_id, amount_cents, current_key())
+
+    model = Scripted([500, 500, 500, 500])
+    agent = ToolCallingAgent(tools=[guard_tool(charge, guard, key="order_id")], model=model, verbosity_level=0,
+                             max_tool_threads=4)
+    run(agent, "task-7")
+    assert len(ledger.charges) == 1
+    assert len(set(observations(agent)[0].splitlines())) == 1
+
+
+async def test_once_under_tool_hides_the_key_parameter_and_guards(guard: Guard) -> None:
+    ledger = Ledger()
+
+    def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much, in cents
+        """
+        return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    charge_t = tool(once(guard, key="order_id")(charge))
+    assert set(charge_t.inputs) == {"order_id", "amount_cents"}
+    model = Scripted([500], [500, 500], [900])
+    agent = ToolCallingAgent(tools=[charge_t], model=model, verbosity_level=0)
+    run(agent, "task-9")
+    assert len(ledger.charges) == 1
+    (record,) = await guard.records()
+    assert ledger.charges[0][2] == record.key
+    assert "different arguments" in model.told() and "Nothing was executed." in model.told()
+
+
+async def test_without_a_task_nothing_runs_and_the_model_is_told_why(guard: Guard) -> None:
+    ledger = Ledger()
+    model = Scripted([500])
+    agent = ToolCallingAgent(tools=[guard_tool(charge_tool(ledger), guard)], model=model, verbosity_level=0)
+    run(agent, None)
+    assert ledger.charges == []
+    assert "no task id" in model.told() and "Nothing was executed." in model.told()
+
+
+async def test_guard_tool_leaves_the_original_and_refuses_twice_and_non_tools(guard: Guard) -> None:
+    ledger = Ledger()
+    original = charge_tool(ledger)
+    guarded = guard_tool(original, guard, key="order_id")
+    assert guarded is not original and guarded.inputs == original.inputs
+    with task("t"):
+        guarded(order_id="o-2", amount_cents=1)
+        with pytest.raises(GuardError, match="outside a guarded call"):  # the original stays unguarded
+            original(order_id="o-2", amount_cents=1)
+    assert len(ledger.charges) == 1
+    with pytest.raises(TypeError, match="already guarded"):
+        guard_tool(guarded, guard)
+    with pytest.raises(TypeError, match=r"smolagents\.Tool"):
+        guard_tool(lambda: None, guard)  # type: ignore[arg-type]
+
+
+async def test_a_tool_error_releases_and_the_retry_charges(guard: Guard) -> None:
+    ledger = Ledger()
+    failures = [RuntimeError("card network down")]
+
+    @tool
+    def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much, in cents
+        """
+        if failures:
+            raise failures.pop()
+        return ledger.charge(order_id, amount_cents, current_key())
+
+    model = Scripted([500], [500])
+    agent = ToolCallingAgent(tools=[guard_tool(charge, guard, key="order_id")], model=model, verbosity_level=0)
+    run(agent, "task-3")
+    assert len(ledger.charges) == 1
+    assert "card network down" in str(agent.memory.steps[1].error)  # smolagents' own report of the error
