@@ -119,7 +119,8 @@ class Ledger:
             raise
 
     async def write_batch(self) -> int:
-        """Write up to ``BATCH`` queued entries (and the count of those dropped); returns how many were taken."""
+        """Write up to ``BATCH`` queued entries (and the count of those dropped): how many were written, or
+        minus how many were dropped because the store refused them."""
         queue = self.queue
         rows: list[dict[str, Any]] = []
         while queue and len(rows) < BATCH:
@@ -138,16 +139,21 @@ class Ledger:
         except Exception as exc:  # the store is down or slow: the entries are lost, counted
             self._drop(len(rows))
             log.debug("writing the attempt ledger failed: %s", exc)
+            return -len(rows)
         return len(rows)
 
     async def flush(self) -> None:
-        """Write everything queued now (on the portal loop; ``Guard.close`` calls it)."""
+        """Write everything queued now (on the portal loop; ``Guard.close`` calls it). A write the store
+        refuses ends the flush: what is left is dropped and counted, never retried for ever."""
         writer = self._task
         if writer is not None and not writer.done() and writer is not asyncio.current_task():
             if self._wake is not None:
                 self._wake.set()  # the writer stops gathering, writes what is queued and ends
             with contextlib.suppress(Exception):
                 await writer
-        while await self.write_batch():
+        while self.queue and await self.write_batch() > 0:
             pass
+        if self.queue:
+            self._drop(len(self.queue))
+            self.queue.clear()
         self._writing = False  # (a writer task on a portal loop that is stopping now will not run again)

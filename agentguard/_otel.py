@@ -97,6 +97,15 @@ def _from_globals(otel: Any) -> Telemetry | None:
     return _global
 
 
+def inject(carrier: dict[str, Any]) -> None:
+    """Put the current trace context (``traceparent``, ``tracestate``) into ``carrier`` (an MCP ``_meta``), when
+    telemetry is on: the upstream's spans then follow the guarded call's. Off, ``carrier`` is left as it is."""
+    if current() is not None:
+        from opentelemetry.propagate import inject as into
+
+        into(carrier)
+
+
 def instrument(tracer_provider: Any = None, meter_provider: Any = None) -> None:
     """Use these providers (or the global ones) from now on, whatever the global state."""
     global _forced, _off

@@ -18,7 +18,8 @@ from typing import Any
 from ._binder import Binder
 from ._calls import Call, check_operation, flat_call, make_call
 from ._codec import Codec
-from ._engine import Engine, active_claim
+from ._drivers import active_claim
+from ._engine import Engine
 from ._errors import MissingTaskError
 from ._flat import FlatSignature
 from ._frameworks import made_by

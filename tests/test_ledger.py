@@ -273,3 +273,19 @@ async def test_ledger_false_keeps_none(make_guard: Callable[..., Guard]) -> None
         await send()
     await g.flush_ledger()
     assert await g.attempts() == []
+
+
+async def test_a_store_that_is_down_drops_the_entries_and_closing_ends(tmp_path: Any) -> None:
+    from agentguard import StoreError
+
+    (tmp_path / "a-file").write_text("not a folder")
+    guard = Guard(f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'dir' / 'a.db'}")  # its folder cannot be made
+
+    @guard.once
+    async def charge() -> str:
+        return "charged"
+
+    with task(tid()), pytest.raises(StoreError):
+        await charge()
+    await guard.aclose()  # the entry cannot be written: dropped and counted, and closing ends
+    assert guard.ledger_dropped >= 1
