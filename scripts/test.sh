@@ -94,6 +94,17 @@ if ! command -v strace >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-g
   echo "== installing strace from Debian's packages"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null)
 fi
+# -- Chromium (Debian's, headless): tests/test_console_browser.py drives the console's page in it -----------
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing chromium from Debian's packages"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+  else
+    echo "chromium is not installed (the console's browser tests need it); install chromium and re-run" >&2
+    exit 1
+  fi
+fi
+export AGENTGUARD_REQUIRE_BROWSER=1  # tests/test_console_browser.py fails rather than skips without it
 PGBIN=$(find_pg_bin || true)
 if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
