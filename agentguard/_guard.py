@@ -375,7 +375,7 @@ class Guard(Views):
             if not await store_call(store.abandon(scope, key, _codec.encode_error(err), self._retention)):
                 raise GuardError(f"no released or stalled operation {key!r} in scope {scope!r} to abandon", key=key)
             self._cache.clear()
-            await self._resolved(key, scope, "abandoned")
+            await self._operator_entries(key, scope, RESOLVED, "abandoned")
             return "abandoned"
         if not held:
             raise GuardError(f"no operation {key!r} in scope {scope!r} has a step with an unknown outcome", key=key)
@@ -387,17 +387,7 @@ class Guard(Views):
         if not ok:
             raise GuardError(f"the unknown step {step!r} of {key!r} changed meanwhile; look again", key=key)
         said = f"step {step!r} " + ("cleared for a retry" if retry else "recorded as done")
-        await self._resolved(key, scope, said)
+        await self._operator_entries(key, scope, RESOLVED, said)
         return said
 
-    async def _resolved(self, key: str, scope: str, detail: str) -> None:
-        """The ledger's entry of an operator's resolve."""
-        if isinstance(self._store, LedgerStore):
-            for rec in await store_call_list(self, key, scope):
-                await self._operator_entry(rec, RESOLVED, detail)
 
-
-async def store_call_list(guard: Guard, key: str, scope: str) -> list[Any]:
-    store = guard._store
-    assert isinstance(store, LedgerStore)
-    return list(await guard._engine.store_call(store.record_details(key, scope)))

@@ -106,7 +106,7 @@ class Observer:
         kind, detail = note.kind, note.detail
         if exc is not None:
             known = _refusal(exc)
-            if known is not None and (kind is None or known[0] == UNKNOWN):
+            if known is not None and (kind is None or (known[0] == UNKNOWN and kind != REPLAYED)):
                 kind, detail = known
             elif kind is None:
                 if note.attempt:  # claimed, and the recording raised (the result could not be stored)

@@ -103,6 +103,12 @@ class Views:
         await self._operator_entry(rec, FORGOTTEN, f"was {rec.state}")
         return rec
 
+    async def _operator_entries(self, key: str, scope: str, kind: str, detail: str) -> None:
+        """The ledger's entry of an operator's act on the record ``key`` of ``scope`` (``resolve``)."""
+        if isinstance(self._store, LedgerStore):
+            for rec in await self._call(self._store.record_details(key, scope)):
+                await self._operator_entry(rec, kind, detail)
+
     async def _operator_entry(self, rec: RecordDetail, kind: str, detail: str) -> None:
         from ._ledger import process
 

@@ -194,6 +194,9 @@ async def test_capability_guards_named_tools_only(guard: Guard) -> None:
     assert {t.name for t in script.tools} == {"charge", "lookup"}
     (record,) = await guard.records()
     assert record.task_id == "task-9" and ledger.charges[0][2] == record.key
+    await guard.flush_ledger()  # the attempt ledger keeps each tool call's id
+    assert [(e.kind, e.call_id) for e in await guard.timeline("task-9")] == [
+        ("ran", "call_0_0"), ("replayed", "call_1_0"), ("refused", "call_2_0")]
 
 
 async def test_capability_replays_a_typed_result_as_its_type(guard: Guard) -> None:
