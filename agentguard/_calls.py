@@ -57,6 +57,7 @@ class Call:
     _hashes: dict[str, str] | None = None
     _hashes_json: str | None = None
     flat: tuple[FlatSignature, list[str]] | None = None  # the arguments' canonical JSON, if all are flat
+    waited: float = 0.0  # seconds this call waited for another caller of its key (for the ledger, telemetry)
 
     @property
     def arg_hashes(self) -> dict[str, str]:
@@ -81,10 +82,11 @@ class Call:
 class Claim:
     """A call whose key this worker holds: its fence, attempt and origin, and its heartbeat's bookkeeping."""
 
-    __slots__ = ("attempt", "beat", "call", "fence", "notes", "origin", "renewal", "renewed")
+    __slots__ = ("attempt", "beat", "call", "fence", "notes", "origin", "renewal", "renewed", "took")
 
-    def __init__(self, call: Call, fence: int, attempt: int, origin: int) -> None:
+    def __init__(self, call: Call, fence: int, attempt: int, origin: int, took: str | None = None) -> None:
         self.call = call
+        self.took = took  # a takeover's: the state it found (running: its worker went away; released)
         self.fence = fence
         self.attempt = attempt
         self.origin = origin
@@ -104,11 +106,12 @@ class Claim:
 class Replay:
     """A call answered by a stored terminal record."""
 
-    __slots__ = ("call", "record")
+    __slots__ = ("call", "record", "source")
 
-    def __init__(self, call: Call, record: Record) -> None:
+    def __init__(self, call: Call, record: Record, source: str = "store") -> None:
         self.call = call
         self.record = record
+        self.source = source  # "store", or "cache" (the in-process cache: no round trip)
 
     def result(self) -> Any:
         rec, call = self.record, self.call

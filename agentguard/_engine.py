@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
 import logging
 import random
@@ -26,14 +25,16 @@ from typing import Any, TypeVar
 from . import _codec
 from ._cache import ReplayCache
 from ._calls import Call, Claim, Replay
-from ._context import _key
+from ._drivers import Drivers, active_claim, uncancellable
 from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, StoreError
 from ._events import Events
-from ._here import PendingBeats, begin_here, succeed_here
+from ._here import PendingBeats
 from ._lease import Heartbeats, new_fence, new_owner
+from ._observe import Observer
 from ._portal import Portal
 from ._watch import Watcher, Watches
 from .stores import FAILED, RUNNING, SUCCEEDED, Record, Store, record_of
+from .stores._attempts import LEASE_LOST, RAN, RELEASED_KIND
 from .stores._direct import DirectSQLite
 
 log = logging.getLogger("agentguard")
@@ -44,50 +45,15 @@ MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our f
 POLL_MAX = 0.1  # seconds between a waiting key's reads of the store, at most (one reader per key and process)
 POLL_LISTENING = 1.0  # the same, while the store announces the key's outcome to this process (a fallback)
 
-# The claim of the guarded call in progress, for the ``Operation`` parameter and ``current_audit()``.
-active_claim: contextvars.ContextVar[Claim | None] = contextvars.ContextVar("agentguard_claim", default=None)
-
-
-async def uncancellable(aw: Awaitable[T]) -> T:
-    """Finish ``aw`` even if we are cancelled meanwhile, then deliver the cancellation.
-
-    Recording an outcome or releasing a claim must not be split by a client timeout.
-    """
-    inner = asyncio.ensure_future(aw)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(inner)
-            break
-        except asyncio.CancelledError:
-            if inner.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
-
-
-async def _recorded(step: Callable[[Claim, Any], Awaitable[T]], claim: Claim, arg: Any) -> T:
-    """Run a recording step (succeed, fail) directly — no task, no shield on the happy path. If we are
-    cancelled while it runs, its statement may or may not have committed: run it again to completion (every
-    write is fenced, so a second attempt is harmless), then deliver the cancellation."""
-    try:
-        return await step(claim, arg)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await uncancellable(step(claim, arg))
-        raise
-
-
-class Engine:
+class Engine(Drivers):
     """The state machine, bound to one store and one guard's settings."""
 
     def __init__(
         self, store: Store, portal: Portal, *, lease: float, retention: float, window: float, events: Events,
-        cache: ReplayCache,
+        cache: ReplayCache, observer: Observer | None = None,
     ) -> None:
         self.store = store
+        self.observer = Observer(None) if observer is None else observer
         self.portal = portal
         self.lease = lease
         self.retention = retention
@@ -158,7 +124,7 @@ class Engine:
         if rec.fingerprint != call.fingerprint:
             raise self.reuse_error(call, rec)
         self.events.emit("replayed", call, rec.attempts, "from the in-process cache")
-        return Replay(call, rec)
+        return Replay(call, rec, "cache")
 
     def replayed(self, call: Call, rec: Record) -> Replay:
         """A terminal record with our fingerprint, read from the store: replay it (and remember the task)."""
@@ -182,8 +148,8 @@ class Engine:
 
     # -- claim --------------------------------------------------------------------------------------------
 
-    def claimed(self, call: Call, fence: int, attempt: int, origin: int) -> Claim:
-        claim = Claim(call, fence, attempt, origin)
+    def claimed(self, call: Call, fence: int, attempt: int, origin: int, took: str | None = None) -> Claim:
+        claim = Claim(call, fence, attempt, origin, took)
         self.beats.start(claim)
         return claim
 
@@ -268,11 +234,12 @@ class Engine:
                         attempt = 1 if stale else rec.attempts + 1
                         self.events.emit("takeover" if not stale else "claimed", call, attempt,
                                          f"previous state {rec.state}" if not stale else "previous record expired")
-                        return self.claimed(call, took[0], attempt, took[1])
+                        return self.claimed(call, took[0], attempt, took[1], None if stale else rec.state)
                     continue  # another caller took it first: look again
                 if call.on_conflict == "raise":
                     raise self.in_progress(call, rec, "on_conflict='raise'")
-                now = asyncio.get_running_loop().time()
+                loop = asyncio.get_running_loop()
+                now = loop.time()
                 if deadline is None:
                     deadline = now + call.wait_timeout if call.wait_timeout is not None else float("inf")
                     self.events.emit("waiting", call, rec.attempts)
@@ -283,7 +250,10 @@ class Engine:
                 if watcher.polls and self.announced and not await self._listening(call, watcher):
                     continue  # no longer running: look again now
                 poll = POLL_LISTENING if watcher.listened > 0 else delay * (0.5 + random.random())
-                await watcher.wait(poll, deadline - now)
+                try:
+                    await watcher.wait(poll, deadline - now)
+                finally:
+                    call.waited += loop.time() - now
                 delay = min(delay * 1.6, POLL_MAX)
                 if (replay := self.cached(call)) is not None:  # recorded here meanwhile: no round trip
                     return replay
@@ -380,7 +350,9 @@ class Engine:
         self.watches.news((call.scope, call.key))
         self.events.emit("completed", call, claim.attempt)
 
-    async def fail(self, claim: Claim, exc: BaseException) -> None:
+    async def fail(self, claim: Claim, exc: BaseException) -> tuple[str, str]:
+        """Record what the body's exception means: a cached error stored, or the claim released. Returns the
+        ledger's kind and detail for it."""
         call, store = claim.call, self.store
         if (renewal := self.beats.stop(claim)) is not None:
             await renewal
@@ -394,7 +366,7 @@ class Engine:
             self.remember(claim, FAILED, stored, started)
             self.watches.news((call.scope, call.key))
             self.events.emit("completed", call, claim.attempt, f"cached error {type(exc).__name__}")
-            return
+            return RAN, f"failed: cached error {type(exc).__name__}"
         # Released in its own statement on a fresh connection, never inside a failed transaction.
         try:
             released = await self.settled(claim, "releasing the claim", lambda: store.release(
@@ -402,69 +374,15 @@ class Engine:
             ))
         except GuardError as store_exc:
             exc.add_note(f"agentguard: the claim could not be released ({store_exc}); it expires with its lease")
-            return
+            return RELEASED_KIND, f"{type(exc).__name__}; the release failed: the claim expires with its lease"
         if released:
             self.watches.news((call.scope, call.key))
             self.events.emit("released", call, claim.attempt, type(exc).__name__)
-        else:
-            self.events.emit("lease_lost", call, claim.attempt, "release refused")
+            return RELEASED_KIND, type(exc).__name__
+        self.events.emit("lease_lost", call, claim.attempt, "release refused")
+        return LEASE_LOST, "release refused"
 
     # -- drivers ------------------------------------------------------------------------------------------
-
-    async def drive(self, call: Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
-        memory = self.store.memory
-        outcome: Claim | Replay | None = self.cached(call)
-        if outcome is None:
-            try:
-                outcome = await (self.portal.arun(self.begin(call)) if memory else self.begin(call))
-            except StoreError as exc:
-                raise self.not_run(call, exc) from exc
-        if isinstance(outcome, Replay):
-            return outcome.result(), True
-        claim = outcome
-        token = _key.set(call.key)
-        claim_token = active_claim.set(claim)  # for the Operation parameter and current_audit()
-        try:
-            value = await body(call.key)
-        except BaseException as exc:
-            await _recorded(self._on_portal(self.fail) if memory else self.fail, claim, exc)
-            raise
-        finally:
-            _key.reset(token)
-            active_claim.reset(claim_token)
-        return await _recorded(self._on_portal(self.succeed) if memory else self.succeed, claim, value), False
-
-    def _on_portal(self, step: Callable[[Claim, Any], Coroutine[Any, Any, T]]) -> Callable[[Claim, Any], Awaitable[T]]:
-        """A recording step run on the portal's loop, where an in-memory store lives."""
-        return lambda claim, arg: self.portal.arun(step(claim, arg))
-
-    def drive_sync(self, call: Call, body: Callable[[str], T]) -> tuple[T, bool]:
-        portal = self.portal
-        outcome: Claim | Replay | None = self.cached(call)
-        direct = self.direct() if outcome is None else None
-        if direct is not None:  # in this thread, where it can be answered so (see _here)
-            outcome = begin_here(self, direct, call)
-        if outcome is None:
-            try:
-                outcome = portal.run(self.begin(call))
-            except StoreError as exc:
-                raise self.not_run(call, exc) from exc
-        if isinstance(outcome, Replay):
-            return outcome.result(), True
-        token = _key.set(call.key)
-        claim_token = active_claim.set(outcome)
-        pending = self.pending
-        try:
-            value = body(call.key)
-        except BaseException as exc:
-            portal.run(pending.general(self.fail, outcome, exc))
-            raise
-        finally:
-            _key.reset(token)
-            active_claim.reset(claim_token)
-        if direct is not None and (done := succeed_here(self, direct, outcome, value)) is not None:
-            return done[0], False
-        return portal.run(pending.general(self.succeed, outcome, value)), False
 
     def direct(self) -> DirectSQLite | None:
         """The store's statements in a sync tool's own thread, where it has them (a SQLite file)."""

@@ -18,6 +18,9 @@ _TOOL_OBJECTS: dict[tuple[str, str], tuple[str, str]] = {
     ("strands", "AgentTool"): ("@tool", "the Strands Agents SDK"),
     ("crewai", "BaseTool"): ("@tool", "CrewAI"),
     ("llama_index", "BaseTool"): ("FunctionTool.from_defaults(...)", "LlamaIndex"),
+    ("google", "BaseTool"): ("FunctionTool(...)", "Google ADK"),  # google.adk.tools: ADK has no decorator
+    ("ag2", "Tool"): ("@tool", "AG2"),
+    ("claude_agent_sdk", "SdkMcpTool"): ("@tool", "the Claude Agent SDK"),
 }
 
 

@@ -19,13 +19,17 @@ from ._calls import Call, Outcome, check_errors, check_operation, make_call
 from ._codec import Codec
 from ._context import task as _task_ctx
 from ._engine import Engine
-from ._errors import GuardError, OutcomeUnknownError
+from ._errors import GuardError, MissingTaskError, OutcomeUnknownError
 from ._events import Events, GuardEvent
+from ._ledger import Ledger
+from ._observe import Observer
 from ._operation import Reconcile
 from ._portal import Portal
 from ._spec import KeyOption, Spec
 from ._storeconfig import DEFAULT_URL, ENV_URL
-from .stores import ClaimStore, Listing, SQLStore, Store
+from ._views import Views
+from .stores import ClaimStore, LedgerStore, Listing, SQLStore, Store
+from .stores._attempts import RESOLVED
 
 __all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
 
@@ -74,7 +78,15 @@ def _seconds(value: float | timedelta, what: str) -> float:
     return float(seconds)
 
 
-class Guard:
+def _otel_dropped(n: int) -> None:
+    from ._otel import current
+
+    otel = current()
+    if otel is not None:
+        otel.dropped.add(n)
+
+
+class Guard(Views):
     """Runs side-effecting tools at most once per (scope, task, operation) and replays the outcome.
 
     ``url``: ``sqlite+aiosqlite:///path.db`` (default ``$AGENTGUARD_URL``, else ``agentguard.db`` in the
@@ -101,6 +113,7 @@ class Guard:
         cache_size: int = 1024,
         outage_window: float | timedelta | None = None,
         store: ClaimStore | None = None,
+        ledger: bool = True,
     ) -> None:
         self._lease = _seconds(lease, "lease")
         self._retention = _seconds(retention, "retention")
@@ -135,8 +148,12 @@ class Guard:
         self._codecs: dict[Any, Codec] = {}
         self._cache = ReplayCache(cache_size)
         self._resumable: dict[str, Callable[..., Any]] = {}
+        # The ledger of attempts, written off the callers' path (a stand-in store without its verbs keeps none).
+        self._ledger = (Ledger(self._store, self._portal, self._retention, on_drop=_otel_dropped)
+                        if ledger and isinstance(self._store, LedgerStore) else None)
         self._engine = Engine(self._store, self._portal, lease=self._lease, retention=self._retention,
-                              window=self._window, events=Events(on_event), cache=self._cache)
+                              window=self._window, events=Events(on_event), cache=self._cache,
+                              observer=Observer(self._ledger))
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -191,15 +208,21 @@ class Guard:
         self.close()
 
     async def aclose(self) -> None:
-        """Dispose the engines of this loop and of the portal. The guard can be used again afterwards."""
+        """Write the ledger entries still queued, dispose the engines of this loop and of the portal. The
+        guard can be used again afterwards."""
         await self._store.dispose()
         if self._portal.started:
+            if self._ledger is not None:
+                await self._portal.arun(self._ledger.flush())
             await self._portal.arun(self._store.dispose())
             self._portal.stop()
 
     def close(self) -> None:
-        """Close from sync code: disposes the portal's engine and stops the portal."""
+        """Close from sync code: writes the ledger entries still queued, disposes the portal's engine and stops
+        the portal."""
         if self._portal.started:
+            if self._ledger is not None:
+                self._portal.run(self._ledger.flush())
             self._portal.run(self._store.dispose())
             self._portal.stop()
 
@@ -209,13 +232,17 @@ class Guard:
         """Delete records past their retention, in batches of ``batch``. Returns how many were deleted."""
         if batch < 1:
             raise ValueError("batch must be at least 1")
-        return await self._engine.store_call(self._store.sweep(batch))
+        deleted = await self._engine.store_call(self._store.sweep(batch))
+        if isinstance(self._store, LedgerStore):  # the ledger's entries carry their own expiry
+            await self._engine.store_call(self._store.sweep_attempts(batch))
+        return deleted
 
     async def records(
-        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100
+        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100, state: str | None = None
     ) -> Sequence[Listing]:
-        """The most recently updated records, for audit (``agentguard ls``)."""
-        return await self._engine.store_call(self._store.listing(scope=scope, task_id=task_id, limit=limit))
+        """The most recently updated records, for audit (``agentguard ls``); ``state``: only those in it."""
+        return await self._engine.store_call(self._store.listing(scope=scope, task_id=task_id, limit=limit,
+                                                                 state=state))
 
     async def ensure_schema(self) -> None:
         await self._engine.store_call(self._store.ensure_schema())
@@ -228,13 +255,17 @@ class Guard:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         check_operation(operation)
         wait_timeout, audit = options.get("wait_timeout"), options.get("audit")
-        return make_call(
-            operation, options.get("arguments") or {}, options.get("key"), options.get("task_id"),
-            options.get("scope"), self._codec_for(options.get("returns", Any)),
-            check_errors(options.get("cache_errors", ())), options.get("on_conflict") or self._on_conflict,
-            self._wait_timeout if wait_timeout is None else wait_timeout,
-            None if audit is None else _codec.dumps(dict(audit)),
-        )
+        audit_json = None if audit is None else _codec.dumps(dict(audit))
+        try:
+            return make_call(
+                operation, options.get("arguments") or {}, options.get("key"), options.get("task_id"),
+                options.get("scope"), self._codec_for(options.get("returns", Any)),
+                check_errors(options.get("cache_errors", ())), options.get("on_conflict") or self._on_conflict,
+                self._wait_timeout if wait_timeout is None else wait_timeout, audit_json,
+            )
+        except MissingTaskError:
+            self._engine.observer.missing_task(operation, audit_json)
+            raise
 
     async def run(
         self, operation: str, body: Callable[[str], Awaitable[T]], **options: Unpack[RunOptions]
@@ -346,6 +377,7 @@ class Guard:
             if not await store_call(store.abandon(scope, key, _codec.encode_error(err), self._retention)):
                 raise GuardError(f"no released or stalled operation {key!r} in scope {scope!r} to abandon", key=key)
             self._cache.clear()
+            await self._operator_entries(key, scope, RESOLVED, "abandoned")
             return "abandoned"
         if not held:
             raise GuardError(f"no operation {key!r} in scope {scope!r} has a step with an unknown outcome", key=key)
@@ -356,4 +388,8 @@ class Guard:
             ok = await store_call(store.resolve_step(scope, key, step, "done", _codec.dumps(result)))
         if not ok:
             raise GuardError(f"the unknown step {step!r} of {key!r} changed meanwhile; look again", key=key)
-        return f"step {step!r} " + ("cleared for a retry" if retry else "recorded as done")
+        said = f"step {step!r} " + ("cleared for a retry" if retry else "recorded as done")
+        await self._operator_entries(key, scope, RESOLVED, said)
+        return said
+
+

@@ -18,7 +18,9 @@ from typing import Any
 from ._binder import Binder
 from ._calls import Call, check_operation, flat_call, make_call
 from ._codec import Codec
-from ._engine import Engine, active_claim
+from ._drivers import active_claim
+from ._engine import Engine
+from ._errors import MissingTaskError
 from ._flat import FlatSignature
 from ._frameworks import made_by
 from ._operation import Operation, Reconcile
@@ -203,7 +205,11 @@ class Spec:
         if self.is_async:
 
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                call, arguments = spec.call(args, kwargs)
+                try:
+                    call, arguments = spec.call(args, kwargs)
+                except MissingTaskError:
+                    engine.observer.missing_task(spec.tool)
+                    raise
                 value, _ = await engine.drive(call, lambda key: spec.invoke(args, kwargs, arguments, key))
                 return value
 
@@ -211,7 +217,11 @@ class Spec:
         else:
 
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                call, arguments = spec.call(args, kwargs)
+                try:
+                    call, arguments = spec.call(args, kwargs)
+                except MissingTaskError:
+                    engine.observer.missing_task(spec.tool)
+                    raise
                 value, _ = engine.drive_sync(call, lambda key: spec.invoke(args, kwargs, arguments, key))
                 return value
 

@@ -15,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._calls import Claim
 from ._codec import Codec
-from ._engine import Engine, uncancellable
+from ._drivers import uncancellable
+from ._engine import Engine
 from ._errors import GuardError
 from ._operation import Identity, Row
 from .stores import DONE

@@ -1,15 +1,18 @@
-"""The ``agentguard`` command: demo, ls, resolve, sweep, mcp-proxy.
+"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, resolve, sweep, console, mcp-proxy.
 
     agentguard demo                                  the offline demo, on the embedded SQLite store
-    agentguard ls [--json] [--unknown] [--task T]     the latest records (or the operations held on an unknown outcome)
+    agentguard ls [--json] [--state S] [--task T]    the latest records (--state unknown: held on an unknown outcome)
+    agentguard show KEY | timeline TASK | forget KEY | stats [--since 1h]   (see agentguard._cli_ledger)
     agentguard resolve KEY (--result JSON | --retry | --abandon)
     agentguard sweep [--batch N]                     delete records past their retention
+    agentguard console [--port N] [--host H]         a local web page: tasks, timelines, held outcomes (console extra)
     agentguard mcp-proxy --config agentguard.toml    the guarding MCP proxy (the mcp extra)
 
-``ls``, ``resolve`` and ``sweep`` name their store with ``--url URL`` or ``--config agentguard.toml`` (the
-proxy's config: its ``[store]`` url and scope), else ``$AGENTGUARD_URL``, else ``agentguard.db`` here. They
-only read or settle records, so they never create a store: a SQLite file that does not exist is reported as
-``no store at PATH``, and an in-memory URL is refused (it exists only inside the process that opened it).
+``ls``, ``resolve``, ``sweep``, ``console`` (and the ledger's commands) name their store with ``--url URL``
+or ``--config agentguard.toml`` (the proxy's config: its ``[store]`` url and scope), else
+``$AGENTGUARD_URL``, else ``agentguard.db`` here. They only read or settle records, so they never create a
+store: a SQLite file that does not exist is reported as ``no store at PATH``, and an in-memory URL is
+refused (it exists only inside the process that opened it).
 
 ``ls --json`` prints one JSON document, with these field names (ages in seconds)::
 
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
+from ._cli_ledger import add_commands
 from ._errors import GuardError
 from ._extras import MissingExtraError, require
 from ._storeconfig import StoreRef, from_arguments, sqlite_file
@@ -76,11 +80,12 @@ def _check_driver(url: str) -> None:
         require("asyncpg", extra="postgres", by="a postgresql+asyncpg:// store")
 
 
-async def _records(url: str, scope: str | None, task_id: str | None, limit: int) -> list[dict[str, Any]]:
+async def _records(url: str, scope: str | None, task_id: str | None, limit: int,
+                   state: str | None = None) -> list[dict[str, Any]]:
     from ._guard import Guard
 
     async with Guard(url) as guard:
-        rows = await guard.records(scope=scope, task_id=task_id, limit=limit)
+        rows = await guard.records(scope=scope, task_id=task_id, limit=limit, state=state)
     return [
         {
             "scope": r.scope, "task_id": r.task_id, "operation": r.operation, "state": r.state,
@@ -122,7 +127,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 def _ls(args: argparse.Namespace) -> int:
     ref = _existing_store(args)
     scope = args.scope if args.scope is not None else ref.scope
-    if args.unknown:
+    if args.unknown or args.state == "unknown":
         held = asyncio.run(_unknown(ref.url, scope, args.limit))
         if args.json:
             print(json.dumps({"unknown": held}, default=str))
@@ -133,7 +138,7 @@ def _ls(args: argparse.Namespace) -> int:
                 print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  "
                       f"step={r['step']!r}  attempts={r['attempts']}  age={_age(r['age_seconds'])}")
         return 0
-    rows = asyncio.run(_records(ref.url, scope, args.task_id, args.limit))
+    rows = asyncio.run(_records(ref.url, scope, args.task_id, args.limit, args.state))
     if args.json:
         print(json.dumps({"records": rows}, default=str))
     elif not rows:
@@ -175,6 +180,27 @@ def _sweep(args: argparse.Namespace) -> int:
     n = asyncio.run(go())
     print(f"deleted {n} expired record{'s' if n != 1 else ''}")
     return 0
+
+
+def _console(args: argparse.Namespace) -> int:
+    require("starlette", "uvicorn", extra="console", by="agentguard console")
+    ref = _existing_store(args)
+    from .console import _command
+
+    try:
+        return _command.serve(ref.url, host=args.host, port=args.port)
+    except _command.ServeError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535 (0: any free port), got {n}")
+    return n
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -245,11 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="at most N records (default: 100)")
     p_ls.add_argument("--unknown", action="store_true",
                       help="only operations held on a step of unknown outcome (settle them with resolve)")
+    p_ls.add_argument("--state", choices=("running", "succeeded", "failed", "released", "unknown"),
+                      help="only records in this state (unknown: as --unknown)")
     p_ls.add_argument("--json", action="store_true",
                       help='print one JSON document for scripts: {"records": [{scope, task_id, operation, state, '
                            "attempts, age_seconds, lease_left_seconds, key, audit}]}; with --unknown "
                            '{"unknown": [{scope, key, task_id, operation, step, attempts, age_seconds}]}')
     p_ls.set_defaults(run=_ls)
+
+    add_commands(sub, _store_options, _existing_store, _positive)
 
     p_resolve = sub.add_parser("resolve", help="settle an operation held on an unknown outcome",
                                description="Settle an operation whose worker died inside a step "
@@ -271,6 +301,18 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--batch", type=_positive, default=1000, metavar="N",
                          help="delete at most N records per statement (default: 1000)")
     p_sweep.set_defaults(run=_sweep)
+
+    p_console = sub.add_parser("console", help="serve a local web page: tasks, timelines, held outcomes to settle",
+                               description="Serve a page of the store's tasks, each task's timeline and the "
+                                           "operations held on an unknown outcome, with actions to settle them "
+                                           "(what `agentguard resolve` does). Prints the URL with a token: "
+                                           "without it the page is read-only. Needs agentguard[console].")
+    _store_options(p_console)
+    p_console.add_argument("--port", type=_port, default=8765, metavar="N",
+                           help="the port to listen on (default: 8765; 0: any free port, printed)")
+    p_console.add_argument("--host", default="127.0.0.1",
+                           help="the address to listen on (default: 127.0.0.1, this machine only)")
+    p_console.set_defaults(run=_console)
 
     p_proxy = sub.add_parser("mcp-proxy", help="serve a guarding MCP proxy over stdio (needs agentguard[mcp])",
                              description="Guard the tools a config names in front of any MCP server; "

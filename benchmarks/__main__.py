@@ -35,6 +35,7 @@ from ._common import NoIOStore, Observed, observe
 from ._drivers import SYNCHRONOUS, aiosqlite_raw, asyncpg_raw, pg_settings, set_sync_commit, sqlite_url
 from ._groups import calls, shortcuts
 from ._harness import Stat
+from ._observe import observability
 from ._peers import dbos, powertools
 from ._profile import PROFILED, report
 from ._race import race_postgres, race_sqlite, race_table
@@ -146,6 +147,10 @@ class Run:
                  notes)
         if self.profile:
             return
+        _log("== observing a call: telemetry and the ledger, beside telemetry off")
+        stats, notes = await observability(n=c.no_io_n, reps=c.reps, warmup=c.warmup, log=_log)
+        self.add("observe", "Observing a call (no I/O): OpenTelemetry and the ledger, each ÷ telemetry off",
+                 c.no_io_n, stats, notes)
         _log("== shortcuts beside their general paths")
         stats, notes = await shortcuts(n=c.no_io_n, reps=c.reps, warmup=c.warmup, log=_log)
         self.add("shortcuts", "Pure shortcuts, each beside the general path it equals (its floor)", c.no_io_n, stats,

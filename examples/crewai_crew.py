@@ -1,6 +1,6 @@
 """CrewAI: a crew charges an order, is run again after a timeout, and two crews charge it at once.
 
-Needs the crewai extra:  pip install 'agentguard[crewai]'   (pip picks crewai 1.6.1: later ones pin aiosqlite 0.21)
+Needs the crewai extra:  pip install 'agentguard[crewai]'   (crewai pulls mcp 1.x: not beside the mcp extra)
 Offline (a scripted subclass of CrewAI's BaseLLM answering in ReAct text, no API key):  python examples/crewai_crew.py
 """
 
@@ -58,18 +58,25 @@ class Scripted(BaseLLM):
     def get_context_window_size(self) -> int:
         return 8192
 
+    def get_input_tokens_count(self, messages: Any, *args: Any, **kwargs: Any) -> int:
+        return len(str(messages)) // 4  # CrewAI's own estimate, without its warning that it is one
+
 
 def crew(llm: Scripted) -> Crew:
     agent = Agent(role="billing", goal="charge orders", backstory="a careful clerk", llm=llm, tools=[charge])
     return Crew(agents=[agent], tasks=[Task(description="charge o-1", expected_output="done", agent=agent)])
 
 
-async def main() -> None:
+async def both(one: Crew, two: Crew) -> None:
+    await asyncio.gather(one.kickoff_async(), two.kickoff_async())
+
+
+def main() -> None:
     llms = [Scripted(4900), Scripted(4900, 5000), Scripted(4900), Scripted(4900)]
     with guard, task("ticket-8812"):  # CrewAI gives a tool no stable id: the task comes from here
         crew(llms[0]).kickoff()
         crew(llms[1]).kickoff()  # run again after a timeout; then with another amount
-        await asyncio.gather(crew(llms[2]).kickoff_async(), crew(llms[3]).kickoff_async())  # two at once
+        asyncio.run(both(crew(llms[2]), crew(llms[3])))  # two at once
     for i, llm in enumerate(llms):
         for said in llm.observations:
             print(f"  crew {i + 1} saw: {said[:100]}")
@@ -78,4 +85,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -14,9 +14,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q -e ".[frameworks-a]" 2>&1 | grep -v "^WARNING: Location" || true  # see "agent frameworks" below
+# One resolution for everything the main virtualenv holds: the frameworks of "integrations" and of
+# "frameworks-a" (smolagents, agno, LlamaIndex; see "agent frameworks" below) and "frameworks-b" (Google ADK,
+# AG2, the Claude Agent SDK, whose wheel bundles the Claude Code CLI its tests drive against a fake Messages
+# API on loopback, and the Anthropic SDK), so their tests run on both databases.
+.venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations,frameworks-a,frameworks-b]" 2>&1 \
+  | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
+# frameworks B's tests import their framework at module level: one missing fails the run, never a skip
+.venv/bin/python -c "import google.adk, ag2, claude_agent_sdk, anthropic"
 
 echo "== ruff"
 .venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
@@ -59,10 +65,10 @@ fi
 
 # -- agent frameworks (issue 20, part a) --------------------------------------------------------------------
 # smolagents, agno and LlamaIndex live in the main virtualenv (the frameworks-a extra, installed above) and their
-# tests run in both pytest passes below. Strands Agents and CrewAI cannot live there (strands-agents pins mcp<2.2;
-# crewai 1.7+ pins aiosqlite~=0.21, below agentguard's floor, so pip picks crewai 1.6.1): each gets a throwaway
-# virtualenv of its own, where its tests and its example run on SQLite. A framework named in
-# AGENTGUARD_TEST_FRAMEWORKS that is not installed fails the run (tests/conftest.py): none is skipped silently.
+# tests run in both pytest passes below. Strands Agents and CrewAI cannot live there (strands-agents pins mcp<2.2,
+# crewai mcp 1.x; the mcp extra needs mcp 2): each gets a throwaway virtualenv of its own, where its tests and its
+# example run on SQLite. A framework named in AGENTGUARD_TEST_FRAMEWORKS that is not installed fails the run
+# (tests/conftest.py): none is skipped silently.
 export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
 framework_venv() {  # extra, its module, then the -k expression choosing its tests and example
   echo "== $1 in its own virtualenv (SQLite)"
@@ -89,6 +95,17 @@ if ! command -v strace >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-g
   echo "== installing strace from Debian's packages"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null)
 fi
+# -- Chromium (Debian's, headless): tests/test_console_browser.py drives the console's page in it -----------
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing chromium from Debian's packages"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+  else
+    echo "chromium is not installed (the console's browser tests need it); install chromium and re-run" >&2
+    exit 1
+  fi
+fi
+export AGENTGUARD_REQUIRE_BROWSER=1  # tests/test_console_browser.py fails rather than skips without it
 PGBIN=$(find_pg_bin || true)
 if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -32,7 +32,7 @@ def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> No
     doc = json.loads(out.read_text())
     assert {t["result"] for t in doc["targets"]} <= {"PASS", "FAIL", "n/a"}
     # Every group ran every variant (a variant whose set-up failed would say n/a, with the reason).
-    for key in ("no_io", "shortcuts", f"{BACKEND}.sequential"):
+    for key in ("no_io", "observe", "shortcuts", f"{BACKEND}.sequential"):
         assert all("unavailable" not in v for v in doc["groups"][key]["variants"]), doc["groups"][key]
     names = {v["name"] for v in doc["groups"][f"{BACKEND}.sequential"]["variants"]}
     assert {"unguarded call", "agentguard: first call", "agentguard: replay", "agentguard: replay, first of its task",

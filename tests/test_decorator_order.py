@@ -16,8 +16,12 @@ from pydantic_ai import RunContext
 
 from agentguard import Guard
 from agentguard.integrations import (
+    ag2,
     agno,
+    anthropic,
+    claude_agent_sdk,
     dbos,
+    google_adk,
     langchain,
     llamaindex,
     openai_agents,
@@ -37,6 +41,10 @@ ADAPTERS: dict[str, tuple[ModuleType, str]] = {  # adapter → (module, its fram
     "smolagents": (smolagents, "tool(...)"),
     "llamaindex": (llamaindex, "FunctionTool.from_defaults"),
     "agno": (agno, "@tool"),
+    "google_adk": (google_adk, "FunctionTool(...)"),
+    "ag2": (ag2, "@tool"),
+    "anthropic": (anthropic, "@beta_tool"),
+    "claude_agent_sdk": (claude_agent_sdk, '@tool("charge", ...)'),
 }
 
 
@@ -75,13 +83,36 @@ def langchain_async_tool() -> Any:
 
 
 def beta_tool() -> Any:
-    anthropic = pytest.importorskip("anthropic")
-    return anthropic.beta_tool(charge)
+    from anthropic import beta_tool
+
+    return beta_tool(charge)
 
 
 def beta_async_tool() -> Any:
-    anthropic = pytest.importorskip("anthropic")
-    return anthropic.beta_async_tool(acharge)
+    from anthropic import beta_async_tool
+
+    return beta_async_tool(acharge)
+
+
+def adk_function_tool() -> Any:
+    from google.adk.tools import FunctionTool
+
+    return FunctionTool(charge)
+
+
+def ag2_tool() -> Any:
+    from ag2 import tool
+
+    return tool(acharge)
+
+
+def sdk_mcp_tool() -> Any:
+    from claude_agent_sdk import tool
+
+    async def handler(args: dict[str, Any]) -> dict[str, Any]:
+        return {"content": []}
+
+    return tool("charge", "Charge an order", {"order_id": str})(handler)
 
 
 def pydantic_ai_tool() -> Any:
@@ -117,7 +148,8 @@ def agno_tool() -> Any:
     return tool(charge)
 
 
-# tool object maker → (its class, what made it: a decorator the message shows on top, or a call)
+# tool object maker → (its class, what made it as the message names it; a decorator is shown on top, anything
+# else gives way to the adapter's own decorator)
 TOOL_OBJECTS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "function_tool": (function_tool, "FunctionTool", "@function_tool"),
     "function_tool-async": (async_function_tool, "FunctionTool", "@function_tool"),
@@ -129,6 +161,9 @@ TOOL_OBJECTS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "smolagents-tool": (smolagents_tool, "SimpleTool", "@tool"),
     "llamaindex-FunctionTool": (llamaindex_tool, "FunctionTool", "FunctionTool.from_defaults(...)"),  # a call
     "agno-tool": (agno_tool, "Function", "@tool"),
+    "google_adk.FunctionTool": (adk_function_tool, "FunctionTool", "FunctionTool(...)"),
+    "ag2.tool": (ag2_tool, "FunctionTool", "@tool"),
+    "claude_agent_sdk.tool": (sdk_mcp_tool, "SdkMcpTool", "@tool"),
 }
 
 
@@ -152,11 +187,11 @@ async def test_once_on_top_of_a_framework_tool_object_says_which_way_round(
     guard: Guard, adapter: str, made: str
 ) -> None:
     module, own = ADAPTERS[adapter]
-    make, cls, decorator = TOOL_OBJECTS[made]
+    make, cls, maker = TOOL_OBJECTS[made]
     tool = make()
     assert type(tool).__name__ == cls
-    what = rf"a {cls} made by .+'s {re.escape(decorator)}"
-    top = decorator if decorator.startswith("@") else own  # a call, not a decorator: the adapter's own is shown
+    what = rf"a {cls} made by .+'s {re.escape(maker)}"
+    top = maker if maker.startswith("@") else own
     with pytest.raises(TypeError, match=says_which_way_round(adapter, what, top)):
         module.once(guard, key="order_id")(tool)
 
@@ -178,9 +213,10 @@ async def test_the_right_order_still_makes_each_framework_tool(guard: Guard) -> 
 
 
 async def test_beta_tool_in_the_right_order(guard: Guard) -> None:
-    anthropic = pytest.importorskip("anthropic")
-    sync_tool = anthropic.beta_tool(guard.once(key="order_id")(charge))
-    async_tool = anthropic.beta_async_tool(guard.once(key="order_id", operation="acharge")(acharge))
+    from anthropic import beta_async_tool, beta_tool
+
+    sync_tool = beta_tool(guard.once(key="order_id")(charge))
+    async_tool = beta_async_tool(guard.once(key="order_id", operation="acharge")(acharge))
     for made in (sync_tool, async_tool):
         assert set(made.to_dict()["input_schema"]["properties"]) == {"order_id", "amount_cents"}
 

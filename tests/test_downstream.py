@@ -419,9 +419,14 @@ def test_importing_agentguard_and_its_adapters_imports_no_framework(python: str)
         "import agentguard.integrations.pydantic_ai, agentguard.integrations.openai_agents\n"
         "import agentguard.integrations.langchain, agentguard.integrations.dbos, agentguard.integrations.temporal\n"
         "import agentguard.integrations.smolagents, agentguard.integrations.llamaindex, agentguard.integrations.agno\n"
+        "import agentguard.integrations.google_adk, agentguard.integrations.ag2\n"
+        "import agentguard.integrations.claude_agent_sdk, agentguard.integrations.anthropic\n"
         "heavy = {'pydantic_ai', 'agents', 'langchain', 'langchain_core', 'langgraph', 'dbos', 'temporalio',\n"
-        "         'httpx', 'httpx2', 'stripe', 'mcp', 'smolagents', 'llama_index', 'workflows', 'agno'}\n"
-        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
+        "         'httpx', 'httpx2', 'stripe', 'mcp', 'smolagents', 'llama_index', 'workflows', 'agno',\n"
+        "         'ag2', 'claude_agent_sdk', 'anthropic', 'google.adk'}\n"
+        "loaded = {m.split('.')[0] for m in sys.modules}\n"
+        "loaded |= {'google.adk' for m in sys.modules if m.startswith('google.adk')}  # google is a namespace\n"
+        "print(sorted(heavy & loaded))\n"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

@@ -40,6 +40,8 @@ async def main() -> None:
                 assert await charge(f"o-{i}") == f"o-{i}"
     (folder / "mark-end").touch()
     await guard.aclose()
+    async with Guard(f"sqlite+aiosqlite:///{folder / 'agentguard.db'}") as reader:
+        print(len(await reader.attempts()))  # the ledger was kept meanwhile (its commits unsynced)
 
 asyncio.run(main())
 """
@@ -60,5 +62,6 @@ def test_a_first_call_syncs_once_and_a_replay_never(tmp_path: Path) -> None:
                     phase = name
         elif "fsync(" in line or "fdatasync(" in line:
             syncs[phase] += 1
+    assert run.stdout.split() == ["41"]  # an entry per call: the warm-up, 20 first calls, 20 replays
     assert syncs["first"] == 20, syncs  # one per first call: its completion's commit
     assert syncs["replay"] == 0, syncs

@@ -18,7 +18,7 @@ FINDER = (
     "import sys\n"
     "class Refuse:\n"
     "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name.partition('.')[0] in {blocked!r}:\n"
+    "        if any(name == b or name.startswith(b + '.') for b in {blocked!r}):\n"
     "            raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)\n"
     "sys.meta_path.insert(0, Refuse())\n"
 )
@@ -42,8 +42,13 @@ EXTRAS = {
     "agentguard.integrations.smolagents": ("smolagents", ["smolagents"]),
     "agentguard.integrations.llamaindex": ("llamaindex", ["llama_index", "workflows"]),
     "agentguard.integrations.agno": ("agno", ["agno"]),
+    "agentguard.integrations.google_adk": ("google-adk", ["google.adk"]),
+    "agentguard.integrations.ag2": ("ag2", ["ag2"]),
+    "agentguard.integrations.claude_agent_sdk": ("claude-agent-sdk", ["claude_agent_sdk"]),
+    "agentguard.integrations.anthropic": ("anthropic", ["anthropic"]),
     "agentguard.servers.payments_demo": ("mcp", ["mcp", "mcp_types"]),
     "agentguard.mcp": ("mcp", ["mcp", "mcp_types"]),
+    "agentguard.console": ("console", ["starlette", "uvicorn"]),
 }
 CASES = [(module, extra, name) for module, (extra, names) in EXTRAS.items() for name in names]
 # agentguard/mcp/__init__.py does not call require() yet (the mcp package is being restructured): today its
@@ -80,6 +85,16 @@ def test_with_every_extra_missing_the_core_still_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+@pytest.mark.parametrize("name", ["starlette", "uvicorn"])
+def test_the_console_command_without_its_extra_names_the_install_line(name: str) -> None:
+    code = SHIM.format(blocked=[name]) + "import sys\nfrom agentguard.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    out = subprocess.run([sys.executable, "-c", code, "console", "--url", "sqlite+aiosqlite:///nowhere.db"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == "", out.stderr
+    assert out.stderr == (f"agentguard: agentguard console needs the console extra (no module named {name!r} is "
+                          "installed): pip install 'agentguard[console]'\n")
 
 
 def test_a_postgres_store_without_asyncpg_names_the_extra() -> None:

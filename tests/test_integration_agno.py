@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,20 +20,9 @@ from agno.tools import tool
 from agentguard import Guard, GuardEvent, task
 from agentguard.integrations.agno import GuardToolError, once
 
+from charges import Ledger
+
 pytestmark = pytest.mark.anyio
-
-
-class Ledger:
-    """The side effect: every real charge, with the downstream key it was made under."""
-
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int, str]] = []
-        self.lock = threading.Lock()
-
-    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
-        with self.lock:
-            self.charges.append((order_id, amount_cents, key))
-            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
 
 
 @dataclass

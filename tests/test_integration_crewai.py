@@ -1,8 +1,10 @@
-"""CrewAI: a scripted subclass of CrewAI's own ``BaseLLM`` (answering in the ReAct text CrewAI parses) drives the
-real Crew → Agent → executor loop; crews kicked off at once run their tools at once.
+"""CrewAI: a scripted subclass of CrewAI's own ``BaseLLM`` (answering in the ReAct text CrewAI parses, or with
+native tool calls) drives the real Crew → Agent → executor loop; one step's native calls, and crews kicked off at
+once, run their tools at once. A sync ``kickoff`` runs on a worker thread, as from a plain sync caller (CrewAI
+refuses it inside a running event loop).
 
-crewai 1.7 and later pin aiosqlite~=0.21, below agentguard's floor, so pip installs crewai 1.6.1 beside
-agentguard, and scripts/test.sh runs this file in a virtualenv of its own (SQLite)."""
+crewai pulls mcp 1.x, which the mcp extra's mcp 2 excludes, so scripts/test.sh runs this file in a virtualenv of
+its own (SQLite)."""
 
 from __future__ import annotations
 
@@ -23,13 +25,18 @@ os.environ.update(  # nothing leaves the machine, and no prompt waits for an ans
 with warnings.catch_warnings():  # crewai.rag's lazily set submodules warn on import (CrewAI's, not ours)
     warnings.simplefilter("ignore", ImportWarning)
     from crewai import Agent, Crew, Task
+    from crewai.context import get_current_task_id
     from crewai.llms.base_llm import BaseLLM
     from crewai.tools import tool
 
 from agentguard import Guard, GuardEvent, task
 from agentguard.integrations.crewai import once
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    # CrewAI reads its own deprecated fields (function_calling_llm, ...) on every Agent and Crew it builds
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:crewai"),
+]
 
 
 class Ledger:
@@ -63,6 +70,9 @@ class Scripted(BaseLLM):
             return f"Thought: I charge the order.\nAction: charge\nAction Input: {args}"
         return "Thought: I now know the final answer\nFinal Answer: done"
 
+    async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> str:  # akickoff's native async loop
+        return self.call(messages, *args, **kwargs)
+
     def supports_function_calling(self) -> bool:
         return False  # the ReAct loop: one action per step, its observation fed back
 
@@ -72,11 +82,35 @@ class Scripted(BaseLLM):
     def get_context_window_size(self) -> int:
         return 8192
 
+    def get_input_tokens_count(self, messages: Any, tools: Any = None, response_model: Any = None) -> int:
+        return len(str(messages)) // 4  # CrewAI's own estimate, without its warning that it is one
+
     def observations(self) -> list[str]:
         """The observations the agent was given, in order."""
         last = self.seen[-1]
         said = [m["content"] for m in last if m["role"] == "assistant"] if isinstance(last, list) else []
         return [s.split("Observation:", 1)[1].strip() for s in said if "Observation:" in s]
+
+
+class ScriptedNative(Scripted):
+    """Native function calling: one step asks for the charge once per amount, all at once (CrewAI runs the calls
+    of one step on threads of a pool), then the final answer. Observations are the tool messages."""
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        self.seen.append(messages)
+        if not self.amounts:
+            return "done"
+        calls = [{"id": f"call_{i}", "type": "function", "function": {
+            "name": "charge", "arguments": json.dumps({"order_id": "o-1", "amount_cents": amount})}}
+            for i, amount in enumerate(self.amounts)]
+        self.amounts = []
+        return calls
+
+    def supports_function_calling(self) -> bool:
+        return True
+
+    def observations(self) -> list[str]:
+        return [m["content"] for m in self.seen[-1] if m["role"] == "tool"]
 
 
 def guarded_tool(guard: Guard, ledger: Ledger, before: Callable[[], None] = lambda: None) -> Any:
@@ -100,6 +134,18 @@ def crew_of(tool_: Any, llm: Scripted, *, async_execution: bool = False) -> Crew
     return Crew(agents=[agent], tasks=tasks, verbose=False)
 
 
+async def kickoff(crew: Crew) -> str:
+    """``crew.kickoff()`` as a sync caller makes it: on a thread with no event loop (the task context goes along)."""
+    return str(await asyncio.to_thread(crew.kickoff))
+
+
+@pytest.fixture(autouse=True)
+def crewai_storage(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CrewAI records each kickoff's task outputs in SQLite under the user's data directory, shared by every crew
+    (and every crewai version) run from the same directory name: each test gets its own."""
+    monkeypatch.setenv("CREWAI_STORAGE_DIR", str(tmp_path / "crewai"))
+
+
 @pytest.fixture
 def events() -> list[GuardEvent]:
     return []
@@ -121,9 +167,9 @@ async def test_a_rerun_after_a_timeout_replays_and_a_change_is_refused(guard: Gu
 
     first, rerun = Scripted([500]), Scripted([500, 700])
     with task("task-42"):
-        assert str(crew_of(charge, first).kickoff()) == "done"
+        assert await kickoff(crew_of(charge, first)) == "done"
         # the crew is run again (its caller timed out): new objects, so CrewAI's own cache cannot help
-        assert str(crew_of(charge, rerun).kickoff()) == "done"
+        assert await kickoff(crew_of(charge, rerun)) == "done"
     assert len(ledger.charges) == 1
     (record,) = await guard.records()
     assert record.task_id == "task-42" and ledger.charges[0][2] == record.key
@@ -137,26 +183,58 @@ async def test_a_rerun_after_a_timeout_replays_and_a_change_is_refused(guard: Gu
     assert refused.endswith("Nothing was executed.")
 
 
-async def test_two_crews_at_once_charge_once(guard: Guard) -> None:
+@pytest.mark.parametrize("start", ["kickoff_async", "akickoff"])  # kickoff on a thread; CrewAI's native async loop
+async def test_two_crews_at_once_charge_once(guard: Guard, start: str) -> None:
     ledger = Ledger()
     both_in = threading.Barrier(2)
     tool_ = guarded_tool(guard, ledger, before=lambda: both_in.wait(timeout=60))  # both calls in flight at once
     one, two = Scripted([500]), Scripted([500])
     with task("task-7"):
-        outs = await asyncio.gather(crew_of(tool_, one).kickoff_async(), crew_of(tool_, two).kickoff_async())
+        outs = await asyncio.gather(getattr(crew_of(tool_, one), start)(), getattr(crew_of(tool_, two), start)())
     assert [str(o) for o in outs] == ["done", "done"]
     assert len(ledger.charges) == 1
     assert one.observations() == two.observations()
 
 
-async def test_an_async_execution_task_without_a_task_id_is_refused_not_run(guard: Guard) -> None:
+async def test_two_calls_in_one_step_run_on_two_threads_and_charge_once(guard: Guard, events: list[GuardEvent]) -> None:
     ledger = Ledger()
-    llm = Scripted([500])
-    with task("task-9"):  # CrewAI runs an async_execution task on a plain thread: this context does not reach it
-        crew_of(guarded_tool(guard, ledger), llm, async_execution=True).kickoff()
+    both_in = threading.Barrier(2)
+    tool_ = guarded_tool(guard, ledger, before=lambda: both_in.wait(timeout=60))  # both calls in flight at once
+    llm = ScriptedNative([500, 500])
+    with task("task-8"):
+        assert await kickoff(crew_of(tool_, llm)) == "done"
+    assert len(ledger.charges) == 1
+    charged = {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
+    assert [json.loads(o) for o in llm.observations()] == [charged, charged]
+    assert [e.kind for e in events].count("replayed") == 1
+
+
+async def test_an_async_execution_task_keeps_the_task_and_charges_once(guard: Guard) -> None:
+    ledger = Ledger()
+    tool_ = guarded_tool(guard, ledger)
+    first, rerun = Scripted([500]), Scripted([500])
+    with task("task-9"):  # CrewAI runs an async_execution task on a thread of its own, with a copy of this context
+        assert await kickoff(crew_of(tool_, first, async_execution=True)) == "done"
+        assert await kickoff(crew_of(tool_, rerun, async_execution=True)) == "done"
+    assert len(ledger.charges) == 1
+    assert first.observations() == rerun.observations()
+    (record,) = await guard.records()
+    assert record.task_id == "task-9"
+
+
+async def test_without_a_task_nothing_runs_and_crewais_own_task_ids_are_not_taken_for_one(guard: Guard) -> None:
+    ledger = Ledger()
+    crewai_ids: list[str | None] = []
+    tool_ = guarded_tool(guard, ledger, before=lambda: crewai_ids.append(get_current_task_id()))
+    first, rerun = Scripted([500]), Scripted([500])
+    await kickoff(crew_of(tool_, first))
+    await kickoff(crew_of(tool_, rerun))  # the same work again: CrewAI's task id is new, so it cannot be the key
     assert ledger.charges == []
-    (said,) = llm.observations()
-    assert "no task id" in said and said.endswith("Nothing was executed.")
+    assert len(crewai_ids) == 2 and None not in crewai_ids and crewai_ids[0] != crewai_ids[1]
+    for llm in (first, rerun):
+        (said,) = llm.observations()
+        assert said.startswith("Refused by agentguard:") and "no task id" in said
+        assert said.endswith("Nothing was executed.")
 
 
 async def test_once_on_top_of_tool_says_which_way_round(guard: Guard) -> None:

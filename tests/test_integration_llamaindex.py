@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,25 +18,14 @@ from workflows import Context
 from agentguard import Guard, GuardEvent, task
 from agentguard.integrations.llamaindex import GuardToolError, once
 
+from charges import Ledger
+
 pytestmark = [
     pytest.mark.anyio,
     # the workflow engine lists the agent's members with inspect.getmembers, touching pydantic's deprecated
     # attributes (LlamaIndex's warnings, not ours)
     pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecationWarning"),
 ]
-
-
-class Ledger:
-    """The side effect: every real charge, with the downstream key it was made under."""
-
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int, str]] = []
-        self.lock = threading.Lock()
-
-    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
-        with self.lock:
-            self.charges.append((order_id, amount_cents, key))
-            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
 
 
 class Script:

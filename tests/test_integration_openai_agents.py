@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,8 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 
 from agentguard import Guard, current_key, task
 from agentguard.integrations.openai_agents import guard_tool, once
+
+from charges import Ledger
 
 pytestmark = pytest.mark.anyio
 
@@ -29,17 +30,6 @@ def _no_tracing() -> Iterator[None]:
 @dataclass
 class Ctx:
     task_id: str | None
-
-
-class Ledger:
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int, str]] = []
-        self.lock = threading.Lock()
-
-    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
-        with self.lock:
-            self.charges.append((order_id, amount_cents, key))
-            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
 
 
 def script(*turns: Sequence[int]) -> ScriptedModel:

@@ -23,6 +23,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agentguard import Guard, current_key, task
 from agentguard.integrations.pydantic_ai import GuardTools, ToolSpec, once
 
+from charges import Ledger
+
 pytestmark = pytest.mark.anyio
 
 
@@ -67,19 +69,6 @@ class Script:
 
 def charge_args(amount: int = 500, order: str = "o-1") -> tuple[str, dict[str, Any]]:
     return ("charge", {"order_id": order, "amount_cents": amount})
-
-
-class Ledger:
-    """The side effect: every real charge, with the downstream key it was made under."""
-
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int, str]] = []
-        self.lock = threading.Lock()
-
-    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
-        with self.lock:
-            self.charges.append((order_id, amount_cents, key))
-            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
 
 
 def decorated_agent(guard: Guard, ledger: Ledger, script: Script) -> Agent[Deps, str]:
@@ -205,6 +194,9 @@ async def test_capability_guards_named_tools_only(guard: Guard) -> None:
     assert {t.name for t in script.tools} == {"charge", "lookup"}
     (record,) = await guard.records()
     assert record.task_id == "task-9" and ledger.charges[0][2] == record.key
+    await guard.flush_ledger()  # the attempt ledger keeps each tool call's id
+    assert [(e.kind, e.call_id) for e in await guard.timeline("task-9")] == [
+        ("ran", "call_0_0"), ("replayed", "call_1_0"), ("refused", "call_2_0")]
 
 
 async def test_capability_replays_a_typed_result_as_its_type(guard: Guard) -> None:

@@ -14,20 +14,9 @@ from smolagents.models import ChatMessage, ChatMessageToolCall, ChatMessageToolC
 from agentguard import Guard, GuardError, GuardEvent, current_key, task
 from agentguard.integrations.smolagents import guard_tool, once
 
+from charges import Ledger
+
 pytestmark = pytest.mark.anyio
-
-
-class Ledger:
-    """The side effect: every real charge, with the downstream key it was made under."""
-
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int, str]] = []
-        self.lock = threading.Lock()
-
-    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
-        with self.lock:
-            self.charges.append((order_id, amount_cents, key))
-            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
 
 
 class Scripted(Model):

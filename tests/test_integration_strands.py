@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -19,20 +18,9 @@ from strands.types.tools import ToolContext
 from agentguard import Guard, GuardEvent, task
 from agentguard.integrations.strands import once
 
+from charges import Ledger
+
 pytestmark = pytest.mark.anyio
-
-
-class Ledger:
-    """The side effect: every real charge, with the downstream key it was made under."""
-
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int, str]] = []
-        self.lock = threading.Lock()
-
-    def charge(self, order_id: str, amount_cents: int, key: str) -> dict[str, Any]:
-        with self.lock:
-            self.charges.append((order_id, amount_cents, key))
-            return {"charge_id": f"ch_{len(self.charges)}", "order_id": order_id, "amount_cents": amount_cents}
 
 
 class Scripted(Model):

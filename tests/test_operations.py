@@ -123,6 +123,13 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
+async def ledger_says(guard: Guard, task_id: str, after: list[str]) -> None:
+    """The attempt ledger: three calls held on the unknown step, the operator's resolve, then ``after``."""
+    await guard.flush_ledger()
+    kinds = [e.kind for e in await guard.timeline(task_id)]
+    assert kinds == ["unknown"] * 3 + ["resolved"] + after, kinds
+
+
 @pytest.mark.parametrize("settle", ["result", "retry", "abandon"])
 async def test_hold_holds_on_every_retry_until_resolved(env: Env, settle: str) -> None:
     env.killed("kill_in_charge", "hold")
@@ -152,8 +159,10 @@ async def test_hold_holds_on_every_retry_until_resolved(env: Env, settle: str) -
                     with pytest.raises(OutcomeUnknownError, match="abandoned"):
                         await book_ride("r-1", 2500)
                 assert env.receipts_sent() == []
+                await ledger_says(guard, env.task_id, ["replayed", "replayed"])
                 return
             receipt = await book_ride("r-1", 2500)
+        await ledger_says(guard, env.task_id, ["ran"])
     charges, requests = env.provider.counts()
     assert charges == 1 and requests == (1 if settle == "result" else 2)
     assert receipt.charge_id == env.provider.find(env.provider.keys()[0]).id  # type: ignore[union-attr]

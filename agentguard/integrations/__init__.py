@@ -13,6 +13,10 @@ never imports a framework):
     agentguard.integrations.smolagents      guard_tool(Tool); once(...) inside tool(...) (task: the task context)
     agentguard.integrations.llamaindex      once(...) for FunctionTool.from_defaults (the context store's task_id)
     agentguard.integrations.strands         once(...) under @tool (invocation state, agent state, session id)
+    agentguard.integrations.google_adk      once(...) on an ADK tool function (task id: state["task_id"], session id)
+    agentguard.integrations.ag2             once(...) under @tool (task id: the context variable task_id); refusals()
+    agentguard.integrations.anthropic       once(...) under @beta_tool / @beta_async_tool (task id: task(...))
+    agentguard.integrations.claude_agent_sdk once(...) under @tool(...) on an in-process MCP tool's handler
 
 Every adapter resolves the task id by the same rule: an explicit ``task_id=`` callable of the framework's
 run context, then ``with agentguard.task(...)``, then the framework's stable id, else it refuses. Refusals

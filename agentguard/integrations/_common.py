@@ -115,6 +115,12 @@ def resolve_task(
     return TaskInfo(check_task_id(found, source="the framework", tool=tool), scope or DEFAULT_SCOPE)
 
 
+def call_ids(tool_call_id: object) -> dict[str, str] | None:
+    """The audit of a call from a framework's tool call: its id, kept beside the record and in the ledger
+    (it changes on every re-invocation, so it is never part of the key)."""
+    return {"tool_call_id": tool_call_id} if isinstance(tool_call_id, str) and tool_call_id else None
+
+
 def attribute_task_id(obj: Any, name: str = "task_id") -> Any:
     """``obj.task_id`` or ``obj["task_id"]`` (deps / context objects), else None."""
     if obj is None:

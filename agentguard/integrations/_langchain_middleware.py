@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from .._errors import GuardError
 from .._guard import Guard
-from ._common import ToolsArg, ToolSpec, resolve_task, run_sync, tool_specs
+from ._common import ToolsArg, ToolSpec, call_ids, resolve_task, run_sync, tool_specs
 from ._langchain_run import HINT, _exception_class, current_config, thread_id
 
 Result = ToolMessage | Command[Any]
@@ -158,7 +158,7 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
 
             outcome = await self.guard.run(
                 name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args), task_id=task_id,
-                scope=scope, returns=Any, cache_errors=spec.cache_errors,
+                scope=scope, returns=Any, cache_errors=spec.cache_errors, audit=call_ids(request.tool_call.get("id")),
             )
             answer.append(self._message(request, name, outcome.value))
         return answer[0]

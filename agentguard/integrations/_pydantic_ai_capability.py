@@ -13,7 +13,7 @@ from pydantic_ai.tools import ToolDefinition
 
 from .._errors import GuardError
 from .._guard import Guard
-from ._common import ToolsArg, ToolSpec, resolve_task, tool_specs
+from ._common import ToolsArg, ToolSpec, call_ids, resolve_task, tool_specs
 from ._pydantic_ai_run import HINT, deps_task_id, refuse
 
 
@@ -66,6 +66,7 @@ class GuardTools(AbstractCapability[Any]):
             outcome = await self.guard.run(
                 tool_def.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
                 task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
+                audit=call_ids(getattr(ctx, "tool_call_id", None)),
             )
         except GuardError as exc:
             refuse(exc)

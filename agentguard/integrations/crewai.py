@@ -5,14 +5,17 @@
     def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> str: ...
 
     with agentguard.task("ticket-8812"):
-        crew.kickoff()                             # or: await crew.kickoff_async(), which keeps the task
+        crew.kickoff()                             # or kickoff_async(), akickoff(): each keeps the task
 
 Task id: ``task_id=`` (a callable, given None: CrewAI passes a tool nothing but its arguments) → ``with
-agentguard.task(...)`` around the kickoff → refused. CrewAI has no stable id a tool can reach: a ``Crew``'s
-and a ``Task``'s ``id`` are new uuids each time the objects are made (so after every restart), and the
-kickoff's inputs never reach the tool. ``kickoff`` and ``kickoff_async`` run tools with the caller's context,
-so the task reaches them; a task with ``async_execution=True`` runs on a thread of its own that does not
-carry it, and there the guard refuses rather than run unkeyed (give such a tool ``task_id=``).
+agentguard.task(...)`` around the kickoff → refused. CrewAI has no id a tool can reach that is stable across a
+re-run of the same work: the running task's id (``crewai.context.get_current_task_id()``) and the crew's are
+uuids made with the objects, so new after every restart (kept only by ``Crew.from_checkpoint``); the execution
+id is new each kickoff; a flow's state id is new each run unless a persisted flow is resumed by that id; and
+the kickoff's inputs never reach the tool. ``kickoff``, ``kickoff_async``, ``akickoff`` and a task with
+``async_execution=True`` (run on a thread with a copy of the caller's context) all carry the task to the tool.
+An executor that runs a tool without it (``akickoff`` under ``executor_class=CrewAgentExecutor``) gets a
+refusal, never an unkeyed run: give such a tool ``task_id=``.
 
 CrewAI's own safeguards are not enough for money: its tool cache and its "same input as last time" check
 live in one executor's memory, so a new crew (a re-run after a timeout or a crash) or a concurrent one

@@ -30,6 +30,7 @@ from ._common import (
     Framework,
     ToolSpec,
     attribute_task_id,
+    call_ids,
     context_params,
     refusal_message,
     resolve_task,
@@ -125,6 +126,7 @@ def guard_tool(
             outcome = await guard.run(
                 tool.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
                 task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
+                audit=call_ids(getattr(ctx, "tool_call_id", None)),
             )
         except GuardError as exc:
             return refusal_message(exc)

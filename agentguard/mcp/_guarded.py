@@ -19,6 +19,7 @@ from mcp import MCPError
 
 from .._engine import current_audit
 from .._errors import GuardError, MissingTaskError
+from .._otel import inject as trace_into
 from .._refusals import refusal, unusable_arguments
 from ._config import Config, ToolConfig
 from ._confirm import META_CONFIRMATION, NotConfirmed, confirm
@@ -95,6 +96,7 @@ class GuardedCall:
         try:
             task_id = resolve_task_id(name, given, self.meta, self.environ)
         except MissingTaskError as exc:
+            rt.guard._engine.observer.missing_task(name, json.dumps(self.audit, default=str))  # (for the ledger)
             return error_result(refusal(exc, fix=TASK_ID_FIX))
         if cfg.forward_key_to is not None:
             arguments.pop(cfg.forward_key_to, None)  # the proxy chooses the key, never the model
@@ -118,9 +120,10 @@ class GuardedCall:
                 send[cfg.forward_key_to] = downstream_key
             sent = downstream_key
             try:
+                meta = {**self.forward, META_KEY: downstream_key}
+                trace_into(meta)  # the upstream's spans follow this guarded call's (the host's trace continued)
                 with ex.upstream():
-                    res = await rt.upstream.call(name, send, {**self.forward, META_KEY: downstream_key}, conn,
-                                                 progress=ex.progress, ask=ex.ask)
+                    res = await rt.upstream.call(name, send, meta, conn, progress=ex.progress, ask=ex.ask)
             except _OutcomeUnknown as exc:
                 if cfg.unknown_policy == "hold":
                     raise _HeldUnknown(outcome_unknown_held(name, task_id, exc)) from None

@@ -11,11 +11,13 @@ What the guard asks of a store is written as three protocols (``ClaimStore``, ``
 - ``_engines``     one engine per event loop, and letting go;
 - ``_lane``        the hot path's connections on a loop: a few kept idle, each handed to the longest waiter;
 - ``_executor``    running statements: the hot path, the general path, one retry policy, ``StoreError``;
+- ``_attempts``    the ledger of attempts: its table, ``Attempt``, its statements and verbs;
 - ``_store``       ``SQLStore``: the verbs;
 - ``_protocols``   the interfaces.
 """
 
-from ._protocols import AdminStore, ClaimStore, StepStore, StepTransaction, Store
+from ._attempts import Attempt, RecordDetail
+from ._protocols import AdminStore, ClaimStore, LedgerStore, StepStore, StepTransaction, Store
 from ._schema import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Listing, Record, record_of
 from ._store import SQLStore
 
@@ -27,9 +29,12 @@ __all__ = [
     "STARTED",
     "SUCCEEDED",
     "AdminStore",
+    "Attempt",
     "ClaimStore",
+    "LedgerStore",
     "Listing",
     "Record",
+    "RecordDetail",
     "SQLStore",
     "StepStore",
     "StepTransaction",

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ._attempts import Attempt, RecordDetail
 from ._schema import Listing, Record
 
 
@@ -131,7 +132,7 @@ class AdminStore(Protocol):
         ...
 
     async def listing(
-        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100
+        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100, state: str | None = None
     ) -> Sequence[Listing]: ...
 
     async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[tuple[Any, ...]]:
@@ -151,6 +152,33 @@ class AdminStore(Protocol):
     async def abandon(self, scope: str, key: str, result: str, retention: float) -> bool:
         """Fail an operation nobody holds with ``result`` (an encoded error)."""
         ...
+
+
+@runtime_checkable
+class LedgerStore(Protocol):
+    """The ledger of attempts (``stores/_attempts.py``) and an operator's look at one record. A store without
+    these verbs (a stand-in) works; its guard keeps no ledger."""
+
+    async def write_attempts(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert entries (dicts of ``_attempts.COLUMNS`` and ``expires_at``) in one transaction."""
+        ...
+
+    async def read_attempts(
+        self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,
+        since: float | None = None, limit: int = 1000,
+    ) -> list[Attempt]:
+        """Entries in the order they happened: of one key, of one task, or all since ``since``."""
+        ...
+
+    async def sweep_attempts(self, batch: int = 1000) -> int: ...
+
+    async def record_details(self, key: str, scope: str | None = None) -> list[RecordDetail]: ...
+
+    async def forget(self, scope: str, key: str) -> bool:
+        """Delete a record that is not running, and its steps; False if there is none such."""
+        ...
+
+    async def task_known(self, task_id: str) -> bool: ...
 
 
 @runtime_checkable

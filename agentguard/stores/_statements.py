@@ -248,5 +248,6 @@ class Statements:
             f" CASE WHEN state = '{RUNNING}' THEN lease_until - {now} END AS lease_left, audit"
             f" FROM {TABLE} WHERE (CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
             " AND (CAST(:task_id AS VARCHAR) IS NULL OR task_id = :task_id)"
+            " AND (CAST(:state AS VARCHAR) IS NULL OR state = :state)"
             " ORDER BY updated_at DESC LIMIT :limit"
         )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ._attempts import AttemptVerbs
 from ._claims import READING
 from ._dialects import dialect_for
 from ._direct import DirectSQLite
@@ -25,14 +26,14 @@ from ._schema import DONE, Listing, Record, create_schema, listing_from_row, rec
 from ._statements import WATCHED_DDL, Statements
 
 if TYPE_CHECKING:
-    from ._protocols import Store
+    from ._protocols import LedgerStore, Store
 
 STEP = "recording a step"
 
 
-class SQLStore:
-    """The store (implements ``ClaimStore``, ``StepStore`` and ``AdminStore``). Engines are made lazily, one
-    per event loop; the schema is created on first use."""
+class SQLStore(AttemptVerbs):
+    """The store (implements ``ClaimStore``, ``StepStore``, ``AdminStore`` and ``LedgerStore``). Engines are
+    made lazily, one per event loop; the schema is created on first use."""
 
     def __init__(
         self,
@@ -270,10 +271,12 @@ class SQLStore:
         return total
 
     async def listing(
-        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100
+        self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100, state: str | None = None
     ) -> Sequence[Listing]:
+        params = {"scope": scope, "task_id": task_id, "limit": limit, "state": state}
+
         async def run(conn: AsyncConnection) -> list[Listing]:
-            rows = await conn.execute(self.sql.listing, {"scope": scope, "task_id": task_id, "limit": limit})
+            rows = await conn.execute(self.sql.listing, params)
             return [listing_from_row(r) for r in rows]
 
         return await self._executor.run("listing records", run, body_ran=None)
@@ -294,3 +297,4 @@ class _StepTransaction:
 
 if TYPE_CHECKING:  # mypy proves that SQLStore implements every interface
     _implements: Store = SQLStore("sqlite+aiosqlite://")
+    _ledger: LedgerStore = SQLStore("sqlite+aiosqlite://")

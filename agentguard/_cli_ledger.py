@@ -1,0 +1,199 @@
+"""The ``agentguard`` commands that read the ledger of attempts, and ``forget``:
+
+    agentguard show KEY [--scope S] [--json]           the record, its steps and its attempts
+    agentguard timeline TASK [--scope S] [--json]      what the agent did in a task, in order
+    agentguard forget KEY [--scope S] [--yes]          delete a completed or failed record: the next call runs
+    agentguard stats [--since 1h] [--scope S] [--json] per tool: calls, replay rate, refusals, takeovers, guard time
+
+Like ``ls``, they never create a store (``cli._existing_store``); a store made by an earlier version gets the
+ledger's table on first use, under the schema lock. ``--json`` prints one document: ``show``: ``{"record":
+{...}, "steps": [...], "attempts": [...]}``; ``timeline``: ``{"task_id": str, "attempts": [...]}``; ``forget``:
+``{"forgotten": {...}}``; ``stats``: ``{"since": float | null, "tools": [...]}``. Each attempt has the fields
+of :class:`agentguard.stores.Attempt`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .stores import Attempt, RecordDetail
+
+if TYPE_CHECKING:
+    from ._guard import Guard
+    from ._storeconfig import StoreRef
+
+T = TypeVar("T")
+_MARK = {"replayed": "REPLAY ", "refused": "REFUSED", "took_over": "TAKEOVR", "released": "RELEASE",
+         "lease_lost": "LOST   ", "unknown": "UNKNOWN", "forgotten": "FORGOT ", "resolved": "RESOLVE"}
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """``90``, ``30s``, ``15m``, ``1h``, ``7d`` as seconds (argparse type)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if m is None or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90, 30s, 15m, 1h, 7d)")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def _when(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _run(ref: StoreRef, go: Callable[[Guard], Awaitable[T]]) -> T:
+    async def main() -> T:
+        from ._guard import Guard
+
+        async with Guard(ref.url) as guard:
+            return await go(guard)
+
+    return asyncio.run(main())
+
+
+def _entry_line(e: Attempt, *, with_operation: bool) -> str:
+    what = f"  {e.operation}" if with_operation else ""
+    extra = "".join(f"  {k}={v}" for k, v in (("call", e.call_id), ("process", e.process)) if v)
+    timing = f"  guard={e.guard_ms:.2f}ms" if e.guard_ms is not None else ""
+    waited = f"  waited={e.wait_ms:.0f}ms" if e.wait_ms else ""
+    return (f"{_when(e.at)}  {_MARK.get(e.kind, '       ')}  {e.kind:<9}{what}  attempt={e.attempt}  {e.detail}"
+            f"{timing}{waited}{extra}")
+
+
+def _show(args: argparse.Namespace, ref: StoreRef) -> int:
+    scope = args.scope if args.scope is not None else ref.scope
+
+    async def go(g: Guard) -> tuple[RecordDetail, list[Attempt]]:
+        rec = await g.record(args.key, scope=scope)
+        return rec, await g.attempts(key=args.key, scope=rec.scope)
+
+    rec, entries = _run(ref, go)
+    if args.json:
+        record = {k: v for k, v in asdict(rec).items() if k != "steps"}
+        steps = [{"name": n, "seq": s, "state": st, "result": r} for n, s, st, r in rec.steps]
+        print(json.dumps({"record": record, "steps": steps, "attempts": [e.as_dict() for e in entries]}))
+        return 0
+    lease = f" (lease {rec.lease_left:.0f}s left)" if rec.lease_left is not None and rec.lease_left > 0 else ""
+    print(f"{rec.key}  scope={rec.scope}  task={rec.task_id}\n  operation  {rec.operation}\n  state      "
+          f"{rec.state}{lease}\n  attempts   {rec.attempts}\n  created    {rec.age:.0f}s ago, updated "
+          f"{rec.updated_ago:.0f}s ago, expires in {rec.expires_in / 3600:.1f}h")
+    if rec.result is not None:
+        print(f"  result     {rec.result}")
+    if rec.audit:
+        print(f"  audit      {rec.audit}")
+    for name, seq, state, result in rec.steps:
+        print(f"  step {seq}: {name} {state}" + (f" {result}" if result is not None else ""))
+    print(f"attempts ({len(entries)}):" if entries else "no attempts in the ledger")
+    for e in entries:
+        print("  " + _entry_line(e, with_operation=False))
+    return 0
+
+
+def _timeline(args: argparse.Namespace, ref: StoreRef) -> int:
+    scope = args.scope if args.scope is not None else ref.scope
+    entries = _run(ref, lambda g: g.timeline(args.task_id, scope=scope, limit=args.limit))
+    if args.json:
+        print(json.dumps({"task_id": args.task_id, "attempts": [e.as_dict() for e in entries]}))
+        return 0
+    if not entries:
+        print(f"task {args.task_id!r} has records but no attempts in the ledger (kept by an earlier version)")
+    for e in entries:
+        print(_entry_line(e, with_operation=True))
+    return 0
+
+
+def _forget(args: argparse.Namespace, ref: StoreRef) -> int:
+    from .cli import CommandError
+
+    scope = args.scope if args.scope is not None else ref.scope
+    rec = _run(ref, lambda g: g.record(args.key, scope=scope))
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CommandError(f"forget deletes the record of {rec.operation!r} in task {rec.task_id!r} "
+                               f"({rec.state}), so its next call runs the tool again; confirm with --yes")
+        answer = input(f"Delete the {rec.state} record of {rec.operation} in task {rec.task_id}? The next call "
+                       "runs the tool again. [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    gone = _run(ref, lambda g: g.forget(args.key, scope=rec.scope))
+    if args.json:
+        print(json.dumps({"forgotten": {k: v for k, v in asdict(gone).items() if k != "steps"}}))
+    else:
+        print(f"forgot {gone.key} ({gone.operation} in task {gone.task_id}, was {gone.state}); its next call runs")
+    return 0
+
+
+def _stats(args: argparse.Namespace, ref: StoreRef) -> int:
+    scope = args.scope if args.scope is not None else ref.scope
+    since = None if args.since is None else time.time() - args.since
+    tools = _run(ref, lambda g: g.stats(since=since, scope=scope))
+    if args.json:
+        print(json.dumps({"since": since, "tools": tools}))
+        return 0
+    if not tools:
+        print("no calls in the ledger" + (" in that time" if since is not None else ""))
+        return 0
+    headers = ("tool", "calls", "replay rate", "refused", "took over", "guard p50", "guard p99")
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}ms"
+
+    rows = [(t["tool"], str(t["calls"]), f"{t['replay_rate']:.0%}", str(t["refused"]), str(t["took_over"]),
+             ms(t["guard_ms_p50"]), ms(t["guard_ms_p99"])) for t in tools]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    for row in (headers, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def add_commands(sub: Any, store_options: Callable[[argparse.ArgumentParser], None],
+                 existing: Callable[[argparse.Namespace], StoreRef], positive: Callable[[str], int]) -> None:
+    """Register show, timeline, forget and stats on the ``agentguard`` parser's subparsers."""
+
+    def on_store(fn: Callable[[argparse.Namespace, StoreRef], int]) -> Callable[[argparse.Namespace], int]:
+        return lambda args: fn(args, existing(args))
+
+    def common(p: argparse.ArgumentParser, json_help: str) -> None:
+        store_options(p)
+        p.add_argument("--scope", help="only this scope (default: every scope; with --config, the config's scope)")
+        p.add_argument("--json", action="store_true", help=json_help)
+
+    p = sub.add_parser("show", help="one record in full: its state, steps and attempts",
+                       description="Show one record (by its key, from agentguard ls) with its steps and every "
+                                   "attempt the ledger kept.")
+    p.add_argument("key", help="the record's key (agentguard ls)")
+    common(p, 'print {"record": {...}, "steps": [...], "attempts": [...]}')
+    p.set_defaults(run=on_store(_show))
+
+    p = sub.add_parser("timeline", help="what the agent did in a task, in order (replays and refusals marked)",
+                       description="Every attempt of every operation of one task, in the order they happened.")
+    p.add_argument("task_id", metavar="TASK", help="the task id")
+    p.add_argument("--limit", type=positive, default=1000, metavar="N", help="at most N entries (default 1000)")
+    common(p, 'print {"task_id": str, "attempts": [...]}')
+    p.set_defaults(run=on_store(_timeline))
+
+    p = sub.add_parser("forget", help="delete a completed or failed record so that its next call runs again",
+                       description="Delete a completed, failed or released record on purpose (never a running "
+                                   "claim): the next call of the operation runs the tool again. Asks first, "
+                                   "unless --yes. Leaves a 'forgotten' entry in the ledger.")
+    p.add_argument("key", help="the record's key (agentguard ls)")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    common(p, 'print {"forgotten": {...}}')
+    p.set_defaults(run=on_store(_forget))
+
+    p = sub.add_parser("stats", help="per tool: calls, replay rate, refusals, takeovers, p50/p99 guard time",
+                       description="Statistics of the ledger, per tool.")
+    p.add_argument("--since", type=duration, metavar="DURATION",
+                   help="only the last DURATION (90, 30s, 15m, 1h, 7d; default: everything kept)")
+    common(p, 'print {"since": float | null, "tools": [{tool, calls, replayed, replay_rate, refused, took_over, '
+              "guard_ms_p50, guard_ms_p99}]}")
+    p.set_defaults(run=on_store(_stats))

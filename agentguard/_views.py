@@ -1,0 +1,148 @@
+"""What a person (or a console) reads of a guard's store: the ledger of attempts, one record in full, a task's
+timeline, per-tool statistics; and the one deliberate delete, ``forget``. ``Guard`` inherits these.
+
+The read API is stable (a console's task timeline is built on it): ``attempts`` and ``timeline`` return
+:class:`agentguard.stores.Attempt` entries oldest first; ``record`` a :class:`agentguard.stores.RecordDetail`;
+``stats`` plain dicts (the fields of ``agentguard stats --json``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._errors import GuardError
+from .stores import RUNNING, Attempt, LedgerStore, RecordDetail
+from .stores._attempts import COLUMNS, DROPPED, FORGOTTEN, REFUSED, REPLAYED, RESOLVED, TOOK_OVER
+
+if TYPE_CHECKING:
+    from ._cache import ReplayCache
+    from ._engine import Engine
+    from ._ledger import Ledger
+    from .stores import Store
+
+T = TypeVar("T")
+_OPERATOR = (RESOLVED, FORGOTTEN, DROPPED)  # entries that are not a call
+
+
+class Views:
+    _store: Store
+    _engine: Engine
+    _ledger: Ledger | None
+    _cache: ReplayCache
+    _retention: float
+
+    def _ledger_store(self) -> LedgerStore:
+        store = self._store
+        if not isinstance(store, LedgerStore):
+            raise GuardError(f"this guard's store ({type(store).__qualname__}) keeps no ledger of attempts")
+        return store
+
+    async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await self._engine.store_call(coro)
+
+    @property
+    def ledger_dropped(self) -> int:
+        """Ledger entries this guard dropped because the store did not keep up (the calls were unaffected)."""
+        return 0 if self._ledger is None else self._ledger.dropped
+
+    async def flush_ledger(self) -> None:
+        """Write the ledger entries queued so far (they are written within a fraction of a second anyway)."""
+        if self._ledger is not None:
+            await self._engine.portal.arun(self._ledger.flush())
+
+    async def attempts(
+        self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,
+        since: float | None = None, limit: int = 1000,
+    ) -> list[Attempt]:
+        """Ledger entries, oldest first: of the record ``key``, else of the task ``task_id``, else all;
+        ``scope``: only that scope's; ``since``: only those at or after it (seconds since the epoch)."""
+        return await self._call(self._ledger_store().read_attempts(key=key, task_id=task_id, scope=scope,
+                                                                   since=since, limit=limit))
+
+    async def timeline(self, task_id: str, *, scope: str | None = None, limit: int = 1000) -> list[Attempt]:
+        """What the agent did in ``task_id``, in order (every attempt and operator's act); raises GuardError if
+        the store knows no such task."""
+        store = self._ledger_store()
+        entries = await self._call(store.read_attempts(task_id=task_id, scope=scope, limit=limit))
+        if not entries and not await self._call(store.task_known(task_id)):
+            raise GuardError(f"no task {task_id!r} in this store: no record or attempt names it", task_id=task_id)
+        return entries
+
+    async def record(self, key: str, *, scope: str | None = None) -> RecordDetail:
+        """The record ``key`` in full (with its steps); raises GuardError if there is none, or if several
+        scopes hold the key and ``scope`` is not given."""
+        found = await self._call(self._ledger_store().record_details(key, scope))
+        if not found:
+            where = f" in scope {scope!r}" if scope is not None else ""
+            raise GuardError(f"no record {key!r}{where} (never recorded, forgotten, or swept after its retention)",
+                             key=key)
+        if len(found) > 1:
+            raise GuardError(f"the key {key!r} is recorded in several scopes ({', '.join(r.scope for r in found)}); "
+                             "name one with scope=... (--scope)", key=key)
+        return found[0]
+
+    async def forget(self, key: str, *, scope: str | None = None) -> RecordDetail:
+        """Delete a completed, failed or released record on purpose, so that the next call runs the tool
+        again; never a running claim. Leaves a ``forgotten`` entry in the ledger. Returns what was deleted.
+
+        Other processes that replayed the record recently may serve it from their in-process cache until it
+        expires there (``Guard(cache_size=0)`` keeps none)."""
+        rec = await self.record(key, scope=scope)
+        if rec.state == RUNNING:
+            why = ("its lease is live: a worker is running it" if rec.lease_left is not None and rec.lease_left > 0
+                   else "its worker went away; the next call takes it over with the same downstream key")
+            raise GuardError(f"refused: {key!r} is a running claim ({why}); only a completed, failed or released "
+                             "record can be forgotten", key=key, task_id=rec.task_id, operation=rec.operation)
+        store = self._ledger_store()
+        if not await self._call(store.forget(rec.scope, key)):
+            raise GuardError(f"{key!r} changed meanwhile (claimed again?); look again", key=key)
+        self._cache.clear()
+        await self._operator_entry(rec, FORGOTTEN, f"was {rec.state}")
+        return rec
+
+    async def _operator_entries(self, key: str, scope: str, kind: str, detail: str) -> None:
+        """The ledger's entry of an operator's act on the record ``key`` of ``scope`` (``resolve``)."""
+        if isinstance(self._store, LedgerStore):
+            for rec in await self._call(self._store.record_details(key, scope)):
+                await self._operator_entry(rec, kind, detail)
+
+    async def _operator_entry(self, rec: RecordDetail, kind: str, detail: str) -> None:
+        from ._ledger import process
+
+        if not isinstance(self._store, LedgerStore):
+            return
+        at = time.time()
+        values = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail, rec.attempts, None,
+                  process(), at, None, None)
+        row = dict(zip(COLUMNS, values, strict=True))
+        await self._call(self._store.write_attempts([{**row, "expires_at": at + self._retention}]))
+
+    async def stats(self, *, since: float | None = None, scope: str | None = None,
+                    limit: int = 1_000_000) -> list[dict[str, Any]]:
+        """Per tool, from the ledger: calls, replays and the replay rate, refusals, takeovers, and the guard's
+        own time per call (p50, p99, in milliseconds). ``since``: seconds since the epoch."""
+        entries = await self.attempts(since=since, scope=scope, limit=limit)
+        by_tool: dict[str, list[Attempt]] = {}
+        for e in entries:
+            if e.kind not in _OPERATOR:
+                by_tool.setdefault(e.tool, []).append(e)
+        out = []
+        for tool, calls in sorted(by_tool.items()):
+            times = sorted(e.guard_ms for e in calls if e.guard_ms is not None)
+            replayed = sum(e.kind == REPLAYED for e in calls)
+            out.append({
+                "tool": tool, "calls": len(calls), "replayed": replayed, "replay_rate": replayed / len(calls),
+                "refused": sum(e.kind == REFUSED for e in calls), "took_over": sum(e.kind == TOOK_OVER for e in calls),
+                "guard_ms_p50": _rank(times, 0.50), "guard_ms_p99": _rank(times, 0.99),
+            })
+        return out
+
+
+def _rank(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile of sorted ``values``."""
+    if not values:
+        return None
+    return values[max(math.ceil(q * len(values)) - 1, 0)]

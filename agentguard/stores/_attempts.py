@@ -1,0 +1,280 @@
+"""The ledger of attempts: one row per time a caller came to the guard (it ran the body, replayed, was refused,
+took over, released, lost its lease, was held on an unknown outcome) and per operator's act (resolved,
+forgotten). Written in batches off the caller's path (``agentguard._ledger``); read by ``agentguard show``,
+``timeline`` and ``stats``, and by anything built on :class:`Attempt` (a console's task timeline).
+
+The table is created with the records' tables (an older store gets it on first use, under the schema lock).
+Its rows carry their own ``expires_at`` (the guard's retention) and are swept with the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import BigInteger, Column, Double, Index, Integer, String, Table, Text, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._schema import RUNNING, STEPS, TABLE, metadata
+
+if TYPE_CHECKING:
+    from ._executor import Executor
+
+ATTEMPTS = "agentguard_attempts"
+
+# What an attempt came to (the ``kind`` column).
+RAN, REPLAYED, REFUSED, TOOK_OVER = "ran", "replayed", "refused", "took_over"
+RELEASED_KIND, LEASE_LOST, UNKNOWN, NOT_STORED = "released", "lease_lost", "unknown", "not_stored"
+RESOLVED, FORGOTTEN, DROPPED = "resolved", "forgotten", "dropped"
+KINDS = (RAN, REPLAYED, REFUSED, TOOK_OVER, RELEASED_KIND, LEASE_LOST, UNKNOWN, NOT_STORED, RESOLVED, FORGOTTEN,
+         DROPPED)
+
+attempts = Table(
+    ATTEMPTS,
+    metadata,
+    # SQLite's INTEGER PRIMARY KEY is the rowid (increasing); Postgres' a bigserial.
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("scope", String(255), nullable=False),
+    Column("key", String(64), nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("operation", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("call_id", Text),  # the host's id of the invocation (MCP _meta, a framework's tool call id)
+    Column("process", Text, nullable=False),  # host:pid of the caller
+    Column("at", Double, nullable=False),  # seconds since the epoch, by the caller's clock, when it ended
+    Column("guard_ms", Double),  # the guard's own time in this attempt (not the body's, not waiting)
+    Column("wait_ms", Double),  # time spent waiting for another caller of the same key
+    Column("expires_at", Double, nullable=False),
+    Index(f"{ATTEMPTS}_key_idx", "key", "at"),
+    Index(f"{ATTEMPTS}_task_idx", "task_id", "at"),
+    Index(f"{ATTEMPTS}_at_idx", "at"),
+    Index(f"{ATTEMPTS}_expires_idx", "expires_at"),
+)
+
+# The columns an entry is written with and read in, in order (``Attempt``'s fields after ``id``).
+COLUMNS = ("scope", "key", "task_id", "operation", "tool", "kind", "detail", "attempt", "call_id", "process", "at",
+           "guard_ms", "wait_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One entry of the ledger: what one call of a guarded operation came to, or an operator's act on it.
+
+    A stable read API (``Guard.attempts``, ``Guard.timeline``; ``agentguard show``/``timeline --json``):
+
+    - ``kind``: ``ran`` (claimed, the body ran, its outcome stored: ``detail`` says ``succeeded`` or the cached
+      error), ``took_over`` (ran after taking over a claim whose worker went away; ``detail`` also says what
+      was there before), ``replayed`` (``detail``: ``cache`` or ``store``), ``refused`` (``detail`` starts
+      with ``reuse``, ``in progress``, ``missing task`` or ``store``: the body did not run), ``released`` (the
+      body raised; the claim was released for a retry), ``lease_lost`` (the result was refused: another worker
+      had taken over), ``unknown`` (held on a step of unknown outcome), ``not_stored`` (the result could not be
+      encoded), ``resolved`` and ``forgotten`` (an operator's acts), ``dropped`` (``detail``: how many entries
+      this process dropped because the store could not keep up; the entry is not about one call);
+    - ``attempt``: the record's attempt number (1 for the first claim, +1 for each retry or takeover; a replay
+      carries the attempt that produced the outcome);
+    - ``call_id``: the host's id of this invocation where there is one (MCP ``_meta``, request id), else None;
+    - ``process``: ``host:pid`` of the caller; ``at``: when the attempt ended (seconds since the epoch);
+    - ``guard_ms`` / ``wait_ms``: the guard's own time (excluding the body and waiting) and the time spent
+      waiting for another caller of the key, in milliseconds (None for an operator's act).
+    """
+
+    id: int
+    scope: str
+    key: str
+    task_id: str
+    operation: str
+    tool: str
+    kind: str
+    detail: str
+    attempt: int
+    call_id: str | None
+    process: str
+    at: float
+    guard_ms: float | None
+    wait_ms: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, **{name: getattr(self, name) for name in COLUMNS}}
+
+
+def attempt_from_row(r: Sequence[Any]) -> Attempt:
+    return Attempt(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], int(r[8]), r[9], r[10], float(r[11]),
+                   None if r[12] is None else float(r[12]), None if r[13] is None else float(r[13]))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDetail:
+    """One record in full, for a person (``agentguard show``): what ``Listing`` shows, and the rest."""
+
+    scope: str
+    key: str
+    task_id: str
+    operation: str
+    tool: str
+    state: str
+    attempts: int
+    fence: int
+    age: float
+    updated_ago: float
+    expires_in: float
+    lease_left: float | None
+    result: str | None
+    audit: str | None
+    steps: tuple[tuple[str, int, str, str | None], ...] = ()
+
+
+class AttemptStatements:
+    """The ledger's statements, for one database clock (``now``)."""
+
+    def __init__(self, now: str) -> None:
+        cols = ", ".join(("id", *COLUMNS))
+        where = ("(CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
+                 " AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR at >= :since)")
+        self.insert = text(
+            f"INSERT INTO {ATTEMPTS} ({', '.join(COLUMNS)}, expires_at) VALUES"
+            f" ({', '.join(':' + c for c in COLUMNS)}, :expires_at)"
+        )
+        self.by_key = text(f"SELECT {cols} FROM {ATTEMPTS} WHERE key = :key AND {where} ORDER BY at, id LIMIT :limit")
+        self.by_task = text(
+            f"SELECT {cols} FROM {ATTEMPTS} WHERE task_id = :task_id AND {where} ORDER BY at, id LIMIT :limit"
+        )
+        self.since = text(f"SELECT {cols} FROM {ATTEMPTS} WHERE {where} ORDER BY at, id LIMIT :limit")
+        once = f"(SELECT {now})"
+        self.sweep = text(
+            f"DELETE FROM {ATTEMPTS} WHERE id IN (SELECT id FROM {ATTEMPTS} WHERE expires_at < {once}"
+            " LIMIT :batch)"
+        )
+        self.detail = text(
+            f"SELECT scope, key, task_id, operation, tool, state, attempts, fence, {now} - created_at,"
+            f" {now} - updated_at, expires_at - {now},"
+            f" CASE WHEN state = '{RUNNING}' THEN lease_until - {now} END, result, audit, origin"
+            f" FROM {TABLE} WHERE key = :key AND (CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
+            " ORDER BY scope LIMIT 10"
+        )
+        self.steps = text(
+            f"SELECT name, seq, state, result FROM {STEPS} WHERE scope = :scope AND key = :key AND origin = :origin"
+            " ORDER BY seq"
+        )
+        # An operator's deliberate delete: never a running claim (live or not: a takeover decides that one).
+        self.forget = text(
+            f"DELETE FROM {TABLE} WHERE scope = :scope AND key = :key AND state <> '{RUNNING}'"
+        )
+        self.forget_steps = text(f"DELETE FROM {STEPS} WHERE scope = :scope AND key = :key")
+        self.task_known = text(f"SELECT 1 FROM {TABLE} WHERE task_id = :task_id LIMIT 1")
+
+
+class AttemptVerbs:
+    """The ledger's verbs of ``SQLStore`` (the ``LedgerStore`` protocol). Needs ``_executor`` and ``dialect``."""
+
+    _executor: Executor
+    _attempt_sql: AttemptStatements | None = None
+
+    @property
+    def attempt_sql(self) -> AttemptStatements:
+        if self._attempt_sql is None:
+            self._attempt_sql = AttemptStatements(self._executor.dialect.now)
+        return self._attempt_sql
+
+    async def write_attempts(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert ledger entries (each a dict of ``COLUMNS`` and ``expires_at``), in one transaction."""
+        if not rows:
+            return
+        stmt, dialect = self.attempt_sql.insert, self._executor.dialect
+        # SQLite at synchronous=FULL: the batch's commit does not sync the WAL (the next synced commit, a
+        # completion's, covers its frames), as a claim's does not: the ledger costs a first call no sync.
+        unsynced = bool(getattr(dialect, "claim_unsynced", False))
+        if not unsynced:
+            async def run(conn: AsyncConnection) -> None:
+                await conn.execute(stmt, list(rows))
+
+            await self._executor.run("writing the attempt ledger", run, body_ran=None, transaction=True)
+            return
+
+        async def run_unsynced(conn: AsyncConnection) -> None:  # (conn is in autocommit mode)
+            await conn.exec_driver_sql("PRAGMA synchronous = NORMAL")
+            try:
+                await conn.exec_driver_sql(dialect.schema_begin)
+                try:
+                    await conn.execute(stmt, list(rows))
+                except BaseException:
+                    await conn.exec_driver_sql("ROLLBACK")
+                    raise
+                await conn.exec_driver_sql("COMMIT")
+            finally:
+                await conn.exec_driver_sql("PRAGMA synchronous = FULL")
+
+        await self._executor.run("writing the attempt ledger", run_unsynced, body_ran=None)
+
+    async def read_attempts(
+        self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,
+        since: float | None = None, limit: int = 1000,
+    ) -> list[Attempt]:
+        """Entries in the order they happened (``at``, then id): of one key, of one task, or all since ``since``."""
+        sql = self.attempt_sql
+        params: dict[str, Any] = {"scope": scope, "since": since, "limit": limit}
+        if key is not None:
+            stmt, params["key"] = sql.by_key, key
+        elif task_id is not None:
+            stmt, params["task_id"] = sql.by_task, task_id
+        else:
+            stmt = sql.since
+
+        async def run(conn: AsyncConnection) -> list[Attempt]:
+            return [attempt_from_row(r) for r in await conn.execute(stmt, params)]
+
+        return await self._executor.run("reading the attempt ledger", run, body_ran=None)
+
+    async def sweep_attempts(self, batch: int = 1000) -> int:
+        """Delete ledger entries past their retention, in batches."""
+        stmt = self.attempt_sql.sweep
+
+        async def run(conn: AsyncConnection) -> int:
+            return int((await conn.execute(stmt, {"batch": batch})).rowcount or 0)
+
+        total = 0
+        while True:
+            n = await self._executor.run("sweeping the attempt ledger", run, body_ran=None)
+            total += n
+            if n < batch:
+                return total
+
+    async def record_details(self, key: str, scope: str | None = None) -> list[RecordDetail]:
+        """The records with ``key`` (one per scope that has it), each with its current steps."""
+        sql = self.attempt_sql
+
+        async def run(conn: AsyncConnection) -> list[RecordDetail]:
+            out = []
+            for r in list(await conn.execute(sql.detail, {"key": key, "scope": scope})):
+                steps = [(s[0], int(s[1]), s[2], s[3]) for s in
+                         await conn.execute(sql.steps, {"scope": r[0], "key": r[1], "origin": r[14]})]
+                out.append(RecordDetail(
+                    r[0], r[1], r[2], r[3], r[4], r[5], int(r[6]), int(r[7]), float(r[8]), float(r[9]),
+                    float(r[10]), None if r[11] is None else float(r[11]), r[12], r[13], tuple(steps)))
+            return out
+
+        return await self._executor.run("reading the record", run, body_ran=None)
+
+    async def forget(self, scope: str, key: str) -> bool:
+        """Delete a record that is not running (and its steps), deliberately: the next call runs again."""
+        sql = self.attempt_sql
+
+        async def run(conn: AsyncConnection) -> bool:
+            gone = bool((await conn.execute(sql.forget, {"scope": scope, "key": key})).rowcount)
+            if gone:
+                await conn.execute(sql.forget_steps, {"scope": scope, "key": key})
+            return gone
+
+        return await self._executor.run("forgetting the record", run, body_ran=None, transaction=True)
+
+    async def task_known(self, task_id: str) -> bool:
+        """Whether any record or ledger entry names ``task_id``."""
+        sql = self.attempt_sql
+
+        async def run(conn: AsyncConnection) -> bool:
+            return (await conn.execute(sql.task_known, {"task_id": task_id})).first() is not None
+
+        return await self._executor.run("reading the records", run, body_ran=None)

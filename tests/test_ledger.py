@@ -1,0 +1,291 @@
+"""The ledger of attempts: every call leaves an entry, written off the caller's path, bounded, flushed on close,
+swept with the records, and added to a store made by an earlier version."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import agentguard._ledger as ledger_mod
+from agentguard import Guard, InProgressError, KeyReuseError, MissingTaskError, task
+from agentguard.stores import SQLStore
+
+from conftest import BACKEND, raw_exec, tid
+
+pytestmark = pytest.mark.anyio
+
+
+class Transient(Exception):
+    pass
+
+
+def kinds(entries: list[Any]) -> list[tuple[str, str, int]]:
+    return [(e.kind, e.detail, e.attempt) for e in entries]
+
+
+async def test_every_call_leaves_an_entry_in_order(make_guard: Callable[..., Guard]) -> None:
+    g = make_guard(on_conflict="raise")
+    t = tid()
+    runs = 0
+    fail_next = [True]
+    gate, holding = asyncio.Event(), asyncio.Event()
+
+    @g.once(key=["order"], cache_errors=(ValueError,))
+    async def charge(order: str, amount: int) -> dict[str, int]:
+        nonlocal runs
+        runs += 1
+        if order == "slow":
+            holding.set()
+            await gate.wait()
+        if order == "flaky" and fail_next[0]:
+            fail_next[0] = False
+            raise Transient("try again")
+        if order == "bad":
+            raise ValueError("card declined")
+        return {"runs": runs}
+
+    with task(t):
+        await charge("o-1", 100)
+        await charge("o-1", 100)  # replayed from the in-process cache
+        with pytest.raises(KeyReuseError):
+            await charge("o-1", 999)
+        with pytest.raises(Transient):
+            await charge("flaky", 1)
+        await charge("flaky", 1)  # retried: runs again as attempt 2
+        with pytest.raises(ValueError):
+            await charge("bad", 1)
+        slow = asyncio.create_task(charge("slow", 1))
+        await holding.wait()  # the slow call holds its claim
+        with pytest.raises(InProgressError):
+            await charge("slow", 1)
+        gate.set()
+        await slow
+    g2 = make_guard(cache_size=0)  # another guard (no shared cache): a replay from the store
+    with task(t):
+        out = await g2.run("charge", _never, arguments={"order": "o-1", "amount": 100}, key={"order": "o-1"},
+                           returns=dict[str, int])
+    assert out.replayed and out.value == {"runs": 1}
+    with pytest.raises(MissingTaskError):
+        await charge("o-2", 1)
+    await g.flush_ledger()
+    await g2.flush_ledger()
+    timeline = await g.timeline(t)
+    assert kinds(timeline) == [
+        ("ran", "succeeded", 1),
+        ("replayed", "cache", 1),
+        ("refused", "reuse (differing: amount)", 0),
+        ("released", "Transient", 1),
+        ("ran", "succeeded (after a released claim)", 2),
+        ("ran", "failed: cached error ValueError", 1),
+        ("refused", "in progress", 0),
+        ("ran", "succeeded", 1),
+        ("replayed", "store", 1),
+    ]
+    assert {e.task_id for e in timeline} == {t}
+    assert all(e.process.endswith(f":{__import__('os').getpid()}") for e in timeline)
+    assert all(e.guard_ms is not None and e.guard_ms >= 0 for e in timeline)
+    missing = [e for e in await g.attempts() if e.detail == "missing task"]
+    assert [(e.tool, e.task_id, e.key) for e in missing] == [("charge", "", "")]
+    key = timeline[0].key
+    assert [e.kind for e in await g.attempts(key=key)] == ["ran", "replayed", "refused", "replayed"]
+    stats = {s["tool"]: s for s in await g.stats()}
+    assert stats["charge"]["calls"] == 10 and stats["charge"]["replayed"] == 2
+    assert stats["charge"]["refused"] == 3  # reuse, in progress, missing task
+
+
+async def _never(key: str) -> dict[str, int]:
+    raise AssertionError("a replay must not run the body")
+
+
+class CountingStore(SQLStore):
+    """A real store that notes on which thread each verb ran."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.seen: list[tuple[str, int]] = []
+
+    async def claim(self, params: dict[str, Any]) -> Any:
+        self.seen.append(("claim", threading.get_ident()))
+        return await super().claim(params)
+
+    async def complete(self, *args: Any, **kwargs: Any) -> bool:
+        self.seen.append(("complete", threading.get_ident()))
+        return await super().complete(*args, **kwargs)
+
+    async def write_attempts(self, rows: Any) -> None:
+        self.seen.append(("write_attempts", threading.get_ident()))
+        await super().write_attempts(rows)
+
+
+async def test_the_ledger_is_written_off_the_callers_path(make_guard: Callable[..., Guard], store_url: str) -> None:
+    store = CountingStore(store_url)
+    g = make_guard(store=store)
+
+    @g.once(key=["order"])
+    async def charge(order: str) -> str:
+        return order
+
+    here = threading.get_ident()
+    with task(tid()):
+        await charge("o-1")
+        first = list(store.seen)
+        await charge("o-1")
+        replay = store.seen[len(first):]
+    # The caller's path: a first call's claim and completion, a replay nothing; no ledger write among them.
+    assert [v for v, thread in first if thread == here] == ["claim", "complete"]
+    assert [v for v, thread in replay if thread == here] == []
+    await g.flush_ledger()
+    writes = [thread for v, thread in store.seen if v == "write_attempts"]
+    assert writes and here not in writes
+
+
+class StuckStore(SQLStore):
+    """A real store whose ledger writes hang until released (a store that cannot keep up)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.release = threading.Event()
+        self.writing = threading.Event()
+
+    async def write_attempts(self, rows: Any) -> None:
+        self.writing.set()
+        await asyncio.to_thread(self.release.wait)
+        await super().write_attempts(rows)
+
+
+async def test_a_slow_store_drops_entries_counted_never_blocks(
+    make_guard: Callable[..., Guard], store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ledger_mod, "QUEUE_MAX", 5)
+    monkeypatch.setattr(ledger_mod, "BATCH", 2)
+    store = StuckStore(store_url)
+    g = make_guard(store=store)
+    t = tid()
+
+    @g.once(key=["n"])
+    async def tool(n: int) -> int:
+        return n
+
+    with task(t):
+        await tool(0)
+        await asyncio.to_thread(store.writing.wait)  # the writer took a batch and is stuck writing it
+        for n in range(1, 20):  # every call completes although the ledger cannot be written
+            assert await tool(n) == n
+    assert g.ledger_dropped > 0
+    dropped = g.ledger_dropped
+    store.release.set()
+    await g.flush_ledger()
+    entries = await g.attempts()
+    calls = [e for e in entries if e.kind == "ran"]
+    notes = [e for e in entries if e.kind == "dropped"]
+    assert len(calls) + dropped == 20
+    assert [e.detail for e in notes] == [f"{dropped} entries dropped (the store was not keeping up)"]
+
+
+async def test_close_flushes_and_the_entries_are_swept_with_the_records(
+    make_guard: Callable[..., Guard], store_url: str
+) -> None:
+    t = tid()
+    g = Guard(store_url)
+
+    @g.once
+    async def send() -> str:
+        return "sent"
+
+    with task(t):
+        await send()
+    await g.aclose()  # nothing waited for the writer: closing wrote the entry
+    reader = make_guard()
+    assert [e.kind for e in await reader.timeline(t)] == ["ran"]
+    await raw_exec(store_url, "UPDATE agentguard_calls SET expires_at = 0;"
+                              " UPDATE agentguard_attempts SET expires_at = 0;")
+    assert await reader.sweep() == 1
+    assert await reader.attempts() == []
+
+
+async def test_a_store_of_an_earlier_version_gets_the_ledger(make_guard: Callable[..., Guard], store_url: str) -> None:
+    t = tid()
+    old = make_guard()
+    await old.ensure_schema()
+    await old.aclose()
+    await raw_exec(store_url, "DROP TABLE agentguard_attempts")  # as an earlier version made it
+    g = make_guard()
+
+    @g.once
+    async def send() -> str:
+        return "sent"
+
+    with task(t):
+        await send()
+    await g.flush_ledger()
+    assert [e.kind for e in await g.timeline(t)] == ["ran"]
+
+
+async def test_forget_deletes_a_completed_record_never_a_running_claim(make_guard: Callable[..., Guard]) -> None:
+    from agentguard import GuardError
+
+    g = make_guard()
+    t = tid()
+    runs = 0
+    gate, holding = asyncio.Event(), asyncio.Event()
+
+    @g.once(key=["order"])
+    async def charge(order: str) -> int:
+        nonlocal runs
+        runs += 1
+        if order == "held":
+            holding.set()
+            await gate.wait()
+        return runs
+
+    with task(t):
+        assert await charge("o-1") == 1
+        key = (await g.records(task_id=t))[0].key
+        held = asyncio.create_task(charge("held"))
+        await holding.wait()
+        running = next(r.key for r in await g.records(task_id=t) if r.state == "running")
+        with pytest.raises(GuardError, match="running claim"):
+            await g.forget(running)
+        gate.set()
+        await held
+        gone = await g.forget(key)
+        assert gone.state == "succeeded"
+        assert await charge("o-1") == 3  # forgotten: it runs again
+    with pytest.raises(GuardError, match="no record"):
+        await g.forget("ag_" + "0" * 48)
+    await g.flush_ledger()
+    assert [e.kind for e in await g.attempts(key=key)] == ["ran", "forgotten", "ran"]
+
+
+@pytest.mark.skipif(BACKEND != "sqlite", reason="one backend suffices: the guard's own option")
+async def test_ledger_false_keeps_none(make_guard: Callable[..., Guard]) -> None:
+    g = make_guard(ledger=False)
+
+    @g.once
+    async def send() -> str:
+        return "sent"
+
+    with task(tid()):
+        await send()
+    await g.flush_ledger()
+    assert await g.attempts() == []
+
+
+async def test_a_store_that_is_down_drops_the_entries_and_closing_ends(tmp_path: Any) -> None:
+    from agentguard import StoreError
+
+    (tmp_path / "a-file").write_text("not a folder")
+    guard = Guard(f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'dir' / 'a.db'}")  # its folder cannot be made
+
+    @guard.once
+    async def charge() -> str:
+        return "charged"
+
+    with task(tid()), pytest.raises(StoreError):
+        await charge()
+    await guard.aclose()  # the entry cannot be written: dropped and counted, and closing ends
+    assert guard.ledger_dropped >= 1

@@ -1,0 +1,69 @@
+"""The MCP proxy continues the host's trace: the request's ``_meta`` ``traceparent`` is the parent of the guarded
+call's span, and the upstream call carries the proxy's own context (same trace, the guarded call's span as
+parent). The real ``mcp`` Client, in process, and the SDK's in-memory exporter; the ledger keeps the host's call
+id."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.server import Server, ServerRequestContext
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from agentguard import Guard
+from agentguard.mcp import GuardingProxy, parse_config
+from agentguard.otel import instrument, reset
+
+pytestmark = pytest.mark.anyio
+
+TRACE, HOST_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+def upstream(seen: list[dict[str, Any]]) -> Server[Any]:
+    async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> Any:
+        return types.ListToolsResult(tools=[types.Tool(name="pay", input_schema={
+            "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]})])
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        seen.append(dict(ctx.meta or {}))
+        return types.CallToolResult(content=[types.TextContent(type="text", text="paid")])
+
+    return Server("up", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrument(tracer_provider=provider)
+    yield exporter
+    reset()
+
+
+async def test_the_hosts_trace_is_continued_upstream(store_url: str, spans: InMemorySpanExporter) -> None:
+    seen: list[dict[str, Any]] = []
+    config = f'[store]\nurl = "{store_url}"\n\n[upstream]\ncommand = ["unused"]\n\n[tools.pay]\nkey = ["order_id"]\n'
+    proxy = GuardingProxy(parse_config(config), upstream=upstream(seen), environ={})
+    meta = {"traceparent": f"00-{TRACE}-{HOST_SPAN}-01", "claudecode/toolUseId": "toolu_01"}
+    async with Client(proxy.server, mode="legacy") as client:
+        first = await client.call_tool("pay", {"order_id": "o-1", "task_id": "t-trace"}, meta=meta)
+        again = await client.call_tool("pay", {"order_id": "o-1", "task_id": "t-trace"}, meta=meta)
+    assert not first.is_error and not again.is_error and len(seen) == 1
+    guarded = [s for s in spans.get_finished_spans() if s.name == "agentguard pay"]
+    assert [s.attributes["agentguard.outcome"] for s in guarded] == ["ran", "replayed"]
+    for s in guarded:  # children of the host's span, in the host's trace
+        assert f"{s.context.trace_id:032x}" == TRACE
+        assert s.parent is not None and f"{s.parent.span_id:016x}" == HOST_SPAN
+    sent = seen[0]["traceparent"]
+    _version, trace, parent, _flags = sent.split("-")
+    assert trace == TRACE and parent == f"{guarded[0].context.span_id:016x}"
+    async with Guard(store_url) as reader:  # the proxy's guard flushed its ledger when the host went away
+        entries = await reader.timeline("t-trace")
+    assert [(e.kind, e.call_id) for e in entries] == [("ran", "toolu_01"), ("replayed", "toolu_01")]
