@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._calls import Call, Claim, Replay
 from ._context import _key
 from ._errors import StoreError
+from ._here import begin_here, succeed_here
 from ._observe import Note, Observer
 from .stores._attempts import REPLAYED
 
 if TYPE_CHECKING:
+    from ._here import PendingBeats
     from ._portal import Portal
     from .stores import Store
+    from .stores._direct import DirectSQLite
 
 T = TypeVar("T")
 
@@ -79,6 +82,10 @@ class Drivers:
         async def fail(self, claim: Claim, exc: BaseException) -> tuple[str, str]: ...
 
         async def succeed(self, claim: Claim, value: Any) -> Any: ...
+
+        def direct(self) -> DirectSQLite | None: ...
+
+        pending: PendingBeats
 
     async def drive(self, call: Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
         note = self.observer.begin(call)
@@ -148,6 +155,9 @@ class Drivers:
     def _drive_sync(self, call: Call, body: Callable[[str], T], note: Note | None) -> tuple[T, bool]:
         portal = self.portal
         outcome: Claim | Replay | None = self.cached(call)
+        direct = self.direct() if outcome is None else None
+        if direct is not None:  # in this thread, where it can be answered so (see _here)
+            outcome = begin_here(self, direct, call)  # type: ignore[arg-type]
         if outcome is None:
             try:
                 outcome = portal.run(self.begin(call))
@@ -167,7 +177,7 @@ class Drivers:
         except BaseException as exc:
             if note is not None:
                 note.body = time.perf_counter() - started
-            failed = portal.run(self.fail(outcome, exc))
+            failed = portal.run(self.pending.general(self.fail, outcome, exc))
             if note is not None:
                 note.kind, note.detail = failed
             raise
@@ -176,7 +186,10 @@ class Drivers:
             active_claim.reset(claim_token)
         if note is not None:
             note.body = time.perf_counter() - started
-        value = portal.run(self.succeed(outcome, value))
+        if direct is not None and (done := succeed_here(self, direct, outcome, value)) is not None:  # type: ignore[arg-type]
+            value = done[0]
+        else:
+            value = portal.run(self.pending.general(self.succeed, outcome, value))
         if note is not None:
             note.ran("succeeded")
         return value, False

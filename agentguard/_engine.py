@@ -28,12 +28,14 @@ from ._calls import Call, Claim, Replay
 from ._drivers import Drivers, active_claim, uncancellable
 from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, StoreError
 from ._events import Events
+from ._here import PendingBeats
 from ._lease import Heartbeats, new_fence, new_owner
 from ._observe import Observer
 from ._portal import Portal
 from ._watch import Watcher, Watches
 from .stores import FAILED, RUNNING, SUCCEEDED, Record, Store, record_of
 from .stores._attempts import LEASE_LOST, RAN, RELEASED_KIND
+from .stores._direct import DirectSQLite
 
 log = logging.getLogger("agentguard")
 T = TypeVar("T")
@@ -41,6 +43,7 @@ T = TypeVar("T")
 REPLAYING_MAX = 4096  # tasks remembered as replaying (see Engine.begin)
 MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
 POLL_MAX = 0.1  # seconds between a waiting key's reads of the store, at most (one reader per key and process)
+POLL_LISTENING = 1.0  # the same, while the store announces the key's outcome to this process (a fallback)
 
 class Engine(Drivers):
     """The state machine, bound to one store and one guard's settings."""
@@ -59,6 +62,9 @@ class Engine(Drivers):
         self.cache = cache
         self.beats = Heartbeats(lease, self.renew)
         self.watches = Watches()  # callers of this process waiting for a key held by another caller
+        self.pending = PendingBeats(self)  # claims made in sync tools' own threads, not yet on a heartbeat
+        # The store announces outcomes to waiting processes (Postgres); a stand-in store may not.
+        self.announced = bool(getattr(store, "announces", False)) and callable(getattr(store, "watch", None))
         # Tasks whose last call here was a replay (a resumed agent replaying its history): their next call is
         # read with a plain SELECT first (see begin). Advisory, bounded.
         self.replaying: dict[tuple[str, str], None] = {}
@@ -157,6 +163,23 @@ class Engine(Drivers):
             claim.renewed = float("-inf")  # due again at the next tick, not a third of a lease later
             log.warning("could not renew the lease of %s: %s", call.operation, exc)
 
+    def claim_params(self, call: Call, owner: str) -> dict[str, Any]:
+        return {
+            "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
+            "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json, "owner": owner,
+            "lease": self.lease, "retention": self.retention, "audit": call.audit, "tool": call.tool,
+            "arguments": call.arguments, "fence": new_fence(),
+        }
+
+    def answered(self, call: Call, rec: Record) -> Replay | None:
+        """A record the claim found: its replay if it is a completed one within retention, None if it does not
+        answer the call (running, released, past retention); raises if it was made with other arguments."""
+        if rec.expired and not rec.live:  # past retention: a new operation
+            return None
+        if rec.fingerprint != call.fingerprint:
+            raise self.reuse_error(call, rec)
+        return self.replayed(call, rec) if rec.state in (SUCCEEDED, FAILED) else None
+
     async def begin(self, call: Call) -> Claim | Replay:
         store = self.store
         if store.read_is_cheaper and (call.scope, call.task_id) in self.replaying:
@@ -170,12 +193,7 @@ class Engine(Drivers):
                 return self.replayed(call, rec)
             self.replaying.pop((call.scope, call.task_id), None)
         owner = new_owner()
-        params: dict[str, Any] = {
-            "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
-            "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json, "owner": owner,
-            "lease": self.lease, "retention": self.retention, "audit": call.audit, "tool": call.tool,
-            "arguments": call.arguments, "fence": new_fence(),
-        }
+        params = self.claim_params(call, owner)
         deadline: float | None = None
         delay, vanished = 0.01, 0
         watcher: Watcher | None = None
@@ -203,12 +221,9 @@ class Engine(Drivers):
                     # Our own insert committed but its reply was lost to a reconnect.
                     self.events.emit("claimed", call, rec.attempts)
                     return self.claimed(call, rec.fence, rec.attempts, rec.origin)
+                if (replay := self.answered(call, rec)) is not None:
+                    return replay
                 stale = rec.expired and not rec.live  # past retention: a new operation
-                if not stale:
-                    if rec.fingerprint != call.fingerprint:
-                        raise self.reuse_error(call, rec)
-                    if rec.state in (SUCCEEDED, FAILED):
-                        return self.replayed(call, rec)
                 if stale or not rec.live:
                     try:
                         took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
@@ -232,8 +247,11 @@ class Engine(Drivers):
                     raise self.in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
                 if watcher is None:  # waiting from now on: with this process's other waiters on the key, if any
                     watcher = self.watches.join((call.scope, call.key))
+                if watcher.polls and self.announced and not await self._listening(call, watcher):
+                    continue  # no longer running: look again now
+                poll = POLL_LISTENING if watcher.listened > 0 else delay * (0.5 + random.random())
                 try:
-                    await watcher.wait(delay * (0.5 + random.random()), deadline - now)
+                    await watcher.wait(poll, deadline - now)
                 finally:
                     call.waited += loop.time() - now
                 delay = min(delay * 1.6, POLL_MAX)
@@ -242,6 +260,16 @@ class Engine(Drivers):
         finally:
             if watcher is not None:
                 watcher.leave()
+
+    async def _listening(self, call: Call, watcher: Watcher) -> bool:
+        """The poller asks the store to announce the key's outcome to this process (once per listener:
+        after a reconnect, again). False if the record is no longer running."""
+        store: Any = self.store
+        if watcher.listened < 0 or (watcher.listened > 0 and watcher.listened == store.listening()):
+            return True  # (cannot listen here: it polls)
+        got: int = await store.watch(call.scope, call.key, self.watches.heard)
+        watcher.listened = got
+        return got != 0
 
     async def _undo_claim(self, call: Call, owner: str) -> None:
         """We were cancelled while claiming: if the claim committed, it is ours (owner token) — release it
@@ -294,23 +322,33 @@ class Engine(Drivers):
         call = claim.call
         if (renewal := self.beats.stop(claim)) is not None:
             await renewal
-        try:
-            encoded, decoded = call.codec.store(value)
-        except (TypeError, ValueError) as exc:
-            self.events.emit("not_stored", call, claim.attempt, str(exc))
-            raise call.error(GuardError, f"the result of {call.operation!r} could not be stored ({exc}); the tool "
-                             "body already ran, so the claim is left held: after the lease expires the next caller "
-                             "takes over with the same downstream key") from None
+        encoded, decoded = self.encoded(claim, value)
         started = time.monotonic()  # before the database computes expires_at: the cache entry dies first
         store = self.store
         if not await self.settled(claim, "storing the result", lambda: store.complete(
             call.scope, call.key, claim.fence, SUCCEEDED, encoded, self.retention, claim.audit()
         )):
             raise self.lease_lost(claim)
+        self.completed(claim, encoded, started)
+        return decoded
+
+    def encoded(self, claim: Claim, value: Any) -> tuple[str, Any]:
+        """The result as stored, and as the first caller receives it (decoded from what is stored)."""
+        call = claim.call
+        try:
+            return call.codec.store(value)
+        except (TypeError, ValueError) as exc:
+            self.events.emit("not_stored", call, claim.attempt, str(exc))
+            raise call.error(GuardError, f"the result of {call.operation!r} could not be stored ({exc}); the tool "
+                             "body already ran, so the claim is left held: after the lease expires the next caller "
+                             "takes over with the same downstream key") from None
+
+    def completed(self, claim: Claim, encoded: str, started: float) -> None:
+        """The result was recorded: remembered here, this process's waiters told, the event reported."""
+        call = claim.call
         self.remember(claim, SUCCEEDED, encoded, started)
         self.watches.news((call.scope, call.key))
         self.events.emit("completed", call, claim.attempt)
-        return decoded
 
     async def fail(self, claim: Claim, exc: BaseException) -> tuple[str, str]:
         """Record what the body's exception means: a cached error stored, or the claim released. Returns the
@@ -345,6 +383,11 @@ class Engine(Drivers):
         return LEASE_LOST, "release refused"
 
     # -- drivers ------------------------------------------------------------------------------------------
+
+    def direct(self) -> DirectSQLite | None:
+        """The store's statements in a sync tool's own thread, where it has them (a SQLite file)."""
+        direct = getattr(self.store, "direct", None)
+        return None if direct is None else direct()
 
 
 def current_audit() -> dict[str, Any]:

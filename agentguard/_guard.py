@@ -109,6 +109,7 @@ class Guard(Views):
         connect_timeout: float = 10.0,
         sqlite_synchronous: str = "FULL",
         pg_synchronous_commit: str | None = None,
+        pg_claim_unsynced: bool = False,
         cache_size: int = 1024,
         outage_window: float | timedelta | None = None,
         store: ClaimStore | None = None,
@@ -134,6 +135,7 @@ class Guard(Views):
             store = SQLStore(
                 url or os.environ.get(ENV_URL) or DEFAULT_URL, pool_size=pool_size, connect_timeout=connect_timeout,
                 sqlite_synchronous=sqlite_synchronous, pg_synchronous_commit=pg_synchronous_commit,
+                pg_claim_unsynced=pg_claim_unsynced,
             )
         elif url is not None:
             raise ValueError("give a store URL or a store object, not both")

@@ -5,8 +5,10 @@ Callers of one process that wait on the same key share one poller: it alone read
 (a holder in another process is seen that way); the others wait for news. News comes when a waiter sees the
 record change, or at once when the holder is in this process and records its outcome or releases its claim.
 So the statements a wait costs do not grow with the number of waiters, and a waiter in the holder's process
-looks again as soon as the outcome is recorded. The claim still decides everything: news only means "look
-again".
+looks again as soon as the outcome is recorded. Where the store announces outcomes to other processes
+(Postgres: ``stores/_listen.py``), the poller marks the record watched once its loop listens, then reads only
+on a slow fallback cadence: the announcement wakes it (``heard``), it looks, and its replay wakes the others.
+The claim still decides everything: news only means "look again".
 
 Waiters may be on different event loops (a sync tool's calls run on the guard's portal loop), so each waits
 on a future of its own loop, and news is delivered with ``call_soon_threadsafe``.
@@ -25,10 +27,11 @@ FALLBACK = 5.0  # seconds a waiter that is not the poller waits for news before 
 class Watcher:
     """One caller waiting on a key (from its first wait until it stops waiting: :meth:`leave`)."""
 
-    __slots__ = ("_news", "_pending", "_waiting", "_watches", "key")
+    __slots__ = ("_news", "_pending", "_waiting", "_watches", "key", "listened")
 
     def __init__(self, watches: Watches, key: Key, waiting: _Waiting) -> None:
         self._watches, self.key, self._waiting = watches, key, waiting
+        self.listened = 0  # the store's listener generation this caller marked the record under (0: none)
         self._news: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         self._pending = False  # news that came while this caller was not waiting (it was looking)
 
@@ -120,6 +123,17 @@ class Watches:
             if waiting is not None:
                 for watcher in waiting.watchers:
                     watcher.wake()
+
+
+    def heard(self, key: Key | None) -> None:
+        """News from the store's listener: ``key``'s outcome was recorded in some process (its poller looks,
+        and its replay tells the others), or None: announcements may have been missed (every poller looks)."""
+        if not self._keys:
+            return
+        with self.lock:
+            for waiting in self._keys.values() if key is None else filter(None, [self._keys.get(key)]):
+                if waiting.poller is not None:
+                    waiting.poller.wake()
 
 
 def _set(news: asyncio.Future[None]) -> None:

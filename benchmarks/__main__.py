@@ -1,4 +1,5 @@
-"""``python -m benchmarks [--quick] [--json FILE] [--only sqlite|postgres] [--pg-url URL] [--profile]``
+"""``python -m benchmarks [--quick] [--json FILE] [--only sqlite|postgres] [--pg-url URL] [--profile] [--race]
+[--load]``
 
 Measures agentguard against the raw-driver floor, side by side in one run, and prints a table of medians
 and ratios with PASS/FAIL beside each target. See docs/benchmarks.md for what each number means.
@@ -37,6 +38,8 @@ from ._harness import Stat
 from ._observe import observability
 from ._peers import dbos, powertools
 from ._profile import PROFILED, report
+from ._race import race_postgres, race_sqlite, race_table
+from ._race import targets as race_targets
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,11 @@ class Config:
     callers: int
     counts_n: int
     peers: bool
+    race_n: int
 
 
-FULL = Config(n=400, reps=5, warmup=100, no_io_n=600, conc_n=768, callers=64, counts_n=100, peers=True)
-QUICK = Config(n=30, reps=2, warmup=10, no_io_n=200, conc_n=64, callers=16, counts_n=10, peers=False)
+FULL = Config(n=400, reps=5, warmup=100, no_io_n=600, conc_n=768, callers=64, counts_n=100, peers=True, race_n=200)
+QUICK = Config(n=30, reps=2, warmup=10, no_io_n=200, conc_n=64, callers=16, counts_n=10, peers=False, race_n=20)
 PG, SQ, REPLAY, FIRST = "postgres.sequential", "sqlite.sequential", "agentguard: replay", "agentguard: first call"
 # (id, what, group, variant, op, limit, unit, against): "×" is the variant's ratio to ``against`` (else to its
 # floor), taken in each rep
@@ -104,8 +108,9 @@ class Run:
     def __init__(self, args: argparse.Namespace, cfg: Config, tmp: Path) -> None:
         self.args, self.cfg, self.tmp = args, cfg, tmp
         self.groups: dict[str, dict[str, Stat]] = {}
-        self.doc: dict[str, Any] = {"meta": _meta(args, cfg), "groups": {}, "peers": {}}
+        self.doc: dict[str, Any] = {"meta": _meta(args, cfg), "groups": {}, "peers": {}, "race": {}}
         self.peers = cfg.peers and not args.no_peers and not args.profile
+        self.racing = args.race or self.peers  # the agent-once race (``--race``: it alone)
         self.profile, self.profiles = PROFILED if args.profile else (), ["== Profiles (--profile)"]
 
     def want(self, backend: str) -> bool:
@@ -216,13 +221,33 @@ class Run:
         _log(f"== peer: {key}")
         self.doc["peers"][key] = await asyncio.to_thread(dbos, *urls, reps=self.cfg.reps)
 
+    async def load(self) -> None:
+        from ._load import load
+
+        seconds = 2.0 if self.args.quick else self.args.load_seconds
+        pg = self.pg_database() if self.want("postgres") else contextlib.nullcontext(None)
+        async with pg as url:
+            self.doc["load"] = await load(self.tmp if self.want("sqlite") else None, url, seconds=seconds,
+                                          reps=self.cfg.reps, log=_log)
+
     async def main(self) -> None:
-        await self.no_io()
+        if self.args.load:
+            await self.load()
+            return
+        alone, c, race = self.args.race, self.cfg, self.doc["race"]
+        if not alone:
+            await self.no_io()
         if self.want("sqlite"):
-            await self.sqlite()
+            if not alone:
+                await self.sqlite()
+            if self.racing:
+                await race_sqlite(race, reps=c.reps, n=c.race_n, log=_log)
         if self.want("postgres"):
             async with self.pg_database() as url:
-                await self.postgres(url)
+                if not alone:
+                    await self.postgres(url)
+                if self.racing:
+                    await race_postgres(race, url, reps=c.reps, n=c.race_n, log=_log)
 
     def targets(self) -> list[rpt.Target]:
         out = [rpt.of_stats(id, what, g, self.groups[g], name, op, limit, unit, against)
@@ -232,6 +257,8 @@ class Run:
         for name, want in (("first call", 2.0), ("replay", 0.0)) if counts else ():
             out.append(rpt.Target(f"commits_{name.split()[0]}", f"Durability: commits per {name} (counted)",
                                   counts[f"agentguard: {name}"]["commits"], want, "==", "commits"))
+        for id, what, value, why in race_targets(self.doc["race"]):
+            out.append(rpt.Target(id, what, value, 1.0, "<=", why_na=why))
         for key, label in (("dbos_sqlite", "SQLite"), ("dbos_postgres", "Postgres")):
             if key in peers:
                 out.append(rpt.Target(key, f"Peer: agentguard first call ÷ DBOS step ({label})",
@@ -251,6 +278,8 @@ class Run:
         if "postgres_counts" in self.doc:
             parts.append(rpt.counts_table(self.doc["postgres_counts"]))
         parts.append(rpt.peers_table(self.doc["peers"]) if self.doc["peers"] else "== Peers: skipped")
+        if self.doc["race"]:
+            parts.append(race_table(self.doc["race"]))
         return "\n\n".join([*parts, rpt.targets_table(targets)])
 
 
@@ -261,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["sqlite", "postgres"], help="one backend only")
     ap.add_argument("--pg-url", help="use this Postgres database (filled and ALTERed) instead of a throwaway cluster")
     ap.add_argument("--reps", type=int, help="repetitions (default 5, quick 2)")
-    ap.add_argument("--no-peers", action="store_true", help="skip DBOS / Powertools")
+    ap.add_argument("--no-peers", action="store_true", help="skip DBOS / Powertools / agent-once")
+    ap.add_argument("--load", action="store_true", help="instead: the load targets (many callers, waiters, sweeps)"
+                    " side by side")
+    ap.add_argument("--load-seconds", type=float, default=10.0, help="each --load window of callers (default 10)")
+    ap.add_argument("--race", action="store_true", help="only the race with agent-once (SQLite FULL and NORMAL,"
+                    " Postgres): first calls and replays, sync and async tools, cache off")
     ap.add_argument("--profile", action="store_true", help="instead: where a guarded call's time goes, per layer")
     ap.add_argument("--no-pin", action="store_true", help="let the scheduler place this process (and its servers)")
     args = ap.parse_args(argv)
@@ -284,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.profile:
         print("\n\n".join(run.profiles))
+    elif args.load:
+        from ._load import load_table
+
+        print(load_table(run.doc["load"]))
     else:
         targets = run.targets()
         run.doc["targets"] = [t.as_dict() for t in targets]

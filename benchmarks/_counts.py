@@ -69,8 +69,8 @@ async def durability_counts(url: str, n: int, log: Callable[[str], None]) -> dic
     conf, obs, rid, body, phases = await pg_settings(url), await observe(url, {}), run_id(), Body(), itertools.count()
     orders, history, sel = [f"o-{i}" for i in range(3 + n)], f"counts-{rid}-history", fake_key(rid, "sel")
 
-    async def guard_phase(task_id: str, calls: list[str]) -> None:
-        async with Guard(url) as g:
+    async def guard_phase(task_id: str, calls: list[str], **kw: Any) -> None:
+        async with Guard(url, **kw) as g:
             tool = guarded(g, body)
             with task(task_id):
                 for o in calls:
@@ -93,6 +93,8 @@ async def durability_counts(url: str, n: int, log: Callable[[str], None]) -> dic
         "raw asyncpg: claim + complete": raw_phase(select=False),
         "raw asyncpg: SELECT": raw_phase(select=True),
         "agentguard: first call": lambda k: guard_phase(f"counts-{rid}-first-{next(phases)}", orders[:k]),
+        "agentguard: first call, pg_claim_unsynced": lambda k: guard_phase(
+            f"counts-{rid}-unsynced-{next(phases)}", orders[:k], pg_claim_unsynced=True),
         "agentguard: replay": lambda k: guard_phase(history, orders[:k]),
         "agentguard: cached replay": lambda k: guard_phase(history, orders[:3] + [orders[i % 3] for i in range(k)]),
     }

@@ -105,14 +105,14 @@ def cpu_gap(stats: dict[str, Stat], name: str, ref: str) -> float | None:
 
 
 def counts_table(counts: dict[str, Any]) -> str:
-    s = counts["settings"]
+    s, w = counts["settings"], max(28, *(len(k) for k in counts))
     cols = ("commits", "transactions", "rows_written", "wal_flushes", "wal_bytes")
     lines = [f"== Postgres durability cost per call (synchronous_commit=on, fsync={s.get('fsync')}, {counts['calls']}"
              " calls; counted from pg_stat_database, pg_stat_wal and xids)",
-             f"{'variant':<28}" + "".join(f"  {c.replace('_', ' '):>12}" for c in cols)]
+             f"{'variant':<{w}}" + "".join(f"  {c.replace('_', ' '):>12}" for c in cols)]
     for name, row in counts.items():
         if isinstance(row, dict) and "commits" in row:
-            lines.append(f"{name:<28}" + "".join(f"  {fmt(row[c], 0 if c == 'wal_bytes' else 2):>12}" for c in cols)
+            lines.append(f"{name:<{w}}" + "".join(f"  {fmt(row[c], 0 if c == 'wal_bytes' else 2):>12}" for c in cols)
                          + ("  (noisy)" if row["noisy"] else ""))
     lines.append("  commits = transactions that were assigned an xid (each a commit record to flush); transactions ="
                  " round trips (pg_stat_database.xact_commit)" + ("" if s.get("fsync") == "on" else

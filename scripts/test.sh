@@ -47,7 +47,8 @@ as_pg() { "$@"; }
 FLOOR_TESTS=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox_codec.py tests/test_ids.py
              tests/test_store_failures.py tests/test_operations.py tests/test_whitebox_cache.py tests/test_fingerprint_guarded.py
              tests/test_whitebox_fingerprint_property.py tests/test_read_first.py tests/test_whitebox_sqlite_hops.py
-             tests/test_shutdown.py tests/test_downstream.py tests/test_load.py tests/test_waiters.py)
+             tests/test_shutdown.py tests/test_downstream.py tests/test_load.py tests/test_waiters.py
+             tests/test_direct.py)
 if [ "${AGENTGUARD_FLOORS:-}" = 1 ] || { [ "${AGENTGUARD_FLOORS:-}" != 0 ] && [ $# -eq 0 ]; }; then
   echo "== the core suite on the lowest versions pyproject.toml allows (SQLite)"
   .venv/bin/python scripts/floors.py httpx httpx2 stripe > "$SCRATCH/floors.txt"

@@ -149,13 +149,14 @@ async def test_each_step_is_one_round_trip(store_url: str) -> None:
                 await flaky(1)
             await logged()
             retried = list(statements)
-    assert first == ["CLAIM", "UPDATE"]  # read-or-claim, complete
+    # (A completion or release is an UPDATE in a WITH that announces the record if a waiter watches it.)
+    assert first == ["CLAIM", "WITH"]  # read-or-claim, complete
     assert replay == ["CLAIM"]  # read-or-claim finds the completed record (in-process cache off)
     # The task is replaying now: its next call reads first, with a plain SELECT, which serves a replay ...
     assert replay_next == ["SELECT"]
     # ... and costs a first call one extra read, once: the miss ends the task's replaying.
-    assert failed == ["SELECT", "CLAIM", "UPDATE"]  # read, claim, release
-    assert retried == ["CLAIM", "UPDATE", "UPDATE"]  # read-or-claim, take over, release
+    assert failed == ["SELECT", "CLAIM", "WITH"]  # read, claim, release
+    assert retried == ["CLAIM", "UPDATE", "WITH"]  # read-or-claim, take over, release
 
 
 async def test_a_cached_replay_costs_no_statement(store_url: str) -> None:

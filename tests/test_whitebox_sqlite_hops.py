@@ -1,6 +1,7 @@
-"""On SQLite every step is one hop to aiosqlite's thread: a first call is two (claim, complete), a replay that
-misses the in-process cache is one (read; nothing inserted, no write lock), a cached replay none. Counted
-on the queue every aiosqlite call goes through."""
+"""On SQLite every step is one hop to aiosqlite's thread: a first call is two (claim, complete); a replay that
+misses the in-process cache reads the record on the loop's own thread (``_direct.read_now``: a read in WAL mode
+never waits for the writer), so none, as a cached replay. Counted on the queue every aiosqlite call goes
+through."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ async def test_each_step_is_one_thread_hop(store_url: str, hops: list[str]) -> N
             hops.clear()
             assert await charge_cached(2) == 2
             cached_replay = list(hops)
-    assert first == ["read_or_claim", "_execute_fetchall"]  # read-or-claim, complete
-    assert replay == ["read_or_claim"]  # the read finds the completed record; no insert
+    assert first == ["read_or_claim", "_first_written"]  # read-or-claim, complete
+    assert replay == []  # the read on the loop's thread finds the completed record; no hop, no insert
     assert cached_replay == []
     assert runs == 3  # 0, 1 and 2

@@ -33,10 +33,11 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from .._errors import StoreError
 from .._extras import require
 from .._redact import redact_url
-from ._aiosqlite import Opened, connector, runs_functions
+from ._aiosqlite import BUSY_MS, Opened, connector, runs_functions
 from ._aiosqlite import fetch_pair as aiosqlite_pair
 from ._aiosqlite import fetch_row as aiosqlite_row
 from ._claims import ClaimWay, by_function, by_insert, in_one_hop
+from ._schema import TABLE
 
 # SQLSTATE classes and codes of failures that may pass: connection exceptions, operator intervention (a
 # server shutting down or starting up), insufficient resources (too many connections), and conflicts that
@@ -55,6 +56,7 @@ class Options:
     connect_timeout: float = 10.0
     sqlite_synchronous: str = "FULL"
     pg_synchronous_commit: str | None = None
+    pg_claim_unsynced: bool = False
     # A test seam, off by default: SQL for "seconds since the epoch" that replaces the database clock in every
     # statement (and in the Postgres claim function), e.g. ``(SELECT t FROM my_clock)`` for a clock a test
     # moves itself (tests/test_stateful_store.py). Never set it in production: leases must follow the
@@ -68,6 +70,8 @@ class Options:
             raise ValueError("sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA")
         if self.pg_synchronous_commit not in (None, "on", "off", "local", "remote_write", "remote_apply"):
             raise ValueError("pg_synchronous_commit must be on, off, local, remote_write or remote_apply")
+        if not isinstance(self.pg_claim_unsynced, bool):
+            raise ValueError("pg_claim_unsynced must be True or False")
 
 
 class Dialect:
@@ -80,9 +84,13 @@ class Dialect:
     step_isolation: str  # of the transactions that record a step
     read_is_cheaper = False  # a plain read of a record costs less than a claim that finds it
     claim_function = False  # the store makes (and claims through) the read-or-claim function
+    claim_unsynced = False  # a claim's commit does not wait for its WAL to be flushed (see Statements)
     claim: ClaimWay  # how a claim is asked (see _claims)
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
     single_writer = False  # one write lock for the whole database (SQLite): a long writer makes others wait
+    # Outcomes of watched records are announced to other processes (Postgres: LISTEN/NOTIFY, see _listen).
+    announces = False
+    channel = TABLE
 
     @property
     def capacity(self) -> int:
@@ -106,6 +114,10 @@ class Dialect:
 
     def set_up(self, engine: AsyncEngine) -> None:
         """Connection set-up, registered on a new engine."""
+
+    def listen_connection(self) -> Awaitable[Any]:
+        """A driver connection of its own, outside the pool, to listen on (only where ``announces``)."""
+        raise NotImplementedError(f"{self.name} announces nothing")
 
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         """One statement on the driver connection ``drv``: its first row, or None."""
@@ -170,7 +182,7 @@ class SQLite(Dialect):
         return 1 if self.memory else self._pool_size * 3
 
     @property
-    def claim_unsynced(self) -> bool:
+    def claim_unsynced(self) -> bool:  # type: ignore[override]
         """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.read_or_claim``)."""
         return self.options.sqlite_synchronous.upper() == "FULL"
 
@@ -216,7 +228,7 @@ class SQLite(Dialect):
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA busy_timeout = 30000")
+            cur.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
             if not memory:
                 cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
             cur.execute(f"PRAGMA synchronous = {synchronous}")
@@ -252,10 +264,12 @@ class Postgres(Dialect):
     # read first (the guard decides when).
     read_is_cheaper = True
     claim_function = True
+    announces = True
 
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
         self.claim = by_function
+        self.claim_unsynced = options.pg_claim_unsynced
 
     def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
         o = self.options
@@ -269,6 +283,18 @@ class Postgres(Dialect):
 
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         return drv.fetchrow(sql, *args)  # type: ignore[no-any-return]
+
+    def listen_connection(self) -> Awaitable[Any]:
+        import asyncpg  # type: ignore[import-untyped,unused-ignore]
+        from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+
+        _, params = PGDialect_asyncpg().create_connect_args(make_url(self.url))  # type: ignore[no-untyped-call]
+        for sqlalchemy_only in ("prepared_statement_cache_size", "prepared_statement_name_func", "async_fallback"):
+            params.pop(sqlalchemy_only, None)
+        o = self.options
+        return asyncpg.connect(  # type: ignore[no-any-return]
+            **params, timeout=o.connect_timeout, server_settings={"application_name": "agentguard-listen"}
+        )
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
         return _asyncpg_connection_error(exc) or (drv is not None and drv.is_closed())

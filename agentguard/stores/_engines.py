@@ -21,6 +21,7 @@ from .._redact import redact_text
 from ._aiosqlite import join_threads
 from ._dialects import Dialect
 from ._lane import Lane
+from ._listen import Listener
 
 
 class Engines:
@@ -41,6 +42,8 @@ class Engines:
         self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         # The driver connections with threads of their own (aiosqlite) opened on each loop, to join at dispose.
         self._opened: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
+        # Each loop's listening connection (Postgres), made when a caller there first waits on a key.
+        self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Listener] = weakref.WeakKeyDictionary()
 
     def __len__(self) -> int:
         """How many loops have an engine."""
@@ -67,6 +70,20 @@ class Engines:
             lane = self._lanes[loop] = Lane(self._dialect.capacity)
         self._last = (weakref.ref(loop), engine, lane)
         return engine, lane
+
+    def listener(self) -> Listener:
+        """The running loop's listener (not yet connected: see :meth:`Listener.up`)."""
+        loop = asyncio.get_running_loop()
+        listener = self._listeners.get(loop)
+        if listener is None:
+            self.engine()  # (registers the loop's disposal, which closes the listener too)
+            listener = self._listeners[loop] = Listener(self._dialect.channel, self._dialect.listen_connection)
+        return listener
+
+    def listening(self) -> int:
+        """The running loop's listener generation: > 0 while it listens."""
+        listener = self._listeners.get(asyncio.get_running_loop())
+        return 0 if listener is None else listener.generation
 
     def _make(self) -> AsyncEngine:
         d = self._dialect
@@ -117,6 +134,9 @@ class Engines:
         """Dispose the engine of the running loop, its idle connections, and join its driver threads."""
         loop = asyncio.get_running_loop()
         self._last = None
+        listener = self._listeners.pop(loop, None)
+        if listener is not None:
+            await listener.close()
         lane = self._lanes.pop(loop, None)
         if lane is not None:
             await lane.close_idle()

@@ -78,11 +78,43 @@ END
 $fn$"""
 
 
+# Postgres: whether a waiter in some process listens for the record's outcome (see _listen). Added to a table
+# made before it existed, without locking the table when it is there already.
+WATCHED_DDL = f"""
+DO $ddl$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+                 AND table_name = '{TABLE}' AND column_name = 'watched') THEN
+    ALTER TABLE {TABLE} ADD COLUMN watched boolean NOT NULL DEFAULT false;
+  END IF;
+END $ddl$"""
+
+
+# Postgres, when asked (``pg_claim_unsynced``): the claim's transaction commits without waiting for its WAL to
+# reach disk. The completion's commit is synced and flushes every earlier WAL record, the claim's included; a
+# server crash between the two loses only the claim, and the retry runs the body again with the same downstream
+# key, as a takeover after a worker's crash does. Safe only where the provider honours that key.
+UNSYNCED = "set_config('synchronous_commit', 'off', true)"
+
+
+def announced(update: str, channel: str) -> str:
+    """``update`` (an UPDATE ... RETURNING fence) that also announces the record on ``channel`` if a waiter
+    watches it: the notification is sent when the statement commits, and only then."""
+    return (
+        f"WITH done AS ({update}, watched, scope, key) SELECT fence, CASE WHEN watched THEN"
+        f" CAST(pg_notify('{channel}', CAST(json_build_array(scope, key) AS text)) AS text) END FROM done"
+    )
+
+
 class Statements:
     """The store's statements, for one database clock (``now``, the dialect's SQL for seconds since the
-    epoch). ``claim_function``: also the read-or-claim function and the statement that calls it."""
+    epoch). ``claim_function``: also the read-or-claim function and the statement that calls it.
+    ``announce``: the channel on which completions and releases of watched records are announced (Postgres),
+    and the statement that marks a record watched. ``unsynced_claim``: a claim's (and a takeover's) transaction
+    commits with ``synchronous_commit`` off (Postgres; see ``UNSYNCED``)."""
 
-    def __init__(self, now: str, *, claim_function: bool) -> None:
+    def __init__(
+        self, now: str, *, claim_function: bool, announce: str | None = None, unsynced_claim: bool = False
+    ) -> None:
         live = live_sql(now)
         where_fenced = "scope = :scope AND key = :key AND fence = :fence"
         self.claim = text(f"{_insert(now, ':')} RETURNING fence")
@@ -92,7 +124,10 @@ class Statements:
         if claim_function:
             self.claim_function = claim_function_ddl(now)
             names = ", ".join(f":{name}" for name, _ in CLAIM_PARAMS)
-            self.claim_or_fetch = text(f"SELECT * FROM {CLAIM_FUNCTION}({names})")
+            if unsynced_claim:
+                self.claim_or_fetch = text(f"SELECT c.* FROM {CLAIM_FUNCTION}({names}) AS c, {UNSYNCED} AS u")
+            else:
+                self.claim_or_fetch = text(f"SELECT * FROM {CLAIM_FUNCTION}({names})")
         # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
         # released or lease expired (reset = 0: the same operation goes on, with its steps), or past retention
         # by the database clock now (reset = 1: it restarts as a new operation, with a new origin). The caller's
@@ -110,7 +145,7 @@ class Statements:
             " origin = CASE WHEN :reset = 1 THEN fence + 1 ELSE origin END"
             f" WHERE {where_fenced} AND NOT {live} AND CASE WHEN :reset = 1 THEN expires_at < {now}"
             f" ELSE state IN ('{RUNNING}', '{RELEASED}') END"
-            " RETURNING fence, origin"
+            " RETURNING fence, origin" + (f", {UNSYNCED}" if unsynced_claim else "")
         )
         self.release_owned = text(
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
@@ -123,16 +158,26 @@ class Statements:
         )
         # Both are idempotent for the fence that holds the claim (a recording redone after a cancellation
         # finds its own earlier write), and refuse any other fence.
-        self.complete = text(
+        complete = (
             f"UPDATE {TABLE} SET state = :state, result = :result, lease_until = NULL, updated_at = {now},"
             f" expires_at = {now} + :retention, audit = COALESCE(:audit, audit) WHERE {where_fenced}"
             f" AND (state = '{RUNNING}' OR (state = :state AND result = :result)) RETURNING fence"
         )
-        self.release = text(
+        release = (
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
             f" expires_at = {now} + :retention, audit = COALESCE(:audit, audit) WHERE {where_fenced}"
             f" AND state IN ('{RUNNING}', '{RELEASED}') RETURNING fence"
         )
+        self.watch: TextClause | None = None
+        if announce is not None:
+            complete, release = announced(complete, announce), announced(release, announce)
+            self.release_owned = text(announced(str(self.release_owned), announce))
+            # Marked by a waiter's process once it listens; never unmarked (an extra announcement is harmless).
+            self.watch = text(
+                f"UPDATE {TABLE} SET watched = true WHERE scope = :scope AND key = :key AND state = '{RUNNING}'"
+                " RETURNING fence"
+            )
+        self.complete, self.release = text(complete), text(release)
         # Bounded batches; the outer predicate is re-checked on rows changed meanwhile (a takeover
         # between the sub-select and the delete refreshes expires_at, so it is not deleted). The clock is read
         # once per statement, as a sub-select: compared with a volatile clock call, Postgres cannot use the

@@ -18,10 +18,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ._attempts import AttemptVerbs
 from ._claims import READING
 from ._dialects import dialect_for
+from ._direct import DirectSQLite
 from ._engines import Engines
 from ._executor import Executor
+from ._listen import News
 from ._schema import DONE, Listing, Record, create_schema, listing_from_row, record_from_row
-from ._statements import Statements
+from ._statements import WATCHED_DDL, Statements
 
 if TYPE_CHECKING:
     from ._protocols import LedgerStore, Store
@@ -41,22 +43,29 @@ class SQLStore(AttemptVerbs):
         connect_timeout: float = 10.0,
         sqlite_synchronous: str = "FULL",
         pg_synchronous_commit: str | None = None,
+        pg_claim_unsynced: bool = False,
         clock: str | None = None,
     ) -> None:
         # clock: a test seam, off by default (see _dialects.Options.clock)
         self.dialect = dialect_for(url, pool_size=pool_size, connect_timeout=connect_timeout,
                                    sqlite_synchronous=sqlite_synchronous,
-                                   pg_synchronous_commit=pg_synchronous_commit, clock=clock)
+                                   pg_synchronous_commit=pg_synchronous_commit, pg_claim_unsynced=pg_claim_unsynced,
+                                   clock=clock)
         self.url = self.dialect.url
         self.backend = self.dialect.name
         self.memory = self.dialect.memory
         self.read_is_cheaper = self.dialect.read_is_cheaper
-        self.sql = Statements(self.dialect.now, claim_function=self.dialect.claim_function)
+        self.sql = Statements(self.dialect.now, claim_function=self.dialect.claim_function,
+                              announce=self.dialect.channel if self.dialect.announces else None,
+                              unsynced_claim=self.dialect.claim_unsynced and self.dialect.claim_function)
+        self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
         self._claim = self.dialect.claim
         # The door every hot statement passes through.
         self._one = self._executor.one
+        self._direct: DirectSQLite | None = None
+        self._reads_here = self.dialect.name == "sqlite" and not self.dialect.memory  # (see claim)
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -70,20 +79,38 @@ class SQLStore(AttemptVerbs):
 
     async def _create(self, conn: AsyncConnection) -> None:
         d, fn = self.dialect, self.sql.claim_function
-        await create_schema(conn, d.schema_begin, d.schema_lock, [] if fn is None else [fn])
+        ddl = ([WATCHED_DDL] if d.announces else []) + ([] if fn is None else [fn])
+        await create_schema(conn, d.schema_begin, d.schema_lock, ddl)
 
     async def dispose(self) -> None:
-        """Dispose the engine of the running loop."""
+        """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""
+        if self._direct is not None:
+            self._direct.close()
         await self._engines.dispose()
+
+    def direct(self) -> DirectSQLite | None:
+        """For sync tools, a claim and a completion in the caller's thread (``_direct``): a SQLite file store
+        whose schema is made; else None (the general path)."""
+        if self._direct is None:
+            d = self.dialect
+            if d.name != "sqlite" or d.memory or not self._executor.schema_ready:
+                return None
+            self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
+                                        self._executor.error)
+        return self._direct
 
     # -- a call's verbs ------------------------------------------------------------------------------------
 
     async def claim(self, params: dict[str, Any]) -> int | Record | None:
-        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides), the dialect's way.
+        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides), the dialect's way. On a
+        SQLite file, a record already there is read first on this thread, without a hop (``_direct.read_now``).
 
         Returns our fence if we claimed it, else the existing record, or None if that record is not
         visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
         """
+        direct = self._direct if self._direct is not None or not self._reads_here else self.direct()
+        if direct is not None and (rec := direct.read_now(params)) is not None:
+            return rec  # (an existing record: what the claim's own read would find, without a hop)
         return await self._claim(self._one, self.sql, params)
 
     async def read(self, scope: str, key: str) -> Record | None:
@@ -116,6 +143,26 @@ class SQLStore(AttemptVerbs):
     async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None) -> bool:
         params = {"scope": scope, "key": key, "fence": fence, "retention": retention, "audit": audit}
         return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
+
+    # -- waiting on another process's claim (where the store ``announces``) ------------------------------
+
+    def listening(self) -> int:
+        """The running loop's listener generation: > 0 while it listens (0 where the store announces nothing)."""
+        return self._engines.listening() if self.announces else 0
+
+    async def watch(self, scope: str, key: str, news: News) -> int:
+        """Listen for the outcome of ``(scope, key)``, which another caller is running: news of it goes to
+        ``news``. Returns the listener's generation (> 0) once the record is marked watched; 0 if the record
+        is no longer running (look again now); -1 if nothing can be listened to here (poll)."""
+        if not self.announces or self.sql.watch is None:
+            return -1
+        listener = self._engines.listener()
+        listener.subscribe(news)
+        generation = await listener.up()  # listening before the mark: an announcement cannot slip between
+        if not generation:
+            return -1
+        marked = await self._one("watching the record", self.sql.watch, {"scope": scope, "key": key}, body_ran=None)
+        return generation if marked is not None else 0
 
     # -- steps ---------------------------------------------------------------------------------------------
 
@@ -211,10 +258,10 @@ class SQLStore(AttemptVerbs):
             total += n
             if n < batch:
                 break
-            if self.dialect.single_writer:
-                # Each batch held the database's one write lock: leave it free as long again before the next,
-                # so other processes' claims (waiting in SQLite's busy handler) get their turn.
-                await asyncio.sleep(loop.time() - started)
+            # Leave the database as long again before the next batch: on SQLite each batch held its one write
+            # lock (other processes' claims wait in SQLite's busy handler meanwhile); on Postgres it took the
+            # server's CPU and I/O from the claims. A sweep is upkeep: half speed costs nothing.
+            await asyncio.sleep(loop.time() - started)
 
         async def orphans(conn: AsyncConnection) -> None:
             await conn.execute(self.sql.sweep_steps)

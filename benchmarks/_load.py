@@ -1,0 +1,387 @@
+"""``python -m benchmarks --load``: the load targets, measured side by side (counts and ratios, never a pass
+on one timing alone).
+
+- callers: C coroutines making distinct first calls for S seconds through a default ``Guard`` (10 + 20
+  connections), and through a raw asyncpg pool of the same 30 connections running the store's two statements,
+  in alternating windows: calls per caller (min / median / max), errors, the worst call, and throughput ÷ the
+  raw pool's (Postgres);
+- waiters in-process: W callers on one key while its body runs; the statements they sent after arriving and
+  how long after the completion the last of them returned (both backends);
+- waiters in another process (Postgres): W callers in a child process on a key this process holds; the same
+  two figures, the statements counted in the child;
+- sweeps: claims' p99 from this process while another connection sweeps N expired records, ÷ their p99 with
+  no sweep, in alternating windows (both backends); and a sweep with nothing to delete on N records ÷ on 200.
+
+The targets (issue 21): no errors, every caller within 3× of the median count, throughput ≥ 0.9× the raw
+pool's; waiters' statements independent of W; sweeps' p99 within 2× of none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentguard import Guard, task
+from agentguard.stores import SQLStore
+
+from ._common import observe
+from ._drivers import asyncpg_raw
+
+RESULT = {"charge_id": "ch_1", "amount_cents": 1999}
+Log = Callable[[str], None]
+
+
+# -- callers ---------------------------------------------------------------------------------------------------
+
+async def _window(one: Callable[[int], Any], callers: int, seconds: float) -> dict[str, Any]:
+    counter = iter(range(10**9))
+    stop = time.perf_counter() + seconds
+    per, worst, errors = [0] * callers, [0.0], [0]
+
+    async def caller(j: int) -> None:
+        for i in counter:
+            if time.perf_counter() > stop:
+                return
+            t = time.perf_counter()
+            try:
+                await one(i)
+                per[j] += 1
+            except Exception:
+                errors[0] += 1
+            worst[0] = max(worst[0], time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller(j) for j in range(callers)))
+    dt = time.perf_counter() - t0
+    med = statistics.median(per)
+    return {"calls_per_s": round(sum(per) / dt), "min": min(per), "median": med, "max": max(per),
+            "errors": errors[0], "worst_s": round(worst[0], 3),
+            "fair": bool(med and min(per) >= med / 3 and max(per) <= med * 3)}
+
+
+async def callers(url: str, n: int, seconds: float, reps: int, log: Log) -> dict[str, Any]:
+    obs = await observe(url, {})
+    raw = await asyncpg_raw(url, obs, 30)
+    rid = uuid.uuid4().hex[:8]
+    out: dict[str, list[dict[str, Any]]] = {"agentguard": [], "raw pool": []}
+    async with Guard(url) as guard:
+        @guard.once(key=["order_id"])
+        async def charge(order_id: str) -> dict[str, Any]:
+            return RESULT
+
+        async def ag(i: int) -> None:
+            with task(f"load-{rid}-{i // 5}"):
+                await charge(f"o-{i}")
+
+        async def raw_one(i: int) -> None:
+            await raw.first(f"ag_{rid}{i:040d}", f"o-{i}", '{"charge_id":"ch_1"}')
+
+        for rep in range(reps):
+            for name, one in (("agentguard", ag), ("raw pool", raw_one))[:: 1 if rep % 2 == 0 else -1]:
+                log(f"  {n} callers, {name}, {seconds:g} s")
+                out[name].append(await _window(one, n, seconds))
+    await raw.close()
+    ratios = [a["calls_per_s"] / r["calls_per_s"] for a, r in zip(out["agentguard"], out["raw pool"], strict=True)]
+    return {"callers": n, "seconds": seconds, **out, "throughput_ratio": statistics.median(ratios),
+            "ratios": [round(r, 3) for r in ratios]}
+
+
+# -- waiters ---------------------------------------------------------------------------------------------------
+
+class _Counting:
+    """The real store, counting the claims and reads it is asked for (and marks, where it announces)."""
+
+    def __init__(self, url: str) -> None:
+        self.inner = SQLStore(url)
+        self.asked = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def claim(self, params: dict[str, Any]) -> Any:
+        self.asked += 1
+        return await self.inner.claim(params)
+
+    async def read(self, scope: str, key: str) -> Any:
+        self.asked += 1
+        return await self.inner.read(scope, key)
+
+    async def watch(self, *args: Any) -> Any:
+        self.asked += 1
+        return await self.inner.watch(*args)
+
+
+async def _wait_here(url: str, task_id: str, waiters: int, ready: Callable[[], None] | None = None
+                     ) -> tuple[int, float]:
+    """``waiters`` callers on a key another caller holds: (statements after their first claims, the time the
+    last returned)."""
+    store = _Counting(url)
+    waiting = [0]
+
+    def on_event(event: Any) -> None:
+        if event.kind == "waiting":
+            waiting[0] += 1
+            if waiting[0] == waiters and ready is not None:
+                ready()
+
+    async with Guard(store=store, on_event=on_event) as guard:  # type: ignore[arg-type]
+        @guard.once(key=["order_id"])
+        async def charge(order_id: str) -> dict[str, Any]:
+            raise AssertionError("a waiter ran the body")
+
+        with task(task_id):
+            await asyncio.gather(*(charge("o-1") for _ in range(waiters)))
+        return store.asked - waiters, time.time()
+
+
+async def waiters_in_process(url: str, waiters: int, hold: float) -> dict[str, Any]:
+    """The holder and the waiters share one guard: the holder's completion wakes them at once."""
+    store = _Counting(url)
+    async with Guard(store=store) as guard:  # type: ignore[arg-type]
+        started, finish, done_at = asyncio.Event(), asyncio.Event(), [0.0]
+
+        @guard.once(key=["order_id"])
+        async def charge(order_id: str) -> dict[str, Any]:
+            started.set()
+            await finish.wait()
+            return RESULT
+
+        t = f"wait-{uuid.uuid4().hex[:8]}"
+        with task(t):
+            holder = asyncio.create_task(charge("o-1"))
+            await started.wait()
+            before = store.asked
+            others = [asyncio.create_task(charge("o-1")) for _ in range(waiters)]
+            await asyncio.sleep(hold)
+            finish.set()
+            await holder
+            done_at[0] = time.perf_counter()
+            await asyncio.gather(*others)
+            lag = time.perf_counter() - done_at[0]
+    return {"waiters": waiters, "hold_s": hold, "statements": store.asked - before - waiters,
+            "lag_ms": round(lag * 1000, 2)}
+
+
+async def waiters_elsewhere(url: str, waiters: int, hold: float) -> dict[str, Any]:
+    """The waiters in a child process; this process holds the key and records the outcome."""
+    async with Guard(url) as guard:
+        started, finish = asyncio.Event(), asyncio.Event()
+
+        @guard.once(key=["order_id"])
+        async def charge(order_id: str) -> dict[str, Any]:
+            started.set()
+            await finish.wait()
+            return RESULT
+
+        t = f"wait-{uuid.uuid4().hex[:8]}"
+        with task(t):
+            holder = asyncio.create_task(charge("o-1"))
+            await started.wait()
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
+                                                                            os.environ.get("PYTHONPATH")]))}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "benchmarks._load", url, t, str(waiters), stdout=subprocess.PIPE, env=env)
+            assert proc.stdout is not None
+            assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"waiting"
+            await asyncio.sleep(hold)
+            finish.set()
+            await holder
+            done_at = time.time()
+            report = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
+            await proc.wait()
+    return {"waiters": waiters, "hold_s": hold, "statements": report["statements"],
+            "lag_ms": round((report["returned"] - done_at) * 1000, 2)}
+
+
+# -- sweeps ----------------------------------------------------------------------------------------------------
+
+async def _fill_expired(url: str, n: int) -> None:
+    """``n`` records past their retention (the sweep's work), written behind the store's back."""
+    now = time.time()
+    rows = [("default", f"ag_x{uuid.uuid4().hex}{i:08d}"[:51], "bulk", "op", "f" * 64, "{}", "succeeded", i, i,
+             "op", None, 1, None, None, now - 10, now - 9, now - 3600, '{"a":1}', None) for i in range(n)]
+    cols = ("scope, key, task_id, operation, fingerprint, arg_hashes, state, fence, origin, tool, arguments,"
+            " attempts, owner, lease_until, created_at, updated_at, expires_at, result, audit")
+    if url.startswith("sqlite"):
+        import sqlite3
+
+        db = sqlite3.connect(url.split("///", 1)[1], isolation_level=None)
+        db.execute("BEGIN")
+        db.executemany(f"INSERT INTO agentguard_calls ({cols}) VALUES ({', '.join('?' * 19)})", rows)
+        db.execute("COMMIT")
+        db.close()
+        return
+    import asyncpg  # type: ignore[import-untyped]
+
+    from ._drivers import dsn_of
+
+    conn = await asyncpg.connect(dsn_of(url))
+    try:
+        await conn.copy_records_to_table("agentguard_calls", records=rows, columns=[c.strip() for c in cols.split(",")])
+    finally:
+        await conn.close()
+
+
+async def _claims_p99(guard: Guard, seconds: float, rid: str) -> float:
+    @guard.once(key=["order_id"], operation="claim")
+    async def charge(order_id: str) -> dict[str, Any]:
+        return RESULT
+
+    lat: list[float] = []
+    stop, i = time.perf_counter() + seconds, 0
+    with task(f"sweep-{rid}"):
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            await charge(f"o-{i}")
+            lat.append(time.perf_counter() - t)
+            i += 1
+    return statistics.quantiles(lat, n=100)[98] * 1000
+
+
+async def sweeps(url: str, expired: int, reps: int, log: Log) -> dict[str, Any]:
+    """Claims' p99 during a sweep of ``expired`` records ÷ their p99 with none (the sweep in another
+    connection of another guard, as another process's would be)."""
+    kw = {"sqlite_synchronous": "OFF"} if url.startswith("sqlite") else {}
+    out: dict[str, list[float]] = {"during": [], "none": []}
+    async with Guard(url, **kw) as guard, Guard(url, **kw) as sweeper:
+        await guard.ensure_schema()
+        for rep in range(reps):
+            rid = uuid.uuid4().hex[:8]
+            await _fill_expired(url, expired)
+            log(f"  sweep of {expired} expired records, rep {rep + 1}")
+            sweeping = asyncio.create_task(sweeper.sweep())
+            t0 = time.perf_counter()
+            out["during"].append(await _claims_p99(guard, 0.5, rid + "d"))
+            await sweeping
+            swept_s = time.perf_counter() - t0
+            out["none"].append(await _claims_p99(guard, max(0.5, min(swept_s, 3.0)), rid + "n"))
+    ratios = [d / n for d, n in zip(out["during"], out["none"], strict=True)]
+    return {"expired": expired, "p99_ms_during": [round(x, 2) for x in out["during"]],
+            "p99_ms_none": [round(x, 2) for x in out["none"]], "ratio": statistics.median(ratios)}
+
+
+async def empty_sweep(url: str, big: int, log: Log) -> dict[str, Any]:
+    """A sweep with nothing to delete on ``big`` live records ÷ on 200 (each the median of 9), each in a fresh
+    database of its own."""
+    from ._drivers import pg_exec, with_db
+
+    kw = {"sqlite_synchronous": "OFF"} if url.startswith("sqlite") else {}
+    out = {}
+    for n in (200, big):
+        name = f"agentguard_sweep_{n}_{uuid.uuid4().hex[:6]}"
+        if url.startswith("sqlite"):
+            where = url.replace(".db", f"-{name}.db")
+        else:
+            await pg_exec(url, f"CREATE DATABASE {name}")
+            where = with_db(url, name)
+        try:
+            async with Guard(where, **kw) as g:
+                await g.ensure_schema()
+                await _fill_live(where, n)
+                times = []
+                for _ in range(9):
+                    t = time.perf_counter()
+                    await g.sweep()
+                    times.append(time.perf_counter() - t)
+                out[n] = statistics.median(times) * 1000
+                log(f"  empty sweep on {n} records: {out[n]:.2f} ms")
+        finally:
+            if not url.startswith("sqlite"):
+                await pg_exec(url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    return {"records": big, "ms_small": round(out[200], 3), "ms_big": round(out[big], 3),
+            "ratio": out[big] / out[200]}
+
+
+async def _fill_live(url: str, n: int) -> None:
+    now = time.time()
+    rows = [("default", f"ag_l{uuid.uuid4().hex}{i:08d}"[:51], "bulk", "op", "f" * 64, "{}", "succeeded", i, i,
+             "op", None, 1, None, None, now, now, now + 86400, '{"a":1}', None) for i in range(n)]
+    cols = ["scope", "key", "task_id", "operation", "fingerprint", "arg_hashes", "state", "fence", "origin", "tool",
+            "arguments", "attempts", "owner", "lease_until", "created_at", "updated_at", "expires_at", "result",
+            "audit"]
+    if url.startswith("sqlite"):
+        import sqlite3
+
+        db = sqlite3.connect(url.split("///", 1)[1], isolation_level=None)
+        db.execute("BEGIN")
+        db.executemany(f"INSERT INTO agentguard_calls ({', '.join(cols)}) VALUES ({', '.join('?' * 19)})", rows)
+        db.execute("COMMIT")
+        db.close()
+        return
+    import asyncpg
+
+    from ._drivers import dsn_of
+
+    conn = await asyncpg.connect(dsn_of(url))
+    try:
+        await conn.copy_records_to_table("agentguard_calls", records=rows, columns=cols)
+        await conn.execute("ANALYZE agentguard_calls")
+    finally:
+        await conn.close()
+
+
+# -- the mode --------------------------------------------------------------------------------------------------
+
+async def load(sqlite_dir: Path | None, pg_url: str | None, *, seconds: float, reps: int, log: Log
+               ) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    if pg_url:
+        for n in (64, 256):
+            log(f"== load: {n} callers on the default Guard and on a raw pool of 30 (Postgres)")
+            doc[f"postgres callers {n}"] = await callers(pg_url, n, seconds, reps, log)
+    for backend, url in (("sqlite", sqlite_dir and f"sqlite+aiosqlite:///{sqlite_dir / 'load.db'}"),
+                         ("postgres", pg_url)):
+        if not url:
+            continue
+        log(f"== load: waiters ({backend})")
+        doc[f"{backend} waiters in-process"] = [await waiters_in_process(url, w, 1.0) for w in (4, 64)]
+        if backend == "postgres":
+            doc[f"{backend} waiters elsewhere"] = [await waiters_elsewhere(url, w, 1.0) for w in (4, 64)]
+        log(f"== load: sweeps ({backend})")
+        doc[f"{backend} sweep during claims"] = await sweeps(url, 100_000, reps, log)
+        doc[f"{backend} empty sweep"] = await empty_sweep(url, 300_000, log)
+    return doc
+
+
+def load_table(doc: dict[str, Any]) -> str:
+    lines = ["== Load (--load): side by side; targets from issue 21"]
+    for name, v in doc.items():
+        if "callers" in name:
+            a = v["agentguard"]
+            shares = ", ".join(f"{w['min']}/{w['median']:g}/{w['max']}" for w in a)
+            lines.append(f"{name}: throughput {v['throughput_ratio']:.2f}× the raw pool's (per window"
+                         f" {', '.join(f'{r:.2f}' for r in v['ratios'])}; target ≥ 0.9); agentguard calls per"
+                         f" caller min/median/max {shares},"
+                         f" errors {sum(w['errors'] for w in a)}, worst {max(w['worst_s'] for w in a):.3f} s,"
+                         f" fair {all(w['fair'] for w in a)}; raw pool worst"
+                         f" {max(w['worst_s'] for w in v['raw pool']):.3f} s")
+        elif "waiters" in name:
+            lines.append(f"{name}: " + "; ".join(f"{w['waiters']} waiters: {w['statements']} statements after"
+                                                 f" arriving, last returned {w['lag_ms']:.1f} ms after the"
+                                                 " completion" for w in v))
+        elif "during" in name:
+            lines.append(f"{name}: claims' p99 during a sweep of {v['expired']} expired ÷ with none"
+                         f" {v['ratio']:.2f}× (during {v['p99_ms_during']} ms, none {v['p99_ms_none']} ms;"
+                         " target ≤ 2)")
+        elif "empty" in name:
+            lines.append(f"{name}: nothing to delete on {v['records']} records {v['ms_big']:.2f} ms ÷ on 200"
+                         f" {v['ms_small']:.2f} ms = {v['ratio']:.2f}×")
+    return "\n".join(lines)
+
+
+async def _child(url: str, task_id: str, waiters: int) -> None:
+    asked, returned = await _wait_here(url, task_id, waiters, lambda: print("waiting", flush=True))
+    print(json.dumps({"statements": asked, "returned": returned}), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(_child(sys.argv[1], sys.argv[2], int(sys.argv[3])))

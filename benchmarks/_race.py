@@ -1,0 +1,193 @@
+"""The embedded peer race: agentguard against agent-once 0.1.0, side by side, interleaved, cache off.
+
+agent-once runs its two statements through the stdlib ``sqlite3`` (one connection per thread) or one psycopg
+connection, with no thread hop. Each rep makes ``n`` first calls (new keys) and then replays them, for a sync
+and an async tool of each library, in an order rotated every rep; a ratio (agentguard ÷ agent-once, the sync
+tool against agent-once's sync tool, the async against its async, and the async against its sync, its faster)
+is taken in each rep and the median over reps kept. agentguard's in-process cache is off (``cache_size=0``), so
+each replay reads the store, as each of agent-once's does. SQLite runs at ``synchronous=FULL`` and ``NORMAL``
+(both libraries at the same level, WAL mode both), Postgres at the database's settings.
+
+``python -m benchmarks --race`` runs it alone; a full run with peers runs it too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from agentguard import Guard, task
+
+from ._common import run_id
+
+KINDS = ("first call", "replay")
+TOOLS = ("sync", "async")
+RESULT = {"charge_id": "ch_1", "amount_cents": 1999, "currency": "usd"}
+
+
+def available() -> str:
+    """Why the race cannot run here, or ""."""
+    return "" if importlib.util.find_spec("once") else "agent-once is not installed here (pip install agent-once)"
+
+
+async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, reps: int, n: int
+                   ) -> dict[str, Any]:
+    """One backend: µs per call (medians) and the ratios, for first calls and replays, sync and async tools."""
+    from once import Once
+
+    once = Once(once_target)
+    if synchronous is not None:  # agent-once sets WAL itself; the durability level is ours to match
+        once.store._conn().execute(f"PRAGMA synchronous = {synchronous}")  # type: ignore[attr-defined]
+    kw: dict[str, Any] = {"sqlite_synchronous": synchronous} if synchronous else {}
+    runs = {"agentguard": 0, "agent-once": 0}
+    async with Guard(ag_url, cache_size=0, **kw) as guard:
+
+        @guard.once(key=["order_id"], operation="charge_sync")
+        def ag_sync(order_id: str) -> dict[str, Any]:
+            runs["agentguard"] += 1
+            return RESULT
+
+        @guard.once(key=["order_id"], operation="charge_async")
+        async def ag_async(order_id: str) -> dict[str, Any]:
+            runs["agentguard"] += 1
+            return RESULT
+
+        @once.tool(name="charge_sync")
+        def once_sync(order_id: str) -> dict[str, Any]:
+            runs["agent-once"] += 1
+            return RESULT
+
+        @once.tool(name="charge_async")
+        async def once_async(order_id: str) -> dict[str, Any]:
+            runs["agent-once"] += 1
+            return RESULT
+
+        rid = run_id()
+
+        def batch(lib: str, tool: str) -> Callable[[list[str]], Awaitable[None]]:
+            scope = f"race-{rid}-{lib}-{tool}"
+            if lib == "agentguard" and tool == "sync":
+                async def go(keys: list[str]) -> None:
+                    with task(scope):
+                        for k in keys:
+                            ag_sync(k)
+            elif lib == "agentguard":
+                async def go(keys: list[str]) -> None:
+                    with task(scope):
+                        for k in keys:
+                            await ag_async(k)
+            elif tool == "sync":
+                async def go(keys: list[str]) -> None:
+                    with once.scope(scope):
+                        for k in keys:
+                            once_sync(k)
+            else:
+                async def go(keys: list[str]) -> None:
+                    with once.scope(scope):
+                        for k in keys:
+                            await once_async(k)
+            return go
+
+        variants = [(lib, tool) for lib in ("agent-once", "agentguard") for tool in TOOLS]
+        batches = {v: batch(*v) for v in variants}
+        times: dict[tuple[str, str, str], list[float]] = {(*v, k): [] for v in variants for k in KINDS}
+        for rep in range(-1, reps):  # rep -1: the warm-up, not kept
+            keys = [f"o-{rep}-{i}" for i in range(n if rep >= 0 else 20)]
+            order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+            for kind in KINDS:
+                for v in order:
+                    t0 = time.perf_counter()
+                    await batches[v](keys)
+                    if rep >= 0:
+                        times[(*v, kind)].append((time.perf_counter() - t0) / len(keys) * 1e6)
+    once.close()
+    expected = 2 * (20 + n * reps)  # one run per first call per tool, none per replay
+    out: dict[str, Any] = {"valid": runs == {"agentguard": expected, "agent-once": expected}, "runs": runs}
+    for kind in KINDS:
+        for tool, peer_tool in (*((t, t) for t in TOOLS), ("async", "sync")):
+            ag, peer = times[("agentguard", tool, kind)], times[("agent-once", peer_tool, kind)]
+            name = f"{kind}, {tool} tool" + ("" if tool == peer_tool else f" ÷ its {peer_tool} tool")
+            out[name] = {
+                "agentguard_us": statistics.median(ag), "agent_once_us": statistics.median(peer),
+                "ratio": statistics.median(a / p for a, p in zip(ag, peer, strict=True)),
+                "ratios": [round(a / p, 3) for a, p in zip(ag, peer, strict=True)],
+            }
+    return out
+
+
+async def race_sqlite(doc: dict[str, Any], *, reps: int, n: int, log: Callable[[str], None]) -> None:
+    """The race on SQLite at FULL and at NORMAL, into ``doc``."""
+    if _note(doc):
+        return
+    with tempfile.TemporaryDirectory(prefix="agentguard-race.") as tmp:
+        for sync in ("FULL", "NORMAL"):
+            log(f"== peer race: agent-once, SQLite synchronous={sync} ({n} calls × {reps} reps)")
+            d = Path(tmp) / sync
+            d.mkdir()
+            doc[f"sqlite {sync}"] = await race_one(f"sqlite+aiosqlite:///{d / 'ag.db'}", str(d / "once.db"),
+                                                   synchronous=sync, reps=reps, n=n)
+
+
+async def race_postgres(doc: dict[str, Any], url: str, *, reps: int, n: int, log: Callable[[str], None]) -> None:
+    """The race on the Postgres database ``url``, into ``doc``."""
+    if _note(doc) or importlib.util.find_spec("psycopg") is None:
+        doc.setdefault("postgres", {"unavailable": "psycopg (agent-once's Postgres driver) is not installed here"})
+        return
+    from ._drivers import dsn_of
+
+    log(f"== peer race: agent-once, Postgres ({n} calls × {reps} reps)")
+    doc["postgres"] = await race_one(url, dsn_of(url), synchronous=None, reps=reps, n=n)
+
+
+def _note(doc: dict[str, Any]) -> bool:
+    """Whether the race cannot run (said in ``doc``)."""
+    why = available()
+    if why:
+        doc["unavailable"] = why
+    else:
+        doc.setdefault("agent_once", version("agent-once"))
+    return bool(why)
+
+
+def targets(doc: dict[str, Any]) -> list[tuple[str, str, float | None, str]]:
+    """(id, what, ratio, why n/a) for each row of the race: each must be at most 1.0."""
+    out: list[tuple[str, str, float | None, str]] = []
+    for backend in ("sqlite FULL", "sqlite NORMAL", "postgres"):
+        rows = doc.get(backend)
+        if rows is None:
+            continue
+        for kind in KINDS:
+            for tool in TOOLS:
+                r = rows.get(f"{kind}, {tool} tool")
+                why = rows.get("unavailable", "") or ("" if rows.get("valid", True) else "INVALID: body runs")
+                out.append((f"agent_once_{backend.replace(' ', '_').lower()}_{kind.split()[0]}_{tool}",
+                            f"Peer: agentguard {tool} tool {kind} ÷ agent-once's ({backend})",
+                            None if r is None or why else r["ratio"], why))
+    return out
+
+
+def race_table(doc: dict[str, Any]) -> str:
+    if "unavailable" in doc:
+        return f"== Peer race (agent-once): n/a ({doc['unavailable']})"
+    lines = [f"== Peer race: agentguard ÷ agent-once {doc['agent_once']} (interleaved, cache off; µs/call medians;"
+             " ratio = median of per-rep ratios, ≤ 1.0 means agentguard is ahead)",
+             f"{'backend':<16}{'call':<24}{'agentguard µs':>14}{'agent-once µs':>15}{'ratio':>8}  per rep"]
+    for backend, rows in doc.items():
+        if not isinstance(rows, dict):
+            continue
+        if "unavailable" in rows:
+            lines.append(f"{backend:<16}n/a ({rows['unavailable']})")
+        for name, r in rows.items():
+            if isinstance(r, dict) and "ratio" in r:
+                lines.append(f"{backend:<16}{name:<24}{r['agentguard_us']:>14.0f}{r['agent_once_us']:>15.0f}"
+                             f"{r['ratio']:>7.2f}×  {' '.join(f'{x:.2f}' for x in r['ratios'])}")
+        if not rows.get("valid", True):
+            lines.append(f"{backend:<16}INVALID: body runs {rows.get('runs')}")
+    return "\n".join(lines)
+

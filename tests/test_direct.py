@@ -1,0 +1,279 @@
+"""Sync tools on a SQLite file claim and complete in their own thread (``stores/_direct.py``, ``_here.py``): a
+shortcut that must equal the general path (the portal's loop, aiosqlite). Proved three ways: the direct
+statements answer what the store's verbs answer, state by state; whole guarded calls leave the same records
+and report the same events either way; and real threads racing on one key run its body once."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from agentguard import Guard, GuardEvent, KeyReuseError, task
+from agentguard.stores import SQLStore
+
+from conftest import BACKEND
+
+pytestmark = [pytest.mark.anyio,
+              pytest.mark.skipif(BACKEND != "sqlite", reason="SQLite's shortcut: runs in the SQLite pass")]
+
+
+class General(SQLStore):
+    """The store without the shortcut: every call takes the general path."""
+
+    def direct(self) -> None:  # type: ignore[override]
+        return None
+
+
+def _params(key: str, fence: int, fingerprint: str = "f") -> dict[str, Any]:
+    return {"scope": "s", "key": key, "task_id": "t", "operation": "op", "fingerprint": fingerprint,
+            "arg_hashes": "{}", "fence": fence, "tool": "op", "arguments": None, "owner": f"o{fence}",
+            "lease": 30.0, "retention": 60.0, "audit": None}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal answers: the same fence, or the same record (its ttl aside: a clock reading)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return a._replace(ttl=0.0) == b._replace(ttl=0.0)  # type: ignore[attr-defined]
+    return bool(a == b) and type(a) is type(b)
+
+
+async def test_the_direct_statements_answer_as_the_store_does(tmp_path: Path) -> None:
+    store = SQLStore(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}")
+    await store.ensure_schema()
+    direct = store.direct()
+    assert direct is not None
+    try:
+        steps: list[tuple[str, Any, Any]] = []
+        for i, via_direct in enumerate((True, False)):  # each path on keys of its own, the same steps
+            key = f"k{i}"
+
+            async def claim(p: dict[str, Any], via: bool = via_direct) -> Any:
+                return direct.claim(p) if via else await store.claim(p)
+
+            async def complete(fence: int, result: str, via: bool = via_direct, key: str = key) -> Any:
+                args = ("s", key, fence, "succeeded", result, 60.0, None)
+                return direct.complete(*args) if via else await store.complete(*args)
+
+            steps.append(("claim absent", via_direct, await claim(_params(key, 11))))
+            steps.append(("claim running", via_direct, await claim(_params(key, 12))))
+            steps.append(("complete, other fence", via_direct, await complete(99, "r")))
+            steps.append(("complete", via_direct, await complete(11, "r")))
+            steps.append(("complete again", via_direct, await complete(11, "r")))
+            steps.append(("complete, other result", via_direct, await complete(11, "x")))
+            steps.append(("claim completed", via_direct, await claim(_params(key, 13))))
+            steps.append(("claim, other arguments", via_direct, await claim(_params(key, 14, "g"))))
+        half = len(steps) // 2
+        for (what, _, a), (_, _, b) in zip(steps[:half], steps[half:], strict=True):
+            a = a._replace(key="k") if isinstance(a, tuple) else a
+            b = b._replace(key="k") if isinstance(b, tuple) else b
+            assert _same(a, b), (what, a, b)
+        assert steps[0][2] == 11 and steps[3][2] is True and steps[6][2].state == "succeeded"
+        # The same rows, column for column (times aside).
+        rows = sqlite3.connect(tmp_path / "a.db").execute(
+            "SELECT key, task_id, operation, fingerprint, arg_hashes, state, fence, origin, tool, arguments,"
+            " attempts, owner, result, audit, lease_until IS NULL FROM agentguard_calls ORDER BY key").fetchall()
+        assert rows[0][1:] == rows[1][1:] and len(rows) == 2
+    finally:
+        await store.dispose()
+
+
+def _calls(url: str, store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
+    """The same sequence of sync calls: their results, the body's runs, the events, the records."""
+    events: list[GuardEvent] = []
+    guard = Guard(store=store, on_event=events.append)
+    runs: list[str] = []
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
+        runs.append(order_id)
+        if order_id == "o-flaky" and runs.count(order_id) == 1:
+            raise ConnectionError("provider down")  # released; the retry takes it over
+        return {"order_id": order_id, "amount": amount, "key": idempotency_key, "t": (1, 2)}
+
+    seen: list[Any] = []
+    try:
+        with task("t-1"):
+            charge("o-warm", 1)  # (the schema is made on the general path: the shortcut needs it made)
+            seen.append(charge("o-1", 5))  # claimed and completed (in this thread, where it can be)
+            seen.append(charge("o-1", 5))  # replayed from the in-process cache
+            guard._cache.clear()
+            seen.append(charge("o-1", 5))  # replayed from the store
+            with pytest.raises(KeyReuseError):
+                charge("o-1", 6)
+            with pytest.raises(ConnectionError):
+                charge("o-flaky", 1)
+            seen.append(charge("o-flaky", 1))  # taken over, the same downstream key
+        direct = store.direct()
+        assert (direct is not None and bool(direct._conns)) is direct_expected  # the shortcut taken, or not
+    finally:
+        guard.close()
+    rows = sqlite3.connect(make_url(url).database or "").execute(
+        "SELECT key, state, fence - origin, attempts, result, lease_until IS NULL FROM agentguard_calls"
+        " ORDER BY key").fetchall()
+    return seen, runs, [(e.kind, e.operation, e.attempt) for e in events], rows
+
+
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+def test_whole_sync_calls_equal_the_general_path(tmp_path: Path, synchronous: str) -> None:
+    direct_url, general_url = (f"sqlite+aiosqlite:///{tmp_path / name}.db" for name in ("direct", "general"))
+    direct = _calls(direct_url, SQLStore(direct_url, sqlite_synchronous=synchronous), True)
+    general = _calls(general_url, General(general_url, sqlite_synchronous=synchronous), False)
+    assert direct == general
+    seen, runs, _, _ = direct
+    assert runs == ["o-warm", "o-1", "o-flaky", "o-flaky"] and seen[0] == seen[1] == seen[2]
+    assert seen[3]["key"] and seen[0]["t"] == (1, 2)  # decoded as stored: a tuple stays a tuple
+
+
+def test_threads_racing_on_one_key_run_it_once(tmp_path: Path) -> None:
+    guard = Guard(f"sqlite+aiosqlite:///{tmp_path / 'race.db'}", cache_size=0)
+    runs: list[int] = []
+    barrier = threading.Barrier(16)
+    results: list[Any] = []
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, idempotency_key: str = "") -> str:
+        runs.append(1)
+        return idempotency_key
+
+    def worker() -> None:
+        barrier.wait()
+        with task("t-race"):
+            results.append(charge("o-1"))
+
+    try:
+        with task("t-warm"):
+            charge("o-warm")  # (the schema is made on the general path: the shortcut needs it made)
+        runs.clear()
+        threads = [threading.Thread(target=worker) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        direct = guard._store.direct()
+        assert direct is not None and len(direct._conns) >= 2  # the racing threads claimed in their own threads
+    finally:
+        guard.close()
+    assert len(runs) == 1 and len(results) == 16 and len(set(results)) == 1
+
+
+def test_a_long_body_completes_through_the_general_path(tmp_path: Path) -> None:
+    """A body longer than a sixth of the lease may have its lease renewed meanwhile: its completion goes
+    through the portal, which stops the heartbeat first. The outcome is the same."""
+    guard = Guard(f"sqlite+aiosqlite:///{tmp_path / 'long.db'}", lease=0.3)
+    done = threading.Event()
+
+    @guard.once(key=["n"])
+    def slow(n: int) -> int:
+        done.wait(0.2)  # past lease/6 (0.05 s), before lease/3 renewals matter for the outcome
+        return n
+
+    try:
+        with task("t-long"):
+            slow(1)  # (the schema is made on the general path)
+            guard._cache.clear()
+            assert slow(3) == 3
+            guard._cache.clear()
+            assert slow(3) == 3  # replayed from the store: the outcome was recorded
+    finally:
+        guard.close()
+
+
+def test_a_claim_made_in_its_own_thread_is_renewed_while_its_body_runs(tmp_path: Path) -> None:
+    """Handed to the heartbeat at its next tick: the record's lease moves forward while the body still runs."""
+    path = tmp_path / "renew.db"
+    guard = Guard(f"sqlite+aiosqlite:///{path}", lease=0.6)
+    running, finish = threading.Event(), threading.Event()
+
+    @guard.once(key=["n"])
+    def held(n: int) -> int:
+        if n:
+            running.set()
+            assert finish.wait(60)
+        return n
+
+    def lease_until() -> float:
+        row = sqlite3.connect(path).execute("SELECT lease_until FROM agentguard_calls WHERE state = 'running'")
+        return float(row.fetchone()[0])
+
+    try:
+        with task("t-renew"):
+            held(0)  # (the schema is made on the general path)
+            caller = threading.Thread(target=lambda: _in_task("t-renew", held, 1))
+            caller.start()
+            assert running.wait(60)
+            first = lease_until()
+            for _ in range(3000):  # until a renewal lands (every lease/3 of the body's run)
+                if lease_until() > first:
+                    break
+                threading.Event().wait(0.01)
+            assert lease_until() > first
+            finish.set()
+            caller.join(60)
+            assert held(1) == 1
+            direct = guard._store.direct()
+            assert direct is not None and (caller, "conn") in direct._conns  # claimed in the caller's own thread
+    finally:
+        finish.set()
+        guard.close()
+
+
+def _in_task(task_id: str, tool: Any, n: int) -> Any:
+    with task(task_id):
+        return tool(n)
+
+
+async def test_an_existing_record_is_read_on_the_loop_as_the_claim_reads_it(tmp_path: Path) -> None:
+    """An async tool's claim reads a record already there on its own loop's thread, without a hop: the same
+    record the general claim finds (and nothing when there is none, so that the general claim inserts)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'r.db'}"
+    store, general = SQLStore(url), General(url)
+    await store.ensure_schema()
+    await general.ensure_schema()
+    direct = store.direct()
+    assert direct is not None
+    try:
+        assert direct.read_now(_params("k", 1)) is None
+        assert await store.claim(_params("k", 1)) == 1  # (absent: claimed by the general claim)
+        for state in ("running", "succeeded"):
+            if state == "succeeded":
+                assert await store.complete("s", "k", 1, "succeeded", "r", 60.0)
+            here, there = direct.read_now(_params("k", 2)), await general.claim(_params("k", 2))
+            assert here is not None and _same(here, there) and here.state == state
+            assert _same(await store.claim(_params("k", 3)), there)
+    finally:
+        await store.dispose()
+        await general.dispose()
+
+
+def test_a_hot_write_waits_for_the_write_lock_and_other_errors_pass_at_once(tmp_path: Path) -> None:
+    """``_aiosqlite.written`` (every hot write on SQLite): a write lock held by another connection is waited
+    for in short sleeps and the write lands once it is released; any other error is raised at once, and the
+    connection's own busy timeout is restored either way."""
+    from agentguard.stores._aiosqlite import BUSY_MS, written
+
+    path = tmp_path / "w.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode = WAL")
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    done: list[Any] = []
+    thread = threading.Thread(target=lambda: done.append(written(writer, "INSERT INTO t VALUES (2) RETURNING x", ())))
+    thread.start()
+    thread.join(0.2)  # (it waits for the lock meanwhile)
+    holder.execute("COMMIT")
+    thread.join(60)
+    assert done == [[(2,)]]
+    assert sorted(r[0] for r in holder.execute("SELECT x FROM t")) == [1, 2]
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        written(writer, "INSERT INTO missing VALUES (1)", ())
+    assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_MS
+    holder.close()
+    writer.close()
