@@ -248,7 +248,9 @@ def bench(store_url: str) -> Iterator[Bench]:
 
 def _guards(bench: Bench, url: str) -> list[Guard]:
     return [
-        Guard(store=SQLStore(url, clock=CLOCK), lease=LEASE, retention=RETENTION, on_conflict="raise", cache_size=0)
+        # NORMAL: the protocol is under test here, not durability (see test_stateful_store.Bench)
+        Guard(store=SQLStore(url, clock=CLOCK, sqlite_synchronous="NORMAL"), lease=LEASE, retention=RETENTION,
+              on_conflict="raise", cache_size=0)
         for _ in WORKERS
     ]
 

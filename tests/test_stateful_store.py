@@ -208,7 +208,9 @@ class Bench:
 
     def __init__(self, url: str) -> None:
         self.runner = asyncio.Runner()
-        self.store = SQLStore(url, clock=CLOCK)
+        # NORMAL: these machines test the protocol, not durability (tests/test_durability.py does); a synced
+        # commit per step would only slow them down
+        self.store = SQLStore(url, clock=CLOCK, sqlite_synchronous="NORMAL")
         self.run(self._create())
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
