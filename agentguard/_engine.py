@@ -197,6 +197,7 @@ class Engine(Drivers):
         deadline: float | None = None
         delay, vanished = 0.01, 0
         watcher: Watcher | None = None
+        began = 0.0  # when this call began to wait for another caller of its key (0: it has not)
         try:
             while True:
                 # Claim by insert, never check-then-insert: one statement decides.
@@ -242,6 +243,7 @@ class Engine(Drivers):
                 now = loop.time()
                 if deadline is None:
                     deadline = now + call.wait_timeout if call.wait_timeout is not None else float("inf")
+                    began = now
                     self.events.emit("waiting", call, rec.attempts)
                 if now >= deadline:
                     raise self.in_progress(call, rec, f"waited {call.wait_timeout:g}s for it to finish")
@@ -250,14 +252,13 @@ class Engine(Drivers):
                 if watcher.polls and self.announced and not await self._listening(call, watcher):
                     continue  # no longer running: look again now
                 poll = POLL_LISTENING if watcher.listened > 0 else delay * (0.5 + random.random())
-                try:
-                    await watcher.wait(poll, deadline - now)
-                finally:
-                    call.waited += loop.time() - now
+                await watcher.wait(poll, deadline - now)
                 delay = min(delay * 1.6, POLL_MAX)
                 if (replay := self.cached(call)) is not None:  # recorded here meanwhile: no round trip
                     return replay
         finally:
+            if began:  # from the first sight of the holder to the answer: every poll, listen and read between
+                call.waited += asyncio.get_running_loop().time() - began
             if watcher is not None:
                 watcher.leave()
 
