@@ -110,7 +110,8 @@ async def test_a_busy_lane_keeps_its_connections(make_guard: Callable[..., Guard
     it is used (before, every connection beyond two idle went back to the pool between statements, which
     closed it beyond its size, and a busy process reopened dozens a second, each a new server backend)."""
     monkeypatch.setattr(_lane, "IDLE_KEEP", 3600.0)  # none ages during the test, however slow the machine
-    guard = make_guard(sqlite_synchronous="OFF")  # the default pool: 10 + 20 overflow (SQLite: 5 + 10)
+    # The default pool: 10 + 20 overflow (SQLite: 5 + 10, its synced completions hop through the lane).
+    guard = make_guard()
 
     @guard.once(key=["order_id"])
     async def charge(order_id: str) -> str:
@@ -159,7 +160,7 @@ async def test_the_lane_idle_connections_never_keep_the_general_path_waiting(
     gets a connection at once — one idle connection goes back to the pool first — instead of waiting for the
     pool's timeout."""
     monkeypatch.setattr(_lane, "IDLE_KEEP", 3600.0)
-    guard = make_guard(pool_size=1, sqlite_synchronous="OFF")  # 1 + 2 overflow
+    guard = make_guard(pool_size=1)  # 1 + 2 overflow (SQLite: its synced completions hop through the lane)
 
     @guard.once(key=["order_id"])
     async def charge(order_id: str) -> str:
