@@ -19,6 +19,7 @@ from ._attempts import AttemptVerbs
 from ._claims import READING
 from ._dialects import dialect_for
 from ._direct import DirectSQLite
+from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
@@ -64,7 +65,8 @@ class SQLStore(AttemptVerbs):
         self._claim = self.dialect.claim
         # The door every hot statement passes through.
         self._one = self._executor.one
-        self._direct: DirectSQLite | None = None
+        self._direct: DirectSQLite | DirectPostgres | None = None
+        self._no_direct = False  # (Postgres: no psycopg, or a URL it cannot be given)
         self._reads_here = self.dialect.name == "sqlite" and not self.dialect.memory  # (see claim)
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -88,15 +90,23 @@ class SQLStore(AttemptVerbs):
             self._direct.close()
         await self._engines.dispose()
 
-    def direct(self) -> DirectSQLite | None:
-        """For sync tools, a claim and a completion in the caller's thread (``_direct``): a SQLite file store
-        whose schema is made; else None (the general path)."""
+    def direct(self) -> DirectSQLite | DirectPostgres | None:
+        """For sync tools, a claim and a completion in the caller's thread, once the schema is made: a SQLite
+        file store's (``_direct``), or a Postgres store's where psycopg is installed (``_direct_pg``); else None
+        (the general path)."""
         if self._direct is None:
             d = self.dialect
-            if d.name != "sqlite" or d.memory or not self._executor.schema_ready:
+            if d.memory or self._no_direct or not self._executor.schema_ready:
                 return None
-            self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
-                                        self._executor.error)
+            if d.name == "sqlite":
+                self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
+                                            self._executor.error)
+            else:
+                kwargs = connect_kwargs(self.url, d.options.pg_synchronous_commit) if available() else None
+                if kwargs is None:
+                    self._no_direct = True
+                    return None
+                self._direct = DirectPostgres(kwargs, d.capacity, self.sql, self._executor.error)
         return self._direct
 
     # -- a call's verbs ------------------------------------------------------------------------------------
@@ -108,9 +118,10 @@ class SQLStore(AttemptVerbs):
         Returns our fence if we claimed it, else the existing record, or None if that record is not
         visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
         """
-        direct = self._direct if self._direct is not None or not self._reads_here else self.direct()
-        if direct is not None and (rec := direct.read_now(params)) is not None:
-            return rec  # (an existing record: what the claim's own read would find, without a hop)
+        if self._reads_here:
+            direct = self._direct if self._direct is not None else self.direct()
+            if isinstance(direct, DirectSQLite) and (rec := direct.read_now(params)) is not None:
+                return rec  # (an existing record: what the claim's own read would find, without a hop)
         return await self._claim(self._one, self.sql, params)
 
     async def read(self, scope: str, key: str) -> Record | None:
