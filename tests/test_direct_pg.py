@@ -419,3 +419,61 @@ def test_a_forked_child_opens_its_own_connection(databases: Callable[[], str]) -
     assert _pids(direct) == parent and direct.claim(_params("k-parent", 3)).fence == 1  # the parent's still works
     direct.close()
     assert _backends_gone(url, parent)
+
+
+def test_the_direct_connections_have_the_general_paths_settings(databases: Callable[[], str]) -> None:
+    """The session the general path's connections get (application_name, synchronous_commit), and the claim's
+    own ``set_config`` with pg_claim_unsynced: its transaction commits unsynced, a completion's does not."""
+    url = databases()
+    store = SQLStore(url, pg_synchronous_commit="local", pg_claim_unsynced=True)
+
+    async def general() -> tuple[str, str]:
+        await store.ensure_schema()
+        async with store.engine().connect() as conn:
+            got = await conn.exec_driver_sql("SELECT current_setting('application_name'),"
+                                             " current_setting('synchronous_commit')")
+            row = got.one()
+            return row[0], row[1]
+
+    try:
+        there = asyncio.run(general())
+        direct = _direct(store)
+        assert direct.claim(_params("k", 1)) == 1
+        conn = direct._local.conn
+        assert conn.execute("SELECT current_setting('application_name'), current_setting('synchronous_commit')"
+                            ).fetchone() == there == ("agentguard", "local")
+        claim_sql, claim_args = direct._claim
+        complete_sql, complete_args = direct._complete
+        for sql, args, expected in ((claim_sql, claim_args(_params("k2", 2)), "off"),
+                                    (complete_sql, complete_args({**_params("k", 1), "state": "succeeded",
+                                                                  "result": "r"}), "local")):
+            with conn.transaction(force_rollback=True):
+                conn.execute(sql, args)
+                assert conn.execute("SHOW synchronous_commit").fetchone()[0] == expected
+    finally:
+        _direct(store).close()
+
+
+def test_without_psycopg_or_with_url_parameters_the_general_path_runs(
+        databases: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No shortcut where psycopg is missing, or where the URL carries parameters libpq would read otherwise:
+    sync tools then take the general path, as before, with no error for it."""
+    from agentguard.stores import _direct_pg
+
+    assert _direct_pg.connect_kwargs(PG_URL + "?ssl=disable", None) is None
+    monkeypatch.setattr(_direct_pg, "missing", lambda *modules: "psycopg")
+    guard = Guard(databases(), cache_size=0)
+    runs: list[str] = []
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, idempotency_key: str = "") -> str:
+        runs.append(order_id)
+        return idempotency_key
+
+    try:
+        with task("t-none"):
+            keys = [charge("o-1"), charge("o-2"), charge("o-1")]
+        assert guard._store.direct() is None
+    finally:
+        guard.close()
+    assert runs == ["o-1", "o-2"] and keys[0] == keys[2] != keys[1]
