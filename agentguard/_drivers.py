@@ -1,8 +1,8 @@
 """The drivers of a guarded call: the async one (the body awaited in the caller's task) and the sync one (the
-body run in the caller's thread, the store calls sent to the guard's portal loop, or made in that thread
-where the store has them there: ``_here``). A few lines each around the
-engine's decisions (``Engine.begin``, ``succeed``, ``fail``), and the one place a call's ``Note`` is filled for
-the ledger and OpenTelemetry (``_observe``): with nothing observing, no note is made.
+body run in the caller's thread, the store calls sent to the guard's portal loop, or made in that thread where
+the store has them there: ``_here``). A few lines each around the engine's decisions (``Engine.begin``,
+``succeed``, ``fail``), and the one place a call's ``Note`` is filled for the ledger and OpenTelemetry
+(``_observe``): with nothing observing, no note is made.
 """
 
 from __future__ import annotations

@@ -96,19 +96,23 @@ class DirectPostgres:
             if not (full or resting):
                 self._conns[threading.current_thread()] = None  # (its place, while it connects)
         for conn in ended:  # left by threads that ended
-            conn.close()
+            if conn is not None:
+                conn.close()
         if full or resting:
             raise StoreError(f"the store failed ({what}: no direct connection for this thread now)",
                              body_ran=body_ran, transient=True)
+        conn = None
         try:
             conn = self._psycopg.connect(**self._kwargs)
         except Exception as exc:
-            with self._lock:
-                self._conns.pop(threading.current_thread(), None)
-                self._resting_until = time.monotonic() + RESTING
+            self._resting_until = time.monotonic() + RESTING
             raise self._error(what, exc, body_ran) from exc
-        with self._lock:
-            self._conns[threading.current_thread()] = conn
+        finally:
+            with self._lock:
+                if conn is None:
+                    self._conns.pop(threading.current_thread(), None)
+                else:
+                    self._conns[threading.current_thread()] = conn
         self._local.conn = conn
         return conn
 
