@@ -123,7 +123,7 @@ class DirectPostgres:
         try:
             return conn.execute(sql, args(params)).fetchone()
         except Exception as exc:
-            if conn.closed or conn.broken:  # (killed, the server gone): the next call opens another
+            if conn.closed:  # (killed, the server gone: psycopg marks it closed): the next call opens another
                 self._drop(conn)
             raise self._error(what, exc, body_ran) from exc
 
