@@ -477,3 +477,48 @@ def test_without_psycopg_or_with_url_parameters_the_general_path_runs(
     finally:
         guard.close()
     assert runs == ["o-1", "o-2"] and keys[0] == keys[2] != keys[1]
+
+
+def test_closing_never_cuts_a_statement_running_in_another_thread(databases: Callable[[], str]) -> None:
+    """``close()`` (a guard closing) while another thread's completion waits on a row lock: the connection is
+    not freed under the statement, which completes; that thread then opens a new connection, and the old one
+    leaves the server once dropped."""
+    import psycopg
+
+    from agentguard.stores._direct_pg import connect_kwargs
+
+    url = databases()
+    store = SQLStore(url)
+    asyncio.run(store.ensure_schema())
+    direct = _direct(store)
+    done: list[Any] = []
+    kwargs = connect_kwargs(url, None)
+    assert kwargs is not None
+    with psycopg.connect(**{**kwargs, "autocommit": False, "application_name": "locker"}) as locker:
+        claimed = threading.Event()
+
+        def complete() -> None:
+            assert direct.claim(_params("k", 1)) == 1
+            locker.execute("SELECT 1 FROM agentguard_calls WHERE key = 'k' FOR UPDATE")  # (its transaction open)
+            done.append(_pids(direct))
+            claimed.set()
+            done.append(direct.complete("s", "k", 1, "succeeded", "r", 60.0))  # waits for the row lock
+            done.append(direct.claim(_params("k", 2)))  # (on a new connection: the old one was let go)
+            done.append(_pids(direct))
+
+        thread = threading.Thread(target=complete)
+        thread.start()
+        assert claimed.wait(60)
+        (pid,) = done[0]
+        for _ in range(6000):  # until the completion waits on the lock
+            waiting = pg_execute(url, f"SELECT wait_event_type FROM pg_stat_activity WHERE pid = {pid}")
+            if waiting and waiting[0][0] == "Lock":
+                break
+            threading.Event().wait(0.01)
+        direct.close()  # cannot close it under the running statement: leaves it to its thread
+        assert _backends(url, {pid}) == {pid}
+        locker.commit()
+        thread.join(60)
+    assert done[1] is True and done[2].state == "succeeded" and pid not in done[3]
+    direct.close()
+    assert _backends_gone(url, {pid} | done[3])

@@ -32,6 +32,7 @@ Compiled = tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]
 
 CONNECT_TIMEOUT = 2  # seconds (libpq's least): a direct connection that cannot be had soon is not worth waiting for
 RESTING = 1.0  # seconds without trying to connect again after a connection could not be opened
+CLOSING_WAIT = 1.0  # seconds close() waits for a statement running on a connection of another thread
 
 
 def available() -> bool:
@@ -97,7 +98,7 @@ class DirectPostgres:
                 self._conns[threading.current_thread()] = None  # (its place, while it connects)
         for conn in ended:  # left by threads that ended
             if conn is not None:
-                conn.close()
+                _close(conn)
         if full or resting:
             raise StoreError(f"the store failed ({what}: no direct connection for this thread now)",
                              body_ran=body_ran, transient=True)
@@ -126,6 +127,9 @@ class DirectPostgres:
             if conn.closed:  # (killed, the server gone: psycopg marks it closed): the next call opens another
                 self._drop(conn)
             raise self._error(what, exc, body_ran) from exc
+        finally:
+            if self._conns.get(threading.current_thread()) is not conn and not conn.closed:
+                _close(conn)  # close() let it go while this statement ran (and could not wait): closed here
 
     def _drop(self, conn: Any) -> None:
         self._local.conn = None
@@ -159,4 +163,15 @@ class DirectPostgres:
         self._local = threading.local()
         for conn in conns.values():
             if conn is not None and same:
-                conn.close()
+                _close(conn)
+
+
+def _close(conn: Any) -> None:
+    """Close ``conn`` once no statement runs on it (psycopg's own lock, which a statement holds: closing under
+    it would free what the statement uses). One still busy after a while is left to its thread, which closes it
+    when its statement ends (``DirectPostgres._fetch``: the connection is no longer that thread's)."""
+    if conn.lock.acquire(timeout=CLOSING_WAIT):
+        try:
+            conn.close()
+        finally:
+            conn.lock.release()
