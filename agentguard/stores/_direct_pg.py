@@ -136,7 +136,7 @@ class DirectPostgres:
         with self._lock:
             if self._conns.get(threading.current_thread()) is conn:
                 del self._conns[threading.current_thread()]
-        conn.close()
+        _close(conn)
 
     def claim(self, params: dict[str, Any]) -> int | Record | None:
         """What ``SQLStore.claim`` answers (``_claims.by_function``): our fence, the record there, or None."""
