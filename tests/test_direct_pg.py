@@ -439,7 +439,7 @@ def test_the_direct_connections_have_the_general_paths_settings(databases: Calla
         there = asyncio.run(general())
         direct = _direct(store)
         assert direct.claim(_params("k", 1)) == 1
-        conn = direct._local.conn
+        conn = direct._local.conn[0]
         assert conn.execute("SELECT current_setting('application_name'), current_setting('synchronous_commit')"
                             ).fetchone() == there == ("agentguard", "local")
         claim_sql, claim_args = direct._claim
