@@ -80,7 +80,6 @@ class ClaimStore(Protocol):
         ...
 
 
-@runtime_checkable
 class Direct(Protocol):
     """A claim and a completion in a sync tool's own thread (``_direct``: SQLite, ``_direct_pg``: Postgres),
     answering what ``ClaimStore.claim`` and ``ClaimStore.complete`` answer, or raising ``StoreError``."""
@@ -93,6 +92,7 @@ class Direct(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class StepTransaction(Protocol):
     """A transaction on the store's database that began by re-checking the claim (see
     :meth:`StepStore.step_transaction`)."""
