@@ -72,7 +72,7 @@ async def durability_counts(url: str, n: int, log: Callable[[str], None]) -> dic
     async def guard_phase(task_id: str, calls: list[str], sync: bool = False, **kw: Any) -> None:
         async with Guard(url, **kw) as g:
             if sync:  # a sync tool, called in a thread of its own (its claim and completion there: _direct_pg)
-                charge = g.once(key=["order_id"])(body.result)
+                charge = g.once(key=["order_id"], operation="charge")(body.result)  # (guarded's operation)
 
                 def run() -> None:
                     with task(task_id):
@@ -110,6 +110,7 @@ async def durability_counts(url: str, n: int, log: Callable[[str], None]) -> dic
         "agentguard: first call, sync tool, pg_claim_unsynced": lambda k: guard_phase(
             f"counts-{rid}-sync-unsynced-{next(phases)}", orders[:k], sync=True, pg_claim_unsynced=True),
         "agentguard: replay": lambda k: guard_phase(history, orders[:k]),
+        "agentguard: replay, sync tool": lambda k: guard_phase(history, orders[:k], sync=True),
         "agentguard: cached replay": lambda k: guard_phase(history, orders[:3] + [orders[i % 3] for i in range(k)]),
     }
     db = str(make_url(url).database)

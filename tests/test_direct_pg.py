@@ -122,18 +122,24 @@ def test_the_direct_statements_answer_as_the_store_does(databases: Callable[[], 
                 steps.append(("complete, other result", await complete(11, "x")))
                 steps.append(("claim completed", await claim(_params(key, 13))))
                 steps.append(("claim, other arguments", await claim(_params(key, 14, "g"))))
+                # The task replays now: the direct claim asks the read-or-claim function (before: the plain claim).
+                steps.append(("claim completed, replaying", await claim(_params(key, 15))))
+                steps.append(("claim absent, replaying", await claim(_params(key + "-new", 16))))
+                steps.append(("claim after a claim", await claim(_params(key + "-new2", 17))))
             half = len(steps) // 2
             for (what, a), (_, b) in zip(steps[:half], steps[half:], strict=True):
                 assert _same(a, b), (what, a, b)
             assert steps[0][1] == 11 and steps[1][1].state == "running" and steps[2][1] is False
             assert steps[3][1] is True and steps[5][1] is False and steps[6][1].state == "succeeded"
             assert steps[7][1].fingerprint == "f"  # (the engine refuses it: KeyReuseError)
+            assert steps[8][1].state == "succeeded" and steps[9][1] == 16 and steps[10][1] == 17
+            assert not direct._replaying  # (a claim won ends the task's replaying)
         finally:
             await store.dispose()
 
     asyncio.run(go())
-    rows = pg_execute(url, ROWS)
-    assert len(rows) == 2 and tuple(rows[0])[1:] == tuple(rows[1])[1:]  # the same rows, column for column
+    rows = [tuple(r)[1:] for r in pg_execute(url, ROWS)]
+    assert len(rows) == 6 and rows[:3] == rows[3:]  # the same rows, column for column
 
 
 def _calls(store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
@@ -443,8 +449,10 @@ def test_the_direct_connections_have_the_general_paths_settings(databases: Calla
         assert conn.execute("SELECT current_setting('application_name'), current_setting('synchronous_commit')"
                             ).fetchone() == there == ("agentguard", "local")
         claim_sql, claim_args = direct._claim
+        insert_sql, insert_args = direct._insert
         complete_sql, complete_args = direct._complete
         for sql, args, expected in ((claim_sql, claim_args(_params("k2", 2)), "off"),
+                                    (insert_sql, insert_args(_params("k3", 3)), "off"),
                                     (complete_sql, complete_args({**_params("k", 1), "state": "succeeded",
                                                                   "result": "r"}), "local")):
             with conn.transaction(force_rollback=True):
