@@ -21,6 +21,7 @@ from ._attempts import AttemptVerbs
 from ._claims import READING
 from ._dialects import SQLite, dialect_for
 from ._direct import BUSY_NOW, DirectSQLite, NotNow
+from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
@@ -107,7 +108,8 @@ class SQLStore(AttemptVerbs):
         self._claim = self.dialect.claim
         # The door every hot statement passes through.
         self._one = self._executor.one
-        self._direct: DirectSQLite | None = None
+        self._direct: DirectSQLite | DirectPostgres | None = None
+        self._no_direct = False  # (Postgres: no psycopg, or a URL it cannot be given)
         self._reads_here = self.dialect.name == "sqlite" and not self.dialect.memory  # (see claim)
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -131,15 +133,23 @@ class SQLStore(AttemptVerbs):
             self._direct.close()
         await self._engines.dispose()
 
-    def direct(self) -> DirectSQLite | None:
-        """For sync tools, a claim and a completion in the caller's thread (``_direct``): a SQLite file store
-        whose schema is made; else None (the general path)."""
+    def direct(self) -> DirectSQLite | DirectPostgres | None:
+        """For sync tools, a claim and a completion in the caller's thread, once the schema is made: a SQLite
+        file store's (``_direct``), or a Postgres store's where psycopg is installed (``_direct_pg``); else None
+        (the general path)."""
         if self._direct is None:
             d = self.dialect
-            if not isinstance(d, SQLite) or d.memory or not self._executor.schema_ready:
+            if d.memory or self._no_direct or not self._executor.schema_ready:
                 return None
-            self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
-                                        self._executor.error, d.waiters)
+            if isinstance(d, SQLite):
+                self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
+                                            self._executor.error, d.waiters)
+            else:
+                kwargs = connect_kwargs(self.url, d.options.pg_synchronous_commit) if available() else None
+                if kwargs is None:
+                    self._no_direct = True
+                    return None
+                self._direct = DirectPostgres(kwargs, d.capacity, self.sql, self._executor.error)
         return self._direct
 
     # -- a call's verbs ------------------------------------------------------------------------------------
@@ -156,7 +166,7 @@ class SQLStore(AttemptVerbs):
             if not self._executor.schema_ready:  # (the first callers wait for it together, then all go at once)
                 await self._executor.ensure_schema()
             direct = self.direct()
-        if direct is not None:
+        if isinstance(direct, DirectSQLite):
             if direct.claims_now:  # (the read, and the insert if it can be made at once: no hop)
                 got: int | Record | NotNow = await _at_once(lambda: direct.claim_now(params), direct)
                 if isinstance(got, int):
@@ -186,7 +196,7 @@ class SQLStore(AttemptVerbs):
         self, scope: str, key: str, fence: int, state: str, result: str, retention: float, audit: str | None = None
     ) -> bool:
         direct = self._direct
-        if direct is not None and direct.completes_now:  # at once on this loop's thread, if it can be (no hop)
+        if isinstance(direct, DirectSQLite) and direct.completes_now:  # at once on this loop's thread (no hop)
             done: bool | NotNow = await _at_once(
                 lambda: direct.complete_now(scope, key, fence, state, result, retention, audit), direct)
             if not isinstance(done, NotNow):
