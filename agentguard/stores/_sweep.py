@@ -14,8 +14,8 @@ are small:
   ``1 / (REST + 1)`` share of the database's time, and a claim meets a batch rarely.
 
 The total is bounded: ``n`` expired records take about ``(REST + 1) × (n × a row's cost + n / size × a
-statement's cost)``, a few tens of seconds for 100k records on a small machine. A sweep is upkeep: slow and
-steady costs nothing, a stall costs every caller.
+statement's cost)``: 9–32 s for 100k records on a small shared machine (99 s once, the machine busy;
+docs/benchmarks.md). A sweep is upkeep: slow and steady costs nothing, a stall costs every caller.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 SLICE = 0.005  # seconds: what one batch should take, its statement's own overhead (a thread hop, a round trip) included
-REST = 3  # the sweep rests this many times as long as each batch took
+REST = 5  # the sweep rests this many times as long as each batch took
 FIRST = 64  # rows in the first batch, before anything was measured
 FLOOR = 64  # the fewest rows in a batch (its statement's overhead amortised)
 
