@@ -1,7 +1,8 @@
 """The drivers of a guarded call: the async one (the body awaited in the caller's task) and the sync one (the
-body run in the caller's thread, the store calls sent to the guard's portal loop). A few lines each around the
-engine's decisions (``Engine.begin``, ``succeed``, ``fail``), and the one place a call's ``Note`` is filled for
-the ledger and OpenTelemetry (``_observe``): with nothing observing, no note is made.
+body run in the caller's thread, the store calls sent to the guard's portal loop, or made in that thread where
+the store has them there: ``_here``). A few lines each around the engine's decisions (``Engine.begin``,
+``succeed``, ``fail``), and the one place a call's ``Note`` is filled for the ledger and OpenTelemetry
+(``_observe``): with nothing observing, no note is made.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ._calls import Call, Claim, Replay
 from ._context import _key
 from ._errors import StoreError
 from ._here import begin_here, succeed_here
+from ._lease import new_owner
 from ._observe import Note, Observer
 from .stores._attempts import REPLAYED
 
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from ._here import PendingBeats
     from ._portal import Portal
     from .stores import Store
-    from .stores._direct import DirectSQLite
+    from .stores._protocols import Direct
 
 T = TypeVar("T")
 
@@ -74,7 +76,7 @@ class Drivers:
     if TYPE_CHECKING:
         def cached(self, call: Call) -> Replay | None: ...
 
-        async def begin(self, call: Call) -> Claim | Replay: ...
+        async def begin(self, call: Call, owner: str | None = None) -> Claim | Replay: ...
 
         @staticmethod
         def not_run(call: Call, exc: StoreError) -> StoreError: ...
@@ -83,7 +85,7 @@ class Drivers:
 
         async def succeed(self, claim: Claim, value: Any) -> Any: ...
 
-        def direct(self) -> DirectSQLite | None: ...
+        def direct(self) -> Direct | None: ...
 
         pending: PendingBeats
 
@@ -156,11 +158,13 @@ class Drivers:
         portal = self.portal
         outcome: Claim | Replay | None = self.cached(call)
         direct = self.direct() if outcome is None else None
+        owner: str | None = None
         if direct is not None:  # in this thread, where it can be answered so (see _here)
-            outcome = begin_here(self, direct, call)  # type: ignore[arg-type]
+            owner = new_owner()
+            outcome = begin_here(self, direct, call, owner)  # type: ignore[arg-type]
         if outcome is None:
             try:
-                outcome = portal.run(self.begin(call))
+                outcome = portal.run(self.begin(call, owner))
             except StoreError as exc:
                 raise self.not_run(call, exc) from exc
         if isinstance(outcome, Replay):

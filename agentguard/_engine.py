@@ -35,7 +35,7 @@ from ._portal import Portal
 from ._watch import Watcher, Watches
 from .stores import FAILED, RUNNING, SUCCEEDED, Record, Store, record_of
 from .stores._attempts import LEASE_LOST, RAN, RELEASED_KIND
-from .stores._direct import DirectSQLite
+from .stores._protocols import Direct
 
 log = logging.getLogger("agentguard")
 T = TypeVar("T")
@@ -180,7 +180,9 @@ class Engine(Drivers):
             raise self.reuse_error(call, rec)
         return self.replayed(call, rec) if rec.state in (SUCCEEDED, FAILED) else None
 
-    async def begin(self, call: Call) -> Claim | Replay:
+    async def begin(self, call: Call, owner: str | None = None) -> Claim | Replay:
+        """``owner``: the token of a claim already tried in the caller's thread (``_here``), which may have
+        committed with its answer lost: found running under it, the record is ours."""
         store = self.store
         if store.read_is_cheaper and (call.scope, call.task_id) in self.replaying:
             # The task's previous call here was a replay, so this one likely is too: a plain SELECT costs less
@@ -192,7 +194,7 @@ class Engine(Drivers):
                     raise self.reuse_error(call, rec)
                 return self.replayed(call, rec)
             self.replaying.pop((call.scope, call.task_id), None)
-        owner = new_owner()
+        owner = owner or new_owner()
         params = self.claim_params(call, owner)
         deadline: float | None = None
         delay, vanished = 0.01, 0
@@ -385,7 +387,7 @@ class Engine(Drivers):
 
     # -- drivers ------------------------------------------------------------------------------------------
 
-    def direct(self) -> DirectSQLite | None:
+    def direct(self) -> Direct | None:
         """The store's statements in a sync tool's own thread, where it has them (a SQLite file)."""
         direct = getattr(self.store, "direct", None)
         return None if direct is None else direct()

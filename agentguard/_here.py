@@ -1,12 +1,14 @@
 """A sync tool's claim and completion made in its own thread, where the store has them there (a SQLite file:
-``stores/_direct.py``), instead of a round trip through the guard's portal loop.
+``stores/_direct.py``; Postgres through psycopg: ``stores/_direct_pg.py``), instead of a round trip through
+the guard's portal loop.
 
 A shortcut beside the general path (``Engine.begin`` and ``Engine.succeed`` on the portal), taking only the
 answers that path would take at once, with the engine's own pieces (``claim_params``, ``answered``,
 ``completed``): a claim won, or a completed record replayed. Anything else — a record running or released, a
 failure of the store, a body long enough for its heartbeat to have started, a result that cannot be stored, a
 claim no longer ours — returns None, and the general path decides, redoing the statement (a claim by insert,
-a fenced completion: both harmless to repeat). ``tests/test_direct.py`` proves the two paths equal.
+a fenced completion: both harmless to repeat). ``tests/test_direct.py`` and ``tests/test_direct_pg.py`` prove
+the two paths equal.
 
 Such a claim is renewed like any other, by the heartbeat on the portal's loop, but it is handed over only if
 its body still runs at the heartbeat's next tick (:class:`PendingBeats`), so a short body wakes no other
@@ -23,20 +25,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._calls import Call, Claim, Replay
 from ._errors import StoreError
-from ._lease import new_owner
 from .stores import SUCCEEDED
 
 if TYPE_CHECKING:
     from ._engine import Engine
-    from .stores._direct import DirectSQLite
+    from .stores._protocols import Direct
 
 T = TypeVar("T")
 
 
-def begin_here(engine: Engine, direct: DirectSQLite, call: Call) -> Claim | Replay | None:
-    """The claim in this thread: ours (pending its heartbeat), a replay, or None."""
+def begin_here(engine: Engine, direct: Direct, call: Call, owner: str) -> Claim | Replay | None:
+    """The claim in this thread, made as ``owner``: ours (pending its heartbeat), a replay, or None. (After a
+    failure the general path claims as the same owner: a claim that committed with its answer lost — a
+    connection killed at that moment — is then found to be ours, not another caller's.)"""
     try:
-        got = direct.claim(engine.claim_params(call, new_owner()))
+        got = direct.claim(engine.claim_params(call, owner))
     except StoreError:
         return None
     if isinstance(got, int):
@@ -47,7 +50,7 @@ def begin_here(engine: Engine, direct: DirectSQLite, call: Call) -> Claim | Repl
     return None if got is None else engine.answered(call, got)  # (raises on other arguments)
 
 
-def succeed_here(engine: Engine, direct: DirectSQLite, claim: Claim, value: Any) -> tuple[Any] | None:
+def succeed_here(engine: Engine, direct: Direct, claim: Claim, value: Any) -> tuple[Any] | None:
     """The completion in this thread, for a claim whose heartbeat never started: (the decoded stored
     value,), or None."""
     call = claim.call

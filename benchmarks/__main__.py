@@ -254,8 +254,9 @@ class Run:
                for id, what, g, name, op, limit, unit, against in TARGETS
                if g in self.groups and {name, against} - {""} <= set(self.groups[g])]  # (a peer may not run)
         counts, peers = self.doc.get("postgres_counts"), self.doc["peers"]
-        for name, want in (("first call", 2.0), ("replay", 0.0)) if counts else ():
-            out.append(rpt.Target(f"commits_{name.split()[0]}", f"Durability: commits per {name} (counted)",
+        for id, name, want in (("first", "first call", 2.0), ("first_sync", "first call, sync tool", 2.0),
+                               ("replay", "replay", 0.0), ("replay_sync", "replay, sync tool", 0.0)) if counts else ():
+            out.append(rpt.Target(f"commits_{id}", f"Durability: commits per {name} (counted)",
                                   counts[f"agentguard: {name}"]["commits"], want, "==", "commits"))
         for id, what, value, why in race_targets(self.doc["race"]):
             out.append(rpt.Target(id, what, value, 1.0, "<=", why_na=why))

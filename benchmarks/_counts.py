@@ -69,8 +69,18 @@ async def durability_counts(url: str, n: int, log: Callable[[str], None]) -> dic
     conf, obs, rid, body, phases = await pg_settings(url), await observe(url, {}), run_id(), Body(), itertools.count()
     orders, history, sel = [f"o-{i}" for i in range(3 + n)], f"counts-{rid}-history", fake_key(rid, "sel")
 
-    async def guard_phase(task_id: str, calls: list[str], **kw: Any) -> None:
+    async def guard_phase(task_id: str, calls: list[str], sync: bool = False, **kw: Any) -> None:
         async with Guard(url, **kw) as g:
+            if sync:  # a sync tool, called in a thread of its own (its claim and completion there: _direct_pg)
+                charge = g.once(key=["order_id"], operation="charge")(body.result)  # (guarded's operation)
+
+                def run() -> None:
+                    with task(task_id):
+                        for o in calls:
+                            charge(o, AMOUNT)
+
+                await asyncio.to_thread(run)
+                return
             tool = guarded(g, body)
             with task(task_id):
                 for o in calls:
@@ -95,7 +105,12 @@ async def durability_counts(url: str, n: int, log: Callable[[str], None]) -> dic
         "agentguard: first call": lambda k: guard_phase(f"counts-{rid}-first-{next(phases)}", orders[:k]),
         "agentguard: first call, pg_claim_unsynced": lambda k: guard_phase(
             f"counts-{rid}-unsynced-{next(phases)}", orders[:k], pg_claim_unsynced=True),
+        "agentguard: first call, sync tool": lambda k: guard_phase(
+            f"counts-{rid}-sync-{next(phases)}", orders[:k], sync=True),
+        "agentguard: first call, sync tool, pg_claim_unsynced": lambda k: guard_phase(
+            f"counts-{rid}-sync-unsynced-{next(phases)}", orders[:k], sync=True, pg_claim_unsynced=True),
         "agentguard: replay": lambda k: guard_phase(history, orders[:k]),
+        "agentguard: replay, sync tool": lambda k: guard_phase(history, orders[:k], sync=True),
         "agentguard: cached replay": lambda k: guard_phase(history, orders[:3] + [orders[i % 3] for i in range(k)]),
     }
     db = str(make_url(url).database)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,10 @@ Log = Callable[[str], None]
 
 # -- callers ---------------------------------------------------------------------------------------------------
 
-async def _window(one: Callable[[int], Any], callers: int, seconds: float) -> dict[str, Any]:
-    counter = iter(range(10**9))
+async def _window(one: Callable[[int], Any], callers: int, seconds: float, counter: Iterator[int]
+                  ) -> dict[str, Any]:
+    """``callers`` coroutines calling ``one(i)`` for ``seconds``, each ``i`` drawn from ``counter``: shared by
+    every window of a run, so that no window replays another's keys (a replay costs less than a first call)."""
     stop = time.perf_counter() + seconds
     per, worst, errors = [0] * callers, [0.0], [0]
 
@@ -85,10 +87,11 @@ async def callers(url: str, n: int, seconds: float, reps: int, log: Log) -> dict
         async def raw_one(i: int) -> None:
             await raw.first(f"ag_{rid}{i:040d}", f"o-{i}", '{"charge_id":"ch_1"}')
 
+        counter = iter(range(10**9))
         for rep in range(reps):
             for name, one in (("agentguard", ag), ("raw pool", raw_one))[:: 1 if rep % 2 == 0 else -1]:
                 log(f"  {n} callers, {name}, {seconds:g} s")
-                out[name].append(await _window(one, n, seconds))
+                out[name].append(await _window(one, n, seconds, counter))
     await raw.close()
     ratios = [a["calls_per_s"] / r["calls_per_s"] for a, r in zip(out["agentguard"], out["raw pool"], strict=True)]
     return {"callers": n, "seconds": seconds, **out, "throughput_ratio": statistics.median(ratios),

@@ -5,8 +5,11 @@ and report the same events either way; and real threads racing on one key run it
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from sqlalchemy.engine import make_url
 
 from agentguard import Guard, GuardEvent, KeyReuseError, task
 from agentguard.stores import SQLStore
+from agentguard.stores._direct import DirectSQLite
 
 from conftest import BACKEND
 
@@ -42,44 +46,56 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) and type(a) is type(b)
 
 
-async def test_the_direct_statements_answer_as_the_store_does(tmp_path: Path) -> None:
-    store = SQLStore(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}")
+async def _answer(verb: Callable[..., Any], *args: Any) -> Any:
+    got = verb(*args)
+    return await got if inspect.isawaitable(got) else got
+
+
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+async def test_the_direct_statements_answer_as_the_store_does(tmp_path: Path, synchronous: str) -> None:
+    """Three paths, state by state: a sync tool's thread (``claim``, ``complete``), the event loop's thread
+    (``claim_now``, ``complete_now``, through the store's own verbs), and the general path (aiosqlite)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
+    store, general = SQLStore(url, sqlite_synchronous=synchronous), General(url, sqlite_synchronous=synchronous)
     await store.ensure_schema()
+    await general.ensure_schema()
     direct = store.direct()
     assert direct is not None
+    paths = {"sync tool's thread": (direct.claim, direct.complete),
+             "event loop's thread": (store.claim, store.complete), "general": (general.claim, general.complete)}
     try:
-        steps: list[tuple[str, Any, Any]] = []
-        for i, via_direct in enumerate((True, False)):  # each path on keys of its own, the same steps
-            key = f"k{i}"
+        answers: dict[str, list[tuple[str, Any]]] = {}
+        for i, (path, (claim, complete)) in enumerate(paths.items()):  # each path on a key of its own
+            key, steps = f"k{i}", answers.setdefault(path, [])
 
-            async def claim(p: dict[str, Any], via: bool = via_direct) -> Any:
-                return direct.claim(p) if via else await store.claim(p)
+            def done(fence: int, result: str, key: str = key) -> tuple[Any, ...]:
+                return ("s", key, fence, "succeeded", result, 60.0, None)
 
-            async def complete(fence: int, result: str, via: bool = via_direct, key: str = key) -> Any:
-                args = ("s", key, fence, "succeeded", result, 60.0, None)
-                return direct.complete(*args) if via else await store.complete(*args)
-
-            steps.append(("claim absent", via_direct, await claim(_params(key, 11))))
-            steps.append(("claim running", via_direct, await claim(_params(key, 12))))
-            steps.append(("complete, other fence", via_direct, await complete(99, "r")))
-            steps.append(("complete", via_direct, await complete(11, "r")))
-            steps.append(("complete again", via_direct, await complete(11, "r")))
-            steps.append(("complete, other result", via_direct, await complete(11, "x")))
-            steps.append(("claim completed", via_direct, await claim(_params(key, 13))))
-            steps.append(("claim, other arguments", via_direct, await claim(_params(key, 14, "g"))))
-        half = len(steps) // 2
-        for (what, _, a), (_, _, b) in zip(steps[:half], steps[half:], strict=True):
-            a = a._replace(key="k") if isinstance(a, tuple) else a
-            b = b._replace(key="k") if isinstance(b, tuple) else b
-            assert _same(a, b), (what, a, b)
-        assert steps[0][2] == 11 and steps[3][2] is True and steps[6][2].state == "succeeded"
+            steps.append(("claim absent", await _answer(claim, _params(key, 11))))
+            steps.append(("claim running", await _answer(claim, _params(key, 12))))
+            steps.append(("complete, other fence", await _answer(complete, *done(99, "r"))))
+            steps.append(("complete", await _answer(complete, *done(11, "r"))))
+            steps.append(("complete again", await _answer(complete, *done(11, "r"))))
+            steps.append(("complete, other result", await _answer(complete, *done(11, "x"))))
+            steps.append(("claim completed", await _answer(claim, _params(key, 13))))
+            steps.append(("claim, other arguments", await _answer(claim, _params(key, 14, "g"))))
+            if path == "event loop's thread":  # made there, not on the general path
+                assert direct.commits_now >= (5 if direct.completes_now else 1), direct.commits_now
+        for path, steps in answers.items():
+            for (what, a), (_, b) in zip(steps, answers["general"], strict=True):
+                a = a._replace(key="k") if isinstance(a, tuple) else a
+                b = b._replace(key="k") if isinstance(b, tuple) else b
+                assert _same(a, b), (path, what, a, b)
+        steps = answers["general"]
+        assert steps[0][1] == 11 and steps[3][1] is True and steps[6][1].state == "succeeded"
         # The same rows, column for column (times aside).
         rows = sqlite3.connect(tmp_path / "a.db").execute(
             "SELECT key, task_id, operation, fingerprint, arg_hashes, state, fence, origin, tool, arguments,"
             " attempts, owner, result, audit, lease_until IS NULL FROM agentguard_calls ORDER BY key").fetchall()
-        assert rows[0][1:] == rows[1][1:] and len(rows) == 2
+        assert rows[0][1:] == rows[1][1:] == rows[2][1:] and len(rows) == 3
     finally:
         await store.dispose()
+        await general.dispose()
 
 
 def _calls(url: str, store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
@@ -129,8 +145,16 @@ def test_whole_sync_calls_equal_the_general_path(tmp_path: Path, synchronous: st
     assert seen[3]["key"] and seen[0]["t"] == (1, 2)  # decoded as stored: a tuple stays a tuple
 
 
-def test_threads_racing_on_one_key_run_it_once(tmp_path: Path) -> None:
+def test_threads_racing_on_one_key_run_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     guard = Guard(f"sqlite+aiosqlite:///{tmp_path / 'race.db'}", cache_size=0)
+    claimed_in: set[str] = set()  # the threads that claimed on a connection of their own
+    real_claim = DirectSQLite.claim
+
+    def claim(self: DirectSQLite, params: dict[str, Any]) -> Any:
+        claimed_in.add(threading.current_thread().name)
+        return real_claim(self, params)
+
+    monkeypatch.setattr(DirectSQLite, "claim", claim)
     runs: list[int] = []
     barrier = threading.Barrier(16)
     results: list[Any] = []
@@ -154,8 +178,7 @@ def test_threads_racing_on_one_key_run_it_once(tmp_path: Path) -> None:
             t.start()
         for t in threads:
             t.join(60)
-        direct = guard._store.direct()
-        assert direct is not None and len(direct._conns) >= 2  # the racing threads claimed in their own threads
+        assert len(claimed_in - {threading.current_thread().name}) >= 2  # the racers claimed in their own threads
     finally:
         guard.close()
     assert len(runs) == 1 and len(results) == 16 and len(set(results)) == 1
@@ -277,3 +300,77 @@ def test_a_hot_write_waits_for_the_write_lock_and_other_errors_pass_at_once(tmp_
     assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_MS
     holder.close()
     writer.close()
+
+
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+async def test_an_async_call_never_blocks_its_loop_on_the_write_lock(tmp_path: Path, synchronous: str) -> None:
+    """Another connection holds SQLite's write lock: an async tool's claim (and, at NORMAL, its completion)
+    cannot be made at once on the loop's thread, so it hops to aiosqlite's thread and waits there while the
+    loop runs on. The holder lets go only after the loop has ticked 20 times while the call waited: a
+    statement that blocked the loop would hold it until its 30 s give-up, and fail."""
+    path = tmp_path / "l.db"
+    guard = Guard(f"sqlite+aiosqlite:///{path}", sqlite_synchronous=synchronous, ledger=False)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    runs: list[str] = []
+    ticks: list[int] = []
+    letting_go: list[asyncio.Task[None]] = []
+
+    def hold() -> None:
+        """Take the write lock now; let it go after 20 ticks of the loop."""
+        holder.execute("BEGIN IMMEDIATE")
+
+        async def tick_then_let_go() -> None:
+            for _ in range(20):
+                await asyncio.sleep(0.002)
+                ticks.append(1)
+            holder.execute("COMMIT")
+
+        letting_go.append(asyncio.ensure_future(tick_then_let_go()))
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str) -> str:
+        runs.append(order_id)
+        if order_id != "o-warm":
+            hold()  # the completion meets the lock
+        return order_id
+
+    try:
+        with task("t-warm"):
+            await charge("o-warm")  # (the schema made)
+        hold()  # the claim meets the lock
+        with task("t-1"):
+            assert await charge("o-1") == "o-1"
+        await asyncio.gather(*letting_go)
+        assert len(letting_go) == 2 and len(ticks) == 40 and runs == ["o-warm", "o-1"]
+        guard._cache.clear()
+        with task("t-1"):
+            assert await charge("o-1") == "o-1" and runs == ["o-warm", "o-1"]  # replayed from the store
+    finally:
+        holder.close()
+        await guard.aclose()
+
+
+async def test_commits_on_the_loop_are_checkpointed(tmp_path: Path) -> None:
+    """Connections on event loops never checkpoint (a checkpoint syncs the database file); one runs on a thread
+    of its own every ``CHECKPOINT_EVERY`` of their commits, even for a caller that never suspends, and past
+    ``WAL_RESTART_FRAMES`` it starts the WAL again from its beginning: without, 6,000 back-to-back first calls
+    leave about 170 MB of it (a bound of a few restart sizes: the WAL grows on while a checkpoint runs)."""
+    from agentguard.stores._direct import WAL_RESTART_FRAMES
+
+    path = tmp_path / "c.db"
+    guard = Guard(f"sqlite+aiosqlite:///{path}", sqlite_synchronous="NORMAL", ledger=False, cache_size=0)
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str) -> str:
+        return order_id * 20
+
+    try:
+        for i in range(6000):
+            with task(f"t-{i}"):
+                await charge(f"o-{i}")
+        wal = path.with_name(path.name + "-wal").stat().st_size
+        assert wal < 4 * WAL_RESTART_FRAMES * 4096, wal
+    finally:
+        await guard.aclose()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM agentguard_calls WHERE state = 'succeeded'").fetchone()[0] == 6000

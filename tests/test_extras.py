@@ -78,7 +78,8 @@ def test_a_missing_extra_names_its_install_line(module: str, extra: str, name: s
 
 
 def test_with_every_extra_missing_the_core_still_imports() -> None:
-    every = sorted({n for _, names in EXTRAS.values() for n in names} | {"asyncpg", "httpx", "httpx2", "stripe"})
+    others = {"asyncpg", "psycopg", "httpx", "httpx2", "stripe"}
+    every = sorted({n for _, names in EXTRAS.values() for n in names} | others)
     code = SHIM.format(blocked=every) + (
         "import agentguard, agentguard.cli, agentguard.downstream, agentguard.integrations\n"
         "print(agentguard.__version__)\n"

@@ -1,7 +1,9 @@
-"""On SQLite every step is one hop to aiosqlite's thread: a first call is two (claim, complete); a replay that
-misses the in-process cache reads the record on the loop's own thread (``_direct.read_now``: a read in WAL mode
-never waits for the writer), so none, as a cached replay. Counted on the queue every aiosqlite call goes
-through."""
+"""On SQLite a step hops to aiosqlite's thread only if it could block the event loop: a statement that would
+sync, or wait for the write lock. A first call's claim is made on the loop's own thread (``_direct.claim_now``:
+unsynced at FULL), and so is its completion where it does not sync (NORMAL, OFF); at FULL the completion
+hops, and at EXTRA both do (read-or-claim, complete). A replay that misses the in-process cache reads the record
+on the loop's thread (a read in WAL mode never waits for the writer), so none, as a cached replay. Counted on
+the queue every aiosqlite call goes through."""
 
 from __future__ import annotations
 
@@ -33,8 +35,16 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield seen
 
 
-async def test_each_step_is_one_thread_hop(store_url: str, hops: list[str]) -> None:
-    async with Guard(store_url, cache_size=0) as guard, Guard(store_url) as cached:
+@pytest.mark.parametrize(("synchronous", "first_call_hops"), [
+    ("FULL", ["_first_written"]),  # the synced completion
+    ("NORMAL", []),
+    ("OFF", []),
+    ("EXTRA", ["_read_or_claim", "_first_written"]),  # every commit syncs
+])
+async def test_a_step_hops_only_if_it_could_block_the_loop(store_url: str, hops: list[str], synchronous: str,
+                                                          first_call_hops: list[str]) -> None:
+    async with Guard(store_url, cache_size=0, sqlite_synchronous=synchronous) as guard, \
+            Guard(store_url, sqlite_synchronous=synchronous) as cached:
         assert guard._store.dialect.claim is in_one_hop, (
             "this aiosqlite cannot run a function on its thread: claims take two hops")
         runs = 0
@@ -60,7 +70,7 @@ async def test_each_step_is_one_thread_hop(store_url: str, hops: list[str]) -> N
             hops.clear()
             assert await charge_cached(2) == 2
             cached_replay = list(hops)
-    assert first == ["read_or_claim", "_first_written"]  # read-or-claim, complete
+    assert first == first_call_hops
     assert replay == []  # the read on the loop's thread finds the completed record; no hop, no insert
     assert cached_replay == []
     assert runs == 3  # 0, 1 and 2

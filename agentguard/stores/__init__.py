@@ -9,7 +9,7 @@ What the guard asks of a store is written as three protocols (``ClaimStore``, ``
 - ``_claims``      the three ways to ask for a claim (the dialect picks one);
 - ``_aiosqlite``   what the store needs of aiosqlite beyond SQLAlchemy (connections, threads, one hop);
 - ``_engines``     one engine per event loop, and letting go;
-- ``_lane``        the hot path's connections on a loop: a few kept idle, each handed to the longest waiter;
+- ``_lane``        the hot path's connections on a loop: kept while in use, each handed to the longest waiter;
 - ``_executor``    running statements: the hot path, the general path, one retry policy, ``StoreError``;
 - ``_attempts``    the ledger of attempts: its table, ``Attempt``, its statements and verbs;
 - ``_store``       ``SQLStore``: the verbs;

@@ -105,68 +105,115 @@ BUSY_MS = 30000  # how long a statement waits for SQLite's write lock before "da
 HANDOFF_MAX = 0.004  # seconds: the longest sleep of a hot write waiting for the write lock (see written)
 
 
-def written(conn: Any, sql: str, args: Sequence[Any]) -> list[Any]:
+class Waiters:
+    """How many writes of one store in this process wait for SQLite's write lock (in :func:`written`, on
+    aiosqlite's thread or a sync tool's own). While any does, an event loop's thread makes no write at once
+    (``_direct.DirectSQLite.claim_now``): its writes would take the lock every time it came free — the loop's
+    thread holds the GIL between them, and a waiting thread mostly wakes while the lock is held — and starve
+    the waiting ones; they hop and wait in turn instead."""
+
+    __slots__ = ("_lock", "count")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def __enter__(self) -> Waiters:
+        with self._lock:
+            self.count += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.count -= 1
+
+
+def written(conn: Any, sql: str, args: Sequence[Any], *, waits: bool = True, waiting: Waiters | None = None
+            ) -> list[Any]:
     """One hot statement (autocommit), waiting for SQLite's write lock in short jittered sleeps (0.25 ms,
     doubling to at most 4 ms) instead of the busy handler's own backoff, which sleeps 25 to 100 ms once a
     writer has lost a few rounds while other processes' writers take the lock in between: the tail of
     several writer processes. Gives up after ``BUSY_MS`` as the busy handler would. A statement refused with
-    SQLITE_BUSY did nothing, so running it again is safe."""
+    SQLITE_BUSY did nothing, so running it again is safe.
+
+    ``waits``: ``conn``'s own busy handler waits (an aiosqlite connection, shared with SQLAlchemy), so it is
+    turned off around the statement; False: ``conn`` never waits by itself (a direct connection, opened with
+    a busy timeout of 0), two statements fewer. ``waiting``: told while the write waits, if it does."""
+    if not waits:
+        return _patiently(conn, sql, args, waiting)
     conn.execute("PRAGMA busy_timeout = 0")
     try:
-        delay, deadline = 0.00025, time.monotonic() + BUSY_MS / 1000
-        while True:
-            try:
-                return list(conn.execute(sql, args).fetchall())  # fetch all: the statement ends, it commits
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc) or time.monotonic() > deadline:
-                    raise
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, HANDOFF_MAX)
+        return _patiently(conn, sql, args, waiting)
     finally:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
 
 
-def _busy(exc: sqlite3.OperationalError) -> bool:
+def _patiently(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None = None) -> list[Any]:
+    try:
+        return list(conn.execute(sql, args).fetchall())  # fetch all: the statement ends, it commits
+    except sqlite3.OperationalError as exc:
+        if not busy(exc):
+            raise
+    with waiting if waiting is not None else contextlib.nullcontext():
+        delay, deadline = 0.00025, time.monotonic() + BUSY_MS / 1000
+        while True:
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, HANDOFF_MAX)
+            try:
+                return list(conn.execute(sql, args).fetchall())
+            except sqlite3.OperationalError as exc:
+                if not busy(exc) or time.monotonic() > deadline:
+                    raise
+
+
+def busy(exc: sqlite3.OperationalError) -> bool:
     """SQLITE_BUSY (another connection holds the lock), by its code, or by its message where it has none."""
     code = getattr(exc, "sqlite_errorcode", None)
     return (code & 0xFF) == 5 if isinstance(code, int) else ("locked" in str(exc) or "busy" in str(exc))
 
 
-def _first_written(conn: Any, sql: str, args: Sequence[Any]) -> Any:
-    rows = written(conn, sql, args)
+def _first_written(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None) -> Any:
+    rows = written(conn, sql, args, waiting=waiting)
     return rows[0] if rows else None
 
 
-async def fetch_row(drv: Any, sql: str, args: Sequence[Any]) -> Any:
+async def fetch_row(drv: Any, sql: str, args: Sequence[Any], waiting: Waiters | None = None) -> Any:
     if _runs_functions:
-        return await drv._execute(_first_written, drv._conn, sql, args)
+        return await drv._execute(_first_written, drv._conn, sql, args, waiting)
     rows = await drv.execute_fetchall(sql, args)
     return rows[0] if rows else None
 
 
 def fetch_pair(drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any], *,
-               claim_unsynced: bool = False) -> Any:
+               claim_unsynced: bool = False, waiting: Waiters | None = None) -> Any:
     """:func:`read_or_claim` in one hop (awaitable)."""
-    return drv._execute(read_or_claim, drv._conn, sql, args, then_sql, then_args, claim_unsynced)
+    return drv._execute(_read_or_claim, drv._conn, sql, args, then_sql, then_args, claim_unsynced, waiting)
+
+
+def _read_or_claim(conn: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any],
+                   claim_unsynced: bool, waiting: Waiters | None) -> int | tuple[Any, ...] | None:
+    return read_or_claim(conn, sql, args, then_sql, then_args, claim_unsynced, waiting=waiting)
 
 
 def read_or_claim(conn: Any, read_sql: str, read_args: Sequence[Any], claim_sql: str,
-                  claim_args: Sequence[Any], claim_unsynced: bool = False) -> int | tuple[Any, ...] | None:
+                  claim_args: Sequence[Any], claim_unsynced: bool = False, *, waits: bool = True,
+                  waiting: Waiters | None = None) -> int | tuple[Any, ...] | None:
     """Runs on aiosqlite's thread (autocommit): the record's columns, or the fence we inserted. A racing
     insert from another process between the read and the insert makes the insert do nothing: read again.
 
     ``claim_unsynced`` (a store at ``synchronous=FULL``): the claim's commit does not sync the WAL; the
     completion's commit, synced, covers its frames too. A power loss between the two loses the claim, and the
     retry runs again with the same downstream key — what a takeover after a crash does anyway — so the
-    contract holds while a first call costs one sync instead of two."""
+    contract holds while a first call costs one sync instead of two. ``waits``: as for :func:`written`."""
     for _ in range(3):
-        rows = conn.execute(read_sql, read_args).fetchall()
+        rows = (conn.execute(read_sql, read_args).fetchall() if waits
+                else _patiently(conn, read_sql, read_args, waiting))
         if rows:
             return tuple(rows[0])
         if claim_unsynced:
             conn.execute("PRAGMA synchronous = NORMAL")
         try:
-            rows = written(conn, claim_sql, claim_args)
+            rows = written(conn, claim_sql, claim_args, waits=waits, waiting=waiting)
         finally:
             if claim_unsynced:
                 conn.execute("PRAGMA synchronous = FULL")

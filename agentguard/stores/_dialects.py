@@ -33,7 +33,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from .._errors import StoreError
 from .._extras import require
 from .._redact import redact_url
-from ._aiosqlite import BUSY_MS, Opened, connector, runs_functions
+from ._aiosqlite import BUSY_MS, Opened, Waiters, connector, runs_functions
 from ._aiosqlite import fetch_pair as aiosqlite_pair
 from ._aiosqlite import fetch_row as aiosqlite_row
 from ._claims import ClaimWay, by_function, by_insert, in_one_hop
@@ -192,6 +192,7 @@ class SQLite(Dialect):
         self.memory = db in (None, "", ":memory:") or "mode=memory" in url
         # SQLite's claim reads first already, in the same hop: no separate read is cheaper.
         self.claim = in_one_hop if runs_functions() else by_insert
+        self.waiters = Waiters()  # this store's writes waiting for the write lock, on any thread
 
     def prepare(self) -> None:
         """Create the SQLite file's folder (``.agentguard/claims.db`` works from an empty directory), or say
@@ -235,12 +236,12 @@ class SQLite(Dialect):
             cur.close()
 
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
-        return aiosqlite_row(drv, sql, args)
+        return aiosqlite_row(drv, sql, args, self.waiters)
 
     def fetch_pair(self, drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]
                    ) -> Awaitable[Any]:
         return aiosqlite_pair(  # type: ignore[no-any-return]
-            drv, sql, args, then_sql, then_args, claim_unsynced=self.claim_unsynced
+            drv, sql, args, then_sql, then_args, claim_unsynced=self.claim_unsynced, waiting=self.waiters
         )
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:

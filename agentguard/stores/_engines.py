@@ -27,7 +27,7 @@ from ._listen import Listener
 class Engines:
     """The store's engines, one per event loop, and each loop's idle connections.
 
-    Each loop's hot-path connections are a :class:`~._lane.Lane`: a few kept idle between statements, every
+    Each loop's hot-path connections are a :class:`~._lane.Lane`: kept between statements while in use, every
     one a statement is done with handed to the caller that has waited longest.
     """
 
@@ -96,15 +96,20 @@ class Engines:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
-        """``engine.connect()`` for the general path, counted among the pool's waiters until it has its
-        connection (so the hot path's idle connections do not keep it waiting)."""
+        """``engine.connect()`` for the general path. If the pool is exhausted, one of the lane's idle connections
+        goes back to it first, and if it is still exhausted, the caller is counted among the pool's waiters
+        until it has its connection (the lane's next connection goes to the pool, not to its own queue)."""
         engine, lane = self.here()
+        blocked = lane.exhausted(engine)
+        if blocked and lane.idle:  # exhausted in part by the lane's idle connections: one goes back to the pool
+            await lane.give_back_idle()
+            blocked = lane.exhausted(engine)
         conn = engine.connect()
-        lane.waiting += 1
+        lane.waiting += blocked  # (decided just before the checkout takes its slot: no await between)
         try:
             await conn.start()
         finally:
-            lane.waiting -= 1
+            lane.waiting -= blocked
         try:
             yield conn
         finally:

@@ -1,5 +1,5 @@
-"""The hot path's connections on one event loop: a few kept idle between statements, and every connection a
-statement is done with handed to the caller that has waited longest.
+"""The hot path's connections on one event loop: kept between statements while they are in use, and every
+connection a statement is done with handed to the caller that has waited longest.
 
 A shortcut beside SQLAlchemy's pool (``engine.raw_connection()`` and ``close()`` around every statement): a
 statement on a connection from here must equal the same statement on one just checked out of the pool. What
@@ -11,7 +11,14 @@ while others wait in the pool's queue until its timeout. So:
   allows, it checks one out of the pool; else it queues here, first come first served;
 - a connection a statement is done with goes, in this order: back to the pool if a caller waits there (the
   general path's ``engine.connect()``, or a hot caller that found the pool exhausted); to the longest-waiting
-  caller queued here; to the idle list, up to ``IDLE_MAX``; else back to the pool;
+  caller queued here; else to the idle list, the most recently used taken first;
+- an idle connection goes back to the pool once it has been idle ``IDLE_KEEP`` seconds, beyond the
+  ``IDLE_MIN`` most recently used: under a steady load none ages, so none is closed and reopened (the pool
+  closes a connection beyond its size the moment it comes back, and a busy process that gave back every
+  connection beyond a few reopened dozens a second, each costing the server a new backend: a tenth of a
+  raw pool's throughput); after a burst the pool gets its connections back and closes its overflow;
+- the general path, finding the pool exhausted, takes one idle connection back to the pool first, so the
+  lane's idle connections never keep it waiting;
 - a connection that may be broken always goes back to the pool (which discards an invalidated one); the slot
   it held passes to the longest-waiting caller here, which checks out a connection of its own with it (so a
   caller that just gave one back cannot take the pool's connection ahead of those in line).
@@ -26,7 +33,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-IDLE_MAX = 2  # connections kept idle between hot statements, per event loop
+IDLE_MIN = 2  # connections kept idle between hot statements however long, per event loop
+IDLE_KEEP = 1.0  # seconds an idle connection beyond those is kept for the next statement
 
 Conn = tuple[Any, Any]  # (pool connection, its driver connection): reaching the driver's costs SQLAlchemy three hops
 
@@ -34,18 +42,20 @@ Conn = tuple[Any, Any]  # (pool connection, its driver connection): reaching the
 class Lane:
     """One loop's hot-path connections (see the module docstring)."""
 
-    __slots__ = ("capacity", "held", "idle", "queue", "waiting")
+    __slots__ = ("_tasks", "_trimming", "capacity", "held", "idle", "queue", "waiting")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity  # connections the pool allows in all (its size and overflow)
         self.held = 0  # slots taken: connections the lane has checked out of the pool (in use or idle), or is opening
-        self.idle: list[Conn] = []
+        self.idle: list[tuple[Conn, float]] = []  # (connection, idle since), the most recently used last
+        self._trimming: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # connections being given back
         self.queue: collections.deque[asyncio.Future[Conn | None]] = collections.deque()
         self.waiting = 0  # callers blocked in the pool's own checkout (either path)
 
     async def acquire(self, engine: AsyncEngine) -> Conn:
         if self.idle:
-            return self.idle.pop()
+            return self.idle.pop()[0]
         if self.held < self.capacity:
             self.held += 1
             return await self._open(engine)
@@ -86,15 +96,24 @@ class Lane:
         """A connection from the pool, opened to the end even if the caller is cancelled meanwhile: a connect
         cut off halfway (asyncpg's TLS negotiation, say) leaves a half-open socket and a failed future behind.
         A connection nobody waits for any more is kept (or goes back to the pool)."""
+        blocked = self.exhausted(engine)  # (decided before the checkout takes a slot: no await between)
         opening = asyncio.ensure_future(engine.raw_connection())
-        self.waiting += 1
+        self.waiting += blocked
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
             opening.add_done_callback(self._adopt)  # (run soon if it is done already)
             raise
         finally:
-            self.waiting -= 1
+            self.waiting -= blocked
+
+    def exhausted(self, engine: AsyncEngine) -> bool:
+        """Whether a checkout from ``engine``'s pool now would wait in its queue: every connection it allows is
+        checked out (by the lane, idle or in use, or by the general path). Only such a caller counts as
+        waiting there; one that opens a connection does not (its connections given back meanwhile would be
+        closed by the pool beyond its size, and opened again moments later)."""
+        checkedout = getattr(engine.pool, "checkedout", None)  # (a queue pool's; SQLite in memory has one)
+        return checkedout is not None and checkedout() >= self.capacity
 
     def _adopt(self, opening: asyncio.Future[Any]) -> None:
         if opening.cancelled() or opening.exception() is not None:
@@ -105,9 +124,13 @@ class Lane:
 
     def release_now(self, conn: Conn) -> None:
         """Release a sound connection without awaiting (it is handed on, kept idle, or given back in a task)."""
-        if self._hand_on(conn):
-            return
-        asyncio.get_running_loop().create_task(self._give_back(conn[0]))
+        if not self._hand_on(conn):
+            self._give_back_soon(conn)
+
+    def _give_back_soon(self, conn: Conn) -> None:
+        task = asyncio.get_running_loop().create_task(self._give_back(conn[0]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def release(self, conn: Conn, *, sound: bool) -> None:
         """A statement is done with ``conn``; ``sound``: it ended normally (else it may be broken)."""
@@ -123,10 +146,25 @@ class Lane:
             if not waiter.done():
                 waiter.set_result(conn)
                 return True
-        if len(self.idle) < IDLE_MAX:
-            self.idle.append(conn)
-            return True
-        return False
+        loop = asyncio.get_running_loop()
+        self.idle.append((conn, loop.time()))
+        if len(self.idle) > IDLE_MIN and self._trimming is None:
+            self._trimming = loop.call_later(IDLE_KEEP, self._trim)
+        return True
+
+    def _trim(self) -> None:
+        """Give back the connections idle for ``IDLE_KEEP`` beyond the ``IDLE_MIN`` most recently used."""
+        self._trimming = None
+        loop = asyncio.get_running_loop()
+        aged = loop.time() - IDLE_KEEP
+        while len(self.idle) > IDLE_MIN and self.idle[0][1] <= aged:
+            self._give_back_soon(self.idle.pop(0)[0])
+        if len(self.idle) > IDLE_MIN:
+            self._trimming = loop.call_at(self.idle[0][1] + IDLE_KEEP, self._trim)
+
+    async def give_back_idle(self) -> None:
+        """Give one idle connection (the least recently used) back to the pool."""
+        await self._give_back(self.idle.pop(0)[0][0])
 
     async def _give_back(self, raw: Any) -> None:
         # Checked in inside SQLAlchemy's greenlet, so a connection the pool discards (overflow, invalidated) is
@@ -149,10 +187,15 @@ class Lane:
     async def drop_idle(self) -> None:
         """Invalidate the idle connections (after one was found dead, the others likely are)."""
         while self.idle:
-            raw = self.idle.pop()[0]
+            raw = self.idle.pop()[0][0]
             raw.invalidate()
             await self._give_back(raw)
 
     async def close_idle(self) -> None:
+        if self._trimming is not None:
+            self._trimming.cancel()
+            self._trimming = None
         while self.idle:
-            await self._give_back(self.idle.pop()[0])
+            await self._give_back(self.idle.pop()[0][0])
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -80,6 +80,18 @@ class ClaimStore(Protocol):
         ...
 
 
+class Direct(Protocol):
+    """A claim and a completion in a sync tool's own thread (``_direct``: SQLite, ``_direct_pg``: Postgres),
+    answering what ``ClaimStore.claim`` and ``ClaimStore.complete`` answer, or raising ``StoreError``."""
+
+    def claim(self, params: dict[str, Any]) -> int | Record | None: ...
+
+    def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,
+                 audit: str | None = None) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class StepTransaction(Protocol):
     """A transaction on the store's database that began by re-checking the claim (see

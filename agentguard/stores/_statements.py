@@ -117,7 +117,9 @@ class Statements:
     ) -> None:
         live = live_sql(now)
         where_fenced = "scope = :scope AND key = :key AND fence = :fence"
-        self.claim = text(f"{_insert(now, ':')} RETURNING fence")
+        # (Postgres claims through the function below; sync tools' claims in their own thread take this plain
+        # one first when a first call is likely: _direct_pg.)
+        self.claim = text(f"{_insert(now, ':')} RETURNING fence" + (f", {UNSYNCED}" if unsynced_claim else ""))
         self.read = text(f"SELECT {select_list(now)} FROM {TABLE} WHERE scope = :scope AND key = :key")
         self.claim_function: str | None = None
         self.claim_or_fetch: TextClause | None = None

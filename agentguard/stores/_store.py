@@ -8,16 +8,20 @@ dialect's (``_dialects``); how statements run, and fail, is the executor's (``_e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ._aiosqlite import HANDOFF_MAX
 from ._attempts import AttemptVerbs
 from ._claims import READING
-from ._dialects import dialect_for
-from ._direct import DirectSQLite
+from ._dialects import SQLite, dialect_for
+from ._direct import BUSY_NOW, DirectSQLite, NotNow
+from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
@@ -29,7 +33,48 @@ if TYPE_CHECKING:
     from ._protocols import LedgerStore, Store
 
 STEP = "recording a step"
+AT_ONCE_WAIT = 0.05  # seconds an event loop's write tries again for SQLite's write lock before it hops
 
+T = TypeVar("T")
+
+
+async def _at_once(attempt: Callable[[], T | NotNow], direct: DirectSQLite) -> T | NotNow:
+    """``attempt`` (a write on the loop's thread that never waits), made at once if it can be. If SQLite's write
+    lock is busy, the writer joins the loop's line (``DirectSQLite.line``, first come first served, so that a
+    writer arriving as the lock comes free never takes it ahead of those already waiting): the first in line
+    tries again in short jittered sleeps (0.25 ms doubling to at most 4 ms, as ``_aiosqlite.written`` waits on a
+    thread), the others wait their turn. While a checkpoint holds writers off, the first waits for its end
+    (``DirectSQLite.paused``). If the lock stays busy for ``AT_ONCE_WAIT``, NOT_NOW: the caller hops and waits
+    on aiosqlite's thread, and so does the rest of the line for a while. Cancelled while it waits, it has
+    written nothing."""
+    line = direct.line()
+    got: T | NotNow = BUSY_NOW
+    if not line.waiting:
+        got = attempt()
+        if not isinstance(got, NotNow) or not got.busy:
+            return got
+    loop = asyncio.get_running_loop()
+    line.waiting += 1
+    try:
+        async with line.lock:
+            delay, deadline = 0.00025, loop.time() + AT_ONCE_WAIT
+            while loop.time() >= line.hop_until:
+                got = attempt()
+                if not isinstance(got, NotNow) or not got.busy:
+                    return got
+                if loop.time() >= deadline:  # held long (another process's long write): the line hops a while
+                    line.hop_until = loop.time() + AT_ONCE_WAIT
+                    break
+                paused = direct.paused()
+                if paused is not None:
+                    await paused
+                    deadline = loop.time() + AT_ONCE_WAIT
+                else:
+                    await asyncio.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, HANDOFF_MAX)
+    finally:
+        line.waiting -= 1
+    return got
 
 class SQLStore(AttemptVerbs):
     """The store (implements ``ClaimStore``, ``StepStore``, ``AdminStore`` and ``LedgerStore``). Engines are
@@ -64,7 +109,8 @@ class SQLStore(AttemptVerbs):
         self._claim = self.dialect.claim
         # The door every hot statement passes through.
         self._one = self._executor.one
-        self._direct: DirectSQLite | None = None
+        self._direct: DirectSQLite | DirectPostgres | None = None
+        self._no_direct = False  # (Postgres: no psycopg, or a URL it cannot be given)
         self._reads_here = self.dialect.name == "sqlite" and not self.dialect.memory  # (see claim)
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -88,15 +134,23 @@ class SQLStore(AttemptVerbs):
             self._direct.close()
         await self._engines.dispose()
 
-    def direct(self) -> DirectSQLite | None:
-        """For sync tools, a claim and a completion in the caller's thread (``_direct``): a SQLite file store
-        whose schema is made; else None (the general path)."""
+    def direct(self) -> DirectSQLite | DirectPostgres | None:
+        """For sync tools, a claim and a completion in the caller's thread, once the schema is made: a SQLite
+        file store's (``_direct``), or a Postgres store's where psycopg is installed (``_direct_pg``); else None
+        (the general path)."""
         if self._direct is None:
             d = self.dialect
-            if d.name != "sqlite" or d.memory or not self._executor.schema_ready:
+            if d.memory or self._no_direct or not self._executor.schema_ready:
                 return None
-            self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
-                                        self._executor.error)
+            if isinstance(d, SQLite):
+                self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
+                                            self._executor.error, d.waiters)
+            else:
+                kwargs = connect_kwargs(self.url, d.options.pg_synchronous_commit) if available() else None
+                if kwargs is None:
+                    self._no_direct = True
+                    return None
+                self._direct = DirectPostgres(kwargs, d.capacity, self.sql, self._executor.error)
         return self._direct
 
     # -- a call's verbs ------------------------------------------------------------------------------------
@@ -108,9 +162,22 @@ class SQLStore(AttemptVerbs):
         Returns our fence if we claimed it, else the existing record, or None if that record is not
         visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
         """
-        direct = self._direct if self._direct is not None or not self._reads_here else self.direct()
-        if direct is not None and (rec := direct.read_now(params)) is not None:
-            return rec  # (an existing record: what the claim's own read would find, without a hop)
+        direct = self._direct
+        if direct is None and self._reads_here:
+            if not self._executor.schema_ready:  # (the first callers wait for it together, then all go at once)
+                await self._executor.ensure_schema()
+            direct = self.direct()
+        if isinstance(direct, DirectSQLite):
+            if direct.claims_now:  # (the read, and the insert if it can be made at once: no hop)
+                got: int | Record | NotNow = await _at_once(lambda: direct.claim_now(params), direct)
+                if isinstance(got, int):
+                    # A first call lets the loop's other tasks run once, as a claim that hops does: callers
+                    # whose bodies never suspend take turns. (Cancelled here, the engine releases the claim.)
+                    await asyncio.sleep(0)
+                if not isinstance(got, NotNow):
+                    return got
+            elif (rec := direct.read_now(params)) is not None:
+                return rec  # (an existing record: what the claim's own read would find, without a hop)
         return await self._claim(self._one, self.sql, params)
 
     async def read(self, scope: str, key: str) -> Record | None:
@@ -129,6 +196,12 @@ class SQLStore(AttemptVerbs):
     async def complete(
         self, scope: str, key: str, fence: int, state: str, result: str, retention: float, audit: str | None = None
     ) -> bool:
+        direct = self._direct
+        if isinstance(direct, DirectSQLite) and direct.completes_now:  # at once on this loop's thread (no hop)
+            done: bool | NotNow = await _at_once(
+                lambda: direct.complete_now(scope, key, fence, state, result, retention, audit), direct)
+            if not isinstance(done, NotNow):
+                return done
         params = {
             "scope": scope, "key": key, "fence": fence, "state": state, "result": result, "retention": retention,
             "audit": audit,

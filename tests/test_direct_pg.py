@@ -1,0 +1,532 @@
+"""Sync tools on Postgres claim and complete in their own thread, over psycopg (``stores/_direct_pg.py``,
+``_here.py``): a shortcut that must equal the general path (asyncpg on the portal's loop). Proved on a real
+server: the direct statements answer what the store's verbs answer, state by state; whole guarded calls leave
+the same records and report the same events either way; real threads run each body once; the connections
+stay within the pool's capacity and are let go with their threads; and a server that drops them, or goes
+away, never gets a body run twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from agentguard import Guard, GuardEvent, KeyReuseError, StoreError, task
+from agentguard.stores import SQLStore
+from agentguard.stores._direct_pg import DirectPostgres
+
+from conftest import BACKEND, PG_URL, _pg_admin, pg_execute
+
+pytestmark = [pytest.mark.postgres,
+              pytest.mark.skipif(BACKEND != "postgres", reason="Postgres' shortcut: runs in the Postgres pass")]
+
+ROWS = ("SELECT key, task_id, operation, fingerprint, arg_hashes, state, fence - origin, tool, arguments, attempts,"
+        " owner IS NULL, result, audit, lease_until IS NULL, watched FROM agentguard_calls ORDER BY key")
+
+
+class General(SQLStore):
+    """The store without the shortcut: every call takes the general path."""
+
+    def direct(self) -> None:  # type: ignore[override]
+        return None
+
+
+@pytest.fixture
+def databases() -> Iterator[Callable[[], str]]:
+    """Fresh databases on the test server, as many as the test asks for; dropped at its end."""
+    names: list[str] = []
+
+    def make() -> str:
+        name = "t_" + uuid.uuid4().hex[:20]
+        asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+        names.append(name)
+        return make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+
+    yield make
+    for name in names:
+        asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def _params(key: str, fence: int, fingerprint: str = "f", owner: str | None = None) -> dict[str, Any]:
+    return {"scope": "s", "key": key, "task_id": "t", "operation": "op", "fingerprint": fingerprint,
+            "arg_hashes": "{}", "fence": fence, "tool": "op", "arguments": None, "owner": owner or f"o{fence}",
+            "lease": 30.0, "retention": 60.0, "audit": None}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal answers: the same fence, or the same record (its key and ttl aside: a clock reading)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return a._replace(ttl=0.0, key="k") == b._replace(ttl=0.0, key="k")  # type: ignore[attr-defined]
+    return bool(a == b) and type(a) is type(b)
+
+
+def _direct(store: SQLStore) -> DirectPostgres:
+    direct = store.direct()
+    assert isinstance(direct, DirectPostgres)
+    return direct
+
+
+def _pids(direct: DirectPostgres) -> set[int]:
+    return {c.info.backend_pid for c in list(direct._conns.values()) if c is not None and not c.closed}
+
+
+def _backends(url: str, pids: set[int]) -> set[int]:
+    """Which of ``pids`` are server backends now."""
+    if not pids:
+        return set()
+    rows = pg_execute(url, f"SELECT pid FROM pg_stat_activity WHERE pid IN ({', '.join(map(str, pids))})")
+    return {r[0] for r in rows}
+
+
+def _backends_gone(url: str, pids: set[int]) -> bool:
+    """Whether ``pids`` have all left the server (a closed connection's backend exits a moment later)."""
+    for _ in range(3000):
+        if not _backends(url, pids):
+            return True
+        threading.Event().wait(0.01)
+    return False
+
+
+@pytest.mark.parametrize("unsynced", [False, True])
+def test_the_direct_statements_answer_as_the_store_does(databases: Callable[[], str], unsynced: bool) -> None:
+    url = databases()
+    store = SQLStore(url, pg_claim_unsynced=unsynced)
+
+    async def go() -> None:
+        await store.ensure_schema()
+        direct = _direct(store)
+        try:
+            steps: list[tuple[str, Any]] = []
+            for i, via_direct in enumerate((True, False)):  # each path on keys of its own, the same steps
+                key = f"k{i}"
+
+                async def claim(p: dict[str, Any], via: bool = via_direct) -> Any:
+                    return direct.claim(p) if via else await store.claim(p)
+
+                async def complete(fence: int, result: str, via: bool = via_direct, key: str = key) -> Any:
+                    args = ("s", key, fence, "succeeded", result, 60.0, '{"a": 1}')
+                    return direct.complete(*args) if via else await store.complete(*args)
+
+                steps.append(("claim absent", await claim(_params(key, 11))))
+                steps.append(("claim running", await claim(_params(key, 12))))
+                assert await store.watch("s", key, lambda _: None) > 0  # (a waiter listens: completion announces)
+                steps.append(("complete, other fence (lost)", await complete(99, "r")))
+                steps.append(("complete", await complete(11, "r")))
+                steps.append(("complete again", await complete(11, "r")))
+                steps.append(("complete, other result", await complete(11, "x")))
+                steps.append(("claim completed", await claim(_params(key, 13))))
+                steps.append(("claim, other arguments", await claim(_params(key, 14, "g"))))
+                # The task replays now: the direct claim asks the read-or-claim function (before: the plain claim).
+                steps.append(("claim completed, replaying", await claim(_params(key, 15))))
+                steps.append(("claim absent, replaying", await claim(_params(key + "-new", 16))))
+                steps.append(("claim after a claim", await claim(_params(key + "-new2", 17))))
+            half = len(steps) // 2
+            for (what, a), (_, b) in zip(steps[:half], steps[half:], strict=True):
+                assert _same(a, b), (what, a, b)
+            assert steps[0][1] == 11 and steps[1][1].state == "running" and steps[2][1] is False
+            assert steps[3][1] is True and steps[5][1] is False and steps[6][1].state == "succeeded"
+            assert steps[7][1].fingerprint == "f"  # (the engine refuses it: KeyReuseError)
+            assert steps[8][1].state == "succeeded" and steps[9][1] == 16 and steps[10][1] == 17
+            assert not direct._replaying  # (a claim won ends the task's replaying)
+        finally:
+            await store.dispose()
+
+    asyncio.run(go())
+    rows = [tuple(r)[1:] for r in pg_execute(url, ROWS)]
+    assert len(rows) == 6 and rows[:3] == rows[3:]  # the same rows, column for column
+
+
+def _calls(store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
+    """The same sequence of sync calls: their results, the body's runs, the events, the records."""
+    events: list[GuardEvent] = []
+    guard = Guard(store=store, on_event=events.append)
+    runs: list[str] = []
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
+        runs.append(order_id)
+        if order_id == "o-flaky" and runs.count(order_id) == 1:
+            raise ConnectionError("provider down")  # released; the retry takes it over
+        return {"order_id": order_id, "amount": amount, "key": idempotency_key, "t": (1, 2)}
+
+    seen: list[Any] = []
+    try:
+        with task("t-1"):
+            charge("o-warm", 1)  # (the schema is made on the general path: the shortcut needs it made)
+            seen.append(charge("o-1", 5))  # claimed and completed (in this thread, where it can be)
+            seen.append(charge("o-1", 5))  # replayed from the in-process cache
+            guard._cache.clear()
+            seen.append(charge("o-1", 5))  # replayed from the store
+            with pytest.raises(KeyReuseError):
+                charge("o-1", 6)
+            with pytest.raises(ConnectionError):
+                charge("o-flaky", 1)
+            seen.append(charge("o-flaky", 1))  # taken over, the same downstream key
+        direct = store.direct()
+        assert (direct is not None and bool(_pids(direct))) is direct_expected  # type: ignore[arg-type]
+    finally:
+        guard.close()
+    rows = pg_execute(store.url, "SELECT key, state, fence - origin, attempts, result, lease_until IS NULL"
+                                 " FROM agentguard_calls ORDER BY key")
+    return seen, runs, [(e.kind, e.operation, e.attempt) for e in events], [tuple(r) for r in rows]
+
+
+def test_whole_sync_calls_equal_the_general_path(databases: Callable[[], str]) -> None:
+    direct = _calls(SQLStore(databases()), True)
+    general = _calls(General(databases()), False)
+    assert direct == general
+    seen, runs, _, _ = direct
+    assert runs == ["o-warm", "o-1", "o-flaky", "o-flaky"] and seen[0] == seen[1] == seen[2]
+    assert seen[3]["key"] and seen[0]["t"] == (1, 2)  # decoded as stored: a tuple stays a tuple
+
+
+def _threads(n: int, target: Callable[[int], None]) -> list[threading.Thread]:
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    return threads
+
+
+def test_threads_run_each_body_once(databases: Callable[[], str]) -> None:
+    """16 threads race on one key and on 8 keys of their own each: every body runs exactly once."""
+    guard = Guard(databases(), cache_size=0)
+    runs: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(16)
+    results: dict[str, set[str]] = {}
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, idempotency_key: str = "") -> str:
+        with lock:
+            runs.append(order_id)
+        return idempotency_key
+
+    def worker(i: int) -> None:
+        barrier.wait(60)
+        with task("t-race"):
+            for order in ["o-shared", *(f"o-{i}-{j}" for j in range(8)), "o-shared"]:
+                key = charge(order)
+                with lock:
+                    results.setdefault(order, set()).add(key)
+
+    try:
+        with task("t-warm"):
+            charge("o-warm")  # (the schema is made on the general path: the shortcut needs it made)
+        runs.clear()
+        _threads(16, worker)
+        assert len(_pids(_direct(guard._store))) >= 2  # the threads claimed in their own threads
+    finally:
+        guard.close()
+    assert sorted(runs) == sorted(["o-shared", *(f"o-{i}-{j}" for i in range(16) for j in range(8))])
+    assert all(len(keys) == 1 for keys in results.values()) and len(results) == 1 + 16 * 8
+
+
+def test_connections_stay_within_the_pool_and_leave_with_their_threads(databases: Callable[[], str]) -> None:
+    """With pool_size=1 (capacity 3): 8 threads whose bodies all run at once hold at most 3 direct connections
+    (the others claim and complete on the general path, each body once); once they end, the next thread's
+    first call closes theirs, and their server backends go."""
+    url = databases()
+    guard = Guard(url, pool_size=1, cache_size=0)
+    runs: list[int] = []
+    together = threading.Barrier(9)  # 8 bodies and the test, all at once
+
+    @guard.once(key=["n"])
+    def held(n: int) -> int:
+        runs.append(n)
+        if n >= 0:
+            together.wait(60)  # every body runs now: every thread holds whatever it claimed with
+            together.wait(60)  # (until the test has counted)
+        return n
+
+    try:
+        with task("t-cap"):
+            held(-1)  # (the schema is made on the general path)
+        runs.clear()
+        callers = [threading.Thread(target=_in_task, args=("t-cap", held, i)) for i in range(8)]
+        for t in callers:
+            t.start()
+        together.wait(60)
+        direct = _direct(guard._store)
+        pids = _pids(direct)
+        mine = pg_execute(url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'agentguard'"
+                               " AND datname = current_database()")
+        assert len(pids) == 3 and pids <= {r[0] for r in mine}  # the cap, on the server too
+        together.wait(60)
+        for t in callers:
+            t.join(60)
+        assert sorted(runs) == list(range(8))
+        assert pids == _pids(direct)  # (kept while their threads lived)
+        _in_task("t-cap", held, -2)  # a new thread's first call: the ended threads' connections are closed
+        assert not pids & _pids(direct) and len(_pids(direct)) <= 1
+        assert _backends_gone(url, pids)
+    finally:
+        guard.close()
+    assert _pids(direct) == set()  # closed with the guard
+
+
+def _in_task(task_id: str, tool: Any, n: int) -> Any:
+    def run() -> None:
+        with task(task_id):
+            out.append(tool(n))
+
+    out: list[Any] = []
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(120)
+    return out[0] if out else None
+
+
+def test_killed_connections_never_run_a_body_twice(databases: Callable[[], str]) -> None:
+    """The server drops the direct connections (pg_terminate_backend) between calls and inside a body (after
+    the claim, before the completion): the general path completes the call, the outcome is recorded once, and
+    the next call opens a new connection."""
+    url = databases()
+    guard = Guard(url, cache_size=0)
+    runs: list[str] = []
+
+    def kill_direct() -> None:
+        pids = _pids(_direct(guard._store))
+        assert pids
+        pg_execute(url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid IN"
+                        f" ({', '.join(map(str, pids))})")
+        assert _backends_gone(url, pids)
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, idempotency_key: str = "") -> str:
+        runs.append(order_id)
+        if order_id.startswith("o-kill"):
+            kill_direct()
+        return idempotency_key
+
+    try:
+        with task("t-kill"):
+            charge("o-warm")  # (the schema is made on the general path)
+            first = charge("o-1")
+            kill_direct()
+            assert charge("o-2") and charge("o-1") == first  # the claim's connection was gone: the general path
+            killed = charge("o-kill-1")  # its completion's connection is gone: the general path records it
+            assert charge("o-kill-1") == killed and charge("o-3")
+            assert _pids(_direct(guard._store))  # a new direct connection, after the lost one
+    finally:
+        guard.close()
+    assert runs == ["o-warm", "o-1", "o-2", "o-kill-1", "o-3"]
+    rows = pg_execute(url, "SELECT key, state FROM agentguard_calls WHERE state <> 'succeeded'")
+    assert rows == []
+
+
+def test_a_store_gone_fails_closed(databases: Callable[[], str]) -> None:
+    """The database dropped under the guard: neither path can claim, and the call fails closed, unrun."""
+    url = databases()
+    guard = Guard(url, cache_size=0)
+    runs: list[str] = []
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return order_id
+
+    try:
+        with task("t-gone"):
+            charge("o-warm")
+            charge("o-1")  # (a direct connection is open)
+            assert _pids(_direct(guard._store))
+            asyncio.run(_pg_admin(f"DROP DATABASE {make_url(url).database} WITH (FORCE)"))
+            for _ in range(2):
+                with pytest.raises(StoreError, match="the tool was not run"):
+                    charge("o-2")
+    finally:
+        guard.close()
+    assert runs == ["o-warm", "o-1"]
+
+
+class _AnswerLost:
+    """The direct statements, but each claim's answer is lost after it committed (as when the connection dies
+    at that moment)."""
+
+    def __init__(self, direct: Any) -> None:
+        self._direct = direct
+
+    def claim(self, params: dict[str, Any]) -> Any:
+        self._direct.claim(params)
+        raise StoreError("the store failed (claiming the key: the connection was lost)", transient=True)
+
+    def complete(self, *args: Any) -> bool:
+        return bool(self._direct.complete(*args))
+
+    def close(self) -> None:
+        self._direct.close()
+
+
+class LosesAnswers(SQLStore):
+    def direct(self) -> Any:
+        direct = super().direct()
+        return None if direct is None else _AnswerLost(direct)
+
+
+def test_a_claim_whose_answer_was_lost_is_found_ours(databases: Callable[[], str]) -> None:
+    """A direct claim may commit and lose its answer: the general path, claiming as the same owner, finds the
+    record its own and runs the body once, at once (not after the lease, as another caller's)."""
+    url = databases()
+    events: list[GuardEvent] = []
+    guard = Guard(store=LosesAnswers(url), cache_size=0, lease=600, on_conflict="raise", on_event=events.append)
+    runs: list[str] = []
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, idempotency_key: str = "") -> str:
+        runs.append(order_id)
+        return idempotency_key
+
+    try:
+        with task("t-lost"):
+            charge("o-warm")  # (the schema is made on the general path)
+            events.clear()
+            key = charge("o-1")
+            assert charge("o-1") == key
+    finally:
+        guard.close()
+    assert runs == ["o-warm", "o-1"]
+    assert [(e.kind, e.attempt) for e in events] == [("claimed", 1), ("completed", 1), ("replayed", 1)]
+    assert [tuple(r) for r in pg_execute(url, "SELECT state, attempts FROM agentguard_calls WHERE state <> 'x'"
+                                              " ORDER BY key")] == [("succeeded", 1), ("succeeded", 1)]
+
+
+def test_a_forked_child_opens_its_own_connection(databases: Callable[[], str]) -> None:
+    """A child forked after its parent opened a direct connection never uses (or closes) the parent's."""
+    url = databases()
+    store = SQLStore(url)
+    asyncio.run(store.ensure_schema())
+    direct = _direct(store)
+    assert direct.claim(_params("k-parent", 1)) == 1
+    parent = _pids(direct)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a claim of its own, on a connection of its own
+        code = 1
+        try:
+            got = direct.claim(_params("k-child", 2))
+            os.write(write, f"{got} {' '.join(map(str, _pids(direct)))}".encode())
+            direct.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    got, *child = os.read(read, 1000).decode().split()
+    assert got == "2" and child and not set(map(int, child)) & parent
+    assert _pids(direct) == parent and direct.claim(_params("k-parent", 3)).fence == 1  # the parent's still works
+    direct.close()
+    assert _backends_gone(url, parent)
+
+
+def test_the_direct_connections_have_the_general_paths_settings(databases: Callable[[], str]) -> None:
+    """The session the general path's connections get (application_name, synchronous_commit), and the claim's
+    own ``set_config`` with pg_claim_unsynced: its transaction commits unsynced, a completion's does not."""
+    url = databases()
+    store = SQLStore(url, pg_synchronous_commit="local", pg_claim_unsynced=True)
+
+    async def general() -> tuple[str, str]:
+        await store.ensure_schema()
+        async with store.engine().connect() as conn:
+            got = await conn.exec_driver_sql("SELECT current_setting('application_name'),"
+                                             " current_setting('synchronous_commit')")
+            row = got.one()
+            return row[0], row[1]
+
+    try:
+        there = asyncio.run(general())
+        direct = _direct(store)
+        assert direct.claim(_params("k", 1)) == 1
+        conn = direct._local.conn[0]
+        assert conn.execute("SELECT current_setting('application_name'), current_setting('synchronous_commit')"
+                            ).fetchone() == there == ("agentguard", "local")
+        claim_sql, claim_args = direct._claim
+        insert_sql, insert_args = direct._insert
+        complete_sql, complete_args = direct._complete
+        for sql, args, expected in ((claim_sql, claim_args(_params("k2", 2)), "off"),
+                                    (insert_sql, insert_args(_params("k3", 3)), "off"),
+                                    (complete_sql, complete_args({**_params("k", 1), "state": "succeeded",
+                                                                  "result": "r"}), "local")):
+            with conn.transaction(force_rollback=True):
+                conn.execute(sql, args)
+                assert conn.execute("SHOW synchronous_commit").fetchone()[0] == expected
+    finally:
+        _direct(store).close()
+
+
+def test_without_psycopg_or_with_url_parameters_the_general_path_runs(
+        databases: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No shortcut where psycopg is missing, or where the URL carries parameters libpq would read otherwise:
+    sync tools then take the general path, as before, with no error for it."""
+    from agentguard.stores import _direct_pg
+
+    assert _direct_pg.connect_kwargs(PG_URL + "?ssl=disable", None) is None
+    monkeypatch.setattr(_direct_pg, "missing", lambda *modules: "psycopg")
+    guard = Guard(databases(), cache_size=0)
+    runs: list[str] = []
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, idempotency_key: str = "") -> str:
+        runs.append(order_id)
+        return idempotency_key
+
+    try:
+        with task("t-none"):
+            keys = [charge("o-1"), charge("o-2"), charge("o-1")]
+        assert guard._store.direct() is None
+    finally:
+        guard.close()
+    assert runs == ["o-1", "o-2"] and keys[0] == keys[2] != keys[1]
+
+
+def test_closing_never_cuts_a_statement_running_in_another_thread(databases: Callable[[], str]) -> None:
+    """``close()`` (a guard closing) while another thread's completion waits on a row lock: the connection is
+    not freed under the statement, which completes; that thread then opens a new connection, and the old one
+    leaves the server once dropped."""
+    import psycopg
+
+    from agentguard.stores._direct_pg import connect_kwargs
+
+    url = databases()
+    store = SQLStore(url)
+    asyncio.run(store.ensure_schema())
+    direct = _direct(store)
+    done: list[Any] = []
+    kwargs = connect_kwargs(url, None)
+    assert kwargs is not None
+    with psycopg.connect(**{**kwargs, "autocommit": False, "application_name": "locker"}) as locker:
+        claimed = threading.Event()
+
+        def complete() -> None:
+            assert direct.claim(_params("k", 1)) == 1
+            locker.execute("SELECT 1 FROM agentguard_calls WHERE key = 'k' FOR UPDATE")  # (its transaction open)
+            done.append(_pids(direct))
+            claimed.set()
+            done.append(direct.complete("s", "k", 1, "succeeded", "r", 60.0))  # waits for the row lock
+            done.append(direct.claim(_params("k", 2)))  # (on a new connection: the old one was let go)
+            done.append(_pids(direct))
+
+        thread = threading.Thread(target=complete)
+        thread.start()
+        assert claimed.wait(60)
+        (pid,) = done[0]
+        for _ in range(6000):  # until the completion waits on the lock
+            waiting = pg_execute(url, f"SELECT wait_event_type FROM pg_stat_activity WHERE pid = {pid}")
+            if waiting and waiting[0][0] == "Lock":
+                break
+            threading.Event().wait(0.01)
+        direct.close()  # cannot close it under the running statement: leaves it to its thread
+        assert _backends(url, {pid}) == {pid}
+        locker.commit()
+        thread.join(60)
+    assert done[1] is True and done[2].state == "succeeded" and pid not in done[3]
+    direct.close()
+    assert _backends_gone(url, {pid} | done[3])
