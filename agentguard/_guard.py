@@ -229,7 +229,9 @@ class Guard(Views):
     # -- the store, for audit and upkeep --------------------------------------------------------------
 
     async def sweep(self, batch: int = 1000) -> int:
-        """Delete records past their retention, in batches of ``batch``. Returns how many were deleted."""
+        """Delete records past their retention (and then ledger entries past theirs), in short paced batches of
+        at most ``batch`` records, so that claims beside it keep their pace. Returns how many records were
+        deleted."""
         if batch < 1:
             raise ValueError("batch must be at least 1")
         deleted = await self._engine.store_call(self._store.sweep(batch))

@@ -228,7 +228,7 @@ class Run:
         pg = self.pg_database() if self.want("postgres") else contextlib.nullcontext(None)
         async with pg as url:
             self.doc["load"] = await load(self.tmp if self.want("sqlite") else None, url, seconds=seconds,
-                                          reps=self.cfg.reps, log=_log)
+                                          reps=self.cfg.reps, log=_log, parts=tuple(self.args.load_only))
 
     async def main(self) -> None:
         if self.args.load:
@@ -294,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="skip DBOS / Powertools / agent-once")
     ap.add_argument("--load", action="store_true", help="instead: the load targets (many callers, waiters, sweeps)"
                     " side by side")
+    ap.add_argument("--load-only", nargs="+", choices=["callers", "waiters", "sweeps"],
+                    default=["callers", "waiters", "sweeps"], help="with --load: only these parts")
     ap.add_argument("--load-seconds", type=float, default=10.0, help="each --load window of callers (default 10)")
     ap.add_argument("--race", action="store_true", help="only the race with agent-once (SQLite FULL and NORMAL,"
                     " Postgres): first calls and replays, sync and async tools, cache off")

@@ -185,6 +185,8 @@ class Protocol:
         dead = [k for k, row in self.rows.items() if self.expired(row) and not self.live(row)]
         for k in dead:
             del self.rows[k]
+        if not dead:  # the orphans' pass runs after a sweep that deleted something
+            return 0
         owned = {(k, row.origin) for k, row in self.rows.items()}
         for step in [s for s in self.steps if (s[0], s[1]) not in owned]:
             del self.steps[step]

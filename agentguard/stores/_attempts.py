@@ -17,6 +17,7 @@ from sqlalchemy import BigInteger, Column, Double, Index, Integer, String, Table
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._schema import RUNNING, STEPS, TABLE, metadata
+from ._sweep import paced
 
 if TYPE_CHECKING:
     from ._executor import Executor
@@ -229,18 +230,17 @@ class AttemptVerbs:
         return await self._executor.run("reading the attempt ledger", run, body_ran=None)
 
     async def sweep_attempts(self, batch: int = 1000) -> int:
-        """Delete ledger entries past their retention, in batches."""
+        """Delete ledger entries past their retention, in short batches of at most ``batch``, paced as the
+        records' sweep is (``_sweep``)."""
         stmt = self.attempt_sql.sweep
 
-        async def run(conn: AsyncConnection) -> int:
-            return int((await conn.execute(stmt, {"batch": batch})).rowcount or 0)
+        async def run(size: int) -> int:
+            async def one(conn: AsyncConnection) -> int:
+                return int((await conn.execute(stmt, {"batch": size})).rowcount or 0)
 
-        total = 0
-        while True:
-            n = await self._executor.run("sweeping the attempt ledger", run, body_ran=None)
-            total += n
-            if n < batch:
-                return total
+            return await self._executor.run("sweeping the attempt ledger", one, body_ran=None)
+
+        return await paced(run, batch)
 
     async def record_details(self, key: str, scope: str | None = None) -> list[RecordDetail]:
         """The records with ``key`` (one per scope that has it), each with its current steps."""

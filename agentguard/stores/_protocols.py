@@ -140,7 +140,8 @@ class AdminStore(Protocol):
     """An operator's verbs: retention, audit, and operations whose worker died inside a step."""
 
     async def sweep(self, batch: int = 1000) -> int:
-        """Delete records past their retention, in batches; never a running claim whose lease is live."""
+        """Delete records past their retention, in paced batches of at most ``batch``; never a running claim
+        whose lease is live."""
         ...
 
     async def listing(

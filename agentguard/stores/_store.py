@@ -27,6 +27,7 @@ from ._executor import Executor
 from ._listen import News
 from ._schema import DONE, Listing, Record, create_schema, listing_from_row, record_from_row
 from ._statements import WATCHED_DDL, Statements
+from ._sweep import paced
 
 if TYPE_CHECKING:
     from ._protocols import LedgerStore, Store
@@ -318,28 +319,24 @@ class SQLStore(AttemptVerbs):
         return await self._one("abandoning the operation", self.sql.abandon, params, body_ran=None) is not None
 
     async def sweep(self, batch: int = 1000) -> int:
-        """Delete records past their retention, in batches; never a running claim whose lease is live."""
+        """Delete records past their retention, in short batches of at most ``batch``, paced (``_sweep``);
+        never a running claim whose lease is live."""
 
-        async def run(conn: AsyncConnection) -> int:
-            return int((await conn.execute(self.sql.sweep, {"batch": batch})).rowcount or 0)
+        async def run(size: int) -> int:
+            async def one(conn: AsyncConnection) -> int:
+                return int((await conn.execute(self.sql.sweep, {"batch": size})).rowcount or 0)
 
-        total, loop = 0, asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            n = await self._executor.run("sweeping expired records", run, body_ran=None)
-            total += n
-            if n < batch:
-                break
-            # Leave the database as long again before the next batch: on SQLite each batch held its one write
-            # lock (other processes' claims wait in SQLite's busy handler meanwhile); on Postgres it took the
-            # server's CPU and I/O from the claims. A sweep is upkeep: half speed costs nothing.
-            await asyncio.sleep(loop.time() - started)
+            return await self._executor.run("sweeping expired records", one, body_ran=None)
 
-        async def orphans(conn: AsyncConnection) -> None:
-            await conn.execute(self.sql.sweep_steps)
+        total = await paced(run, batch)
+        if total:
+            # Steps of deleted records are unreachable anyway (a new record has a new origin): tidy them. Only
+            # after a sweep that deleted something: the pass reads every step, and a sweep with nothing to
+            # delete reads nothing (steps a restart left behind wait for the next sweep that deletes).
+            async def orphans(conn: AsyncConnection) -> None:
+                await conn.execute(self.sql.sweep_steps)
 
-        # Steps of deleted records are unreachable anyway (a new record has a new origin): tidy them.
-        await self._executor.run("sweeping orphaned steps", orphans, body_ran=None)
+            await self._executor.run("sweeping orphaned steps", orphans, body_ran=None)
         return total
 
     async def listing(
