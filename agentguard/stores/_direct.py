@@ -29,31 +29,34 @@ import asyncio
 import contextlib
 import operator
 import os
+import random
 import sqlite3
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
 from sqlalchemy.engine import make_url
 
 from .._errors import StoreError
-from ._aiosqlite import Waiters, busy, read_or_claim, written
+from ._aiosqlite import HANDOFF_MAX, Waiters, busy, read_or_claim, written
 from ._schema import Record, record_from_row
 from ._statements import Statements
 
 Compiled = tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]
+T = TypeVar("T")
 
 CHECKPOINT_EVERY = 300  # commits made on event loops' threads between two checkpoints (about 1,000 WAL pages)
 CHECKPOINT_WAIT = 2.0  # seconds a restarting checkpoint waits for the writer of the moment (and readers)
+AT_ONCE_WAIT = 0.05  # seconds an event loop's write tries again for SQLite's write lock before it hops
 WAL_RESTART_FRAMES = 4000  # WAL frames (pages written: about 16 MB) past which a checkpoint restarts the WAL
 
 
 class NotNow:
     """A statement an event loop's thread could not make at once. ``busy``: for SQLite's write lock (held by
     another connection, or a write of this store waits for it): the caller may try again shortly, yielding
-    the loop meanwhile (``SQLStore._at_once``); otherwise it hops (the general path), which decides."""
+    the loop meanwhile (``DirectSQLite.at_once``); otherwise it hops (the general path), which decides."""
 
     __slots__ = ("busy",)
 
@@ -72,7 +75,7 @@ def _compiled(stmt: Any) -> Compiled:
 
 
 class Line:
-    """An event loop's writers waiting for SQLite's write lock, in the order they came (``SQLStore._at_once``)."""
+    """An event loop's writers waiting for SQLite's write lock, in the order they came (``DirectSQLite.at_once``)."""
 
     __slots__ = ("hop_until", "lock", "waiting")
 
@@ -218,7 +221,7 @@ class DirectSQLite:
         of it never is (2,000 back-to-back first calls left 47 MB of it); so past ``WAL_RESTART_FRAMES`` the
         checkpoint restarts the WAL itself: it waits (its busy handler, on this thread) for the writer of the
         moment and holds new writers off while it copies the rest and syncs — the loops' writers meanwhile try
-        again shortly, yielding (``SQLStore._at_once``). A failure is left to the next checkpoint; one cut off
+        again shortly, yielding (``DirectSQLite.at_once``). A failure is left to the next checkpoint; one cut off
         by the process's exit is harmless, as any checkpoint is."""
         try:
             connect: Any = sqlite3.connect
@@ -240,6 +243,44 @@ class DirectSQLite:
             for loop, resumed in paused:  # in the order they came
                 with contextlib.suppress(RuntimeError):  # (a loop closed meanwhile)
                     loop.call_soon_threadsafe(_resolve, resumed)
+
+    async def at_once(self, attempt: Callable[[], T | NotNow]) -> T | NotNow:
+        """``attempt`` (a write on the loop's thread that never waits), made at once if it can be. If SQLite's write
+        lock is busy, the writer joins the loop's line (``line``, first come first served, so that a
+        writer arriving as the lock comes free never takes it ahead of those already waiting): the first in line
+        tries again in short jittered sleeps (0.25 ms doubling to at most 4 ms, as ``_aiosqlite.written`` waits on a
+        thread), the others wait their turn. While a checkpoint holds writers off, the first waits for its end
+        (``paused``). If the lock stays busy for ``AT_ONCE_WAIT``, NOT_NOW: the caller hops and waits
+        on aiosqlite's thread, and so does the rest of the line for a while. Cancelled while it waits, it has
+        written nothing."""
+        line = self.line()
+        got: T | NotNow = BUSY_NOW
+        if not line.waiting:
+            got = attempt()
+            if not isinstance(got, NotNow) or not got.busy:
+                return got
+        loop = asyncio.get_running_loop()
+        line.waiting += 1
+        try:
+            async with line.lock:
+                delay, deadline = 0.00025, loop.time() + AT_ONCE_WAIT
+                while loop.time() >= line.hop_until:
+                    got = attempt()
+                    if not isinstance(got, NotNow) or not got.busy:
+                        return got
+                    if loop.time() >= deadline:  # held long (another process's long write): the line hops a while
+                        line.hop_until = loop.time() + AT_ONCE_WAIT
+                        break
+                    paused = self.paused()
+                    if paused is not None:
+                        await paused
+                        deadline = loop.time() + AT_ONCE_WAIT
+                    else:
+                        await asyncio.sleep(delay * (0.5 + random.random()))
+                        delay = min(delay * 2, HANDOFF_MAX)
+        finally:
+            line.waiting -= 1
+        return got
 
     def line(self) -> Line:
         """The running loop's line of writers (made on first use; only that loop's thread touches it)."""

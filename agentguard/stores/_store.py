@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ._aiosqlite import HANDOFF_MAX
 from ._attempts import AttemptVerbs
 from ._claims import READING
 from ._dialects import SQLite, dialect_for
-from ._direct import BUSY_NOW, DirectSQLite, NotNow
+from ._direct import DirectSQLite, NotNow
 from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
 from ._executor import Executor
@@ -33,48 +31,7 @@ if TYPE_CHECKING:
     from ._protocols import LedgerStore, Store
 
 STEP = "recording a step"
-AT_ONCE_WAIT = 0.05  # seconds an event loop's write tries again for SQLite's write lock before it hops
 
-T = TypeVar("T")
-
-
-async def _at_once(attempt: Callable[[], T | NotNow], direct: DirectSQLite) -> T | NotNow:
-    """``attempt`` (a write on the loop's thread that never waits), made at once if it can be. If SQLite's write
-    lock is busy, the writer joins the loop's line (``DirectSQLite.line``, first come first served, so that a
-    writer arriving as the lock comes free never takes it ahead of those already waiting): the first in line
-    tries again in short jittered sleeps (0.25 ms doubling to at most 4 ms, as ``_aiosqlite.written`` waits on a
-    thread), the others wait their turn. While a checkpoint holds writers off, the first waits for its end
-    (``DirectSQLite.paused``). If the lock stays busy for ``AT_ONCE_WAIT``, NOT_NOW: the caller hops and waits
-    on aiosqlite's thread, and so does the rest of the line for a while. Cancelled while it waits, it has
-    written nothing."""
-    line = direct.line()
-    got: T | NotNow = BUSY_NOW
-    if not line.waiting:
-        got = attempt()
-        if not isinstance(got, NotNow) or not got.busy:
-            return got
-    loop = asyncio.get_running_loop()
-    line.waiting += 1
-    try:
-        async with line.lock:
-            delay, deadline = 0.00025, loop.time() + AT_ONCE_WAIT
-            while loop.time() >= line.hop_until:
-                got = attempt()
-                if not isinstance(got, NotNow) or not got.busy:
-                    return got
-                if loop.time() >= deadline:  # held long (another process's long write): the line hops a while
-                    line.hop_until = loop.time() + AT_ONCE_WAIT
-                    break
-                paused = direct.paused()
-                if paused is not None:
-                    await paused
-                    deadline = loop.time() + AT_ONCE_WAIT
-                else:
-                    await asyncio.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, HANDOFF_MAX)
-    finally:
-        line.waiting -= 1
-    return got
 
 class SQLStore(AttemptVerbs):
     """The store (implements ``ClaimStore``, ``StepStore``, ``AdminStore`` and ``LedgerStore``). Engines are
@@ -169,7 +126,7 @@ class SQLStore(AttemptVerbs):
             direct = self.direct()
         if isinstance(direct, DirectSQLite):
             if direct.claims_now:  # (the read, and the insert if it can be made at once: no hop)
-                got: int | Record | NotNow = await _at_once(lambda: direct.claim_now(params), direct)
+                got: int | Record | NotNow = await direct.at_once(lambda: direct.claim_now(params))
                 if isinstance(got, int):
                     # A first call lets the loop's other tasks run once, as a claim that hops does: callers
                     # whose bodies never suspend take turns. (Cancelled here, the engine releases the claim.)
@@ -198,8 +155,8 @@ class SQLStore(AttemptVerbs):
     ) -> bool:
         direct = self._direct
         if isinstance(direct, DirectSQLite) and direct.completes_now:  # at once on this loop's thread (no hop)
-            done: bool | NotNow = await _at_once(
-                lambda: direct.complete_now(scope, key, fence, state, result, retention, audit), direct)
+            done: bool | NotNow = await direct.at_once(
+                lambda: direct.complete_now(scope, key, fence, state, result, retention, audit))
             if not isinstance(done, NotNow):
                 return done
         params = {
