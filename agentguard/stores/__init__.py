@@ -11,6 +11,11 @@ What the guard asks of a store is written as three protocols (``ClaimStore``, ``
 - ``_engines``     one engine per event loop, and letting go;
 - ``_lane``        the hot path's connections on a loop: kept while in use, each handed to the longest waiter;
 - ``_executor``    running statements: the hot path, the general path, one retry policy, ``StoreError``;
+- ``_direct``      SQLite without a hop: sync tools' statements in their thread, async tools' on their loop;
+- ``_direct_pg``   Postgres: sync tools' statements in their own thread, over psycopg;
+- ``_sweep``       the sweep's pace: batches of about 5 ms, resting five times as long;
+- ``_listen``      Postgres: one connection per loop listening for announced outcomes;
+- ``_views``       what the console reads, off the hot path;
 - ``_attempts``    the ledger of attempts: its table, ``Attempt``, its statements and verbs;
 - ``_store``       ``SQLStore``: the verbs;
 - ``_protocols``   the interfaces.
