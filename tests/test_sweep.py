@@ -194,5 +194,10 @@ async def test_a_sweep_with_nothing_to_delete_reads_no_row_however_large_the_tab
     sent[2 * large] = await _empty_sweep(store_url, large, "b")
     assert [s for s, _ in sent[2 * large]] == [s for s, _ in sent[large]] and len(sent[large]) == 2
     second = await _tuples_read(store_url, sent[2 * large])
-    assert second == first, (first, second)
-    assert all(seq == 0 and fetched <= 2 and deleted == 0 for seq, fetched, deleted in first.values()), first
+    # No row read at either size: no sequential read, nothing deleted, and a few index fetches at most (the
+    # heap tuples at the index's edge, whose number the visibility of recent rows moves: 1 or 2 from one run to
+    # the next), not one per row of 20,000 or 40,000.
+    for read in (first, second):
+        assert read.keys() == {"agentguard_calls", "agentguard_steps", "agentguard_attempts"}, read
+        assert all(seq == 0 and fetched <= 4 and deleted == 0 for seq, fetched, deleted in read.values()), (
+            first, second)
