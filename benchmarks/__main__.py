@@ -294,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="skip DBOS / Powertools / agent-once")
     ap.add_argument("--load", action="store_true", help="instead: the load targets (many callers, waiters, sweeps)"
                     " side by side")
-    ap.add_argument("--load-only", nargs="+", choices=["callers", "waiters", "sweeps"],
-                    default=["callers", "waiters", "sweeps"], help="with --load: only these parts")
+    ap.add_argument("--load-only", nargs="+", choices=["callers", "waiters", "sweeps", "writers"],
+                    default=["callers", "waiters", "sweeps", "writers"], help="with --load: only these parts")
     ap.add_argument("--load-seconds", type=float, default=10.0, help="each --load window of callers (default 10)")
     ap.add_argument("--race", action="store_true", help="only the race with agent-once (SQLite FULL and NORMAL,"
                     " Postgres): first calls and replays, sync and async tools, cache off")

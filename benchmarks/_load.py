@@ -10,7 +10,8 @@ on one timing alone).
 - waiters in another process (Postgres): W callers in a child process on a key this process holds; the same
   two figures, the statements counted in the child;
 - sweeps: claims' p99 from this process while another connection sweeps N expired records, ÷ their p99 with
-  no sweep, in alternating windows (both backends); and a sweep with nothing to delete on N records ÷ on 200.
+  no sweep, in alternating windows (both backends); and a sweep with nothing to delete on N records ÷ on 200;
+- writers: 4 and 8 processes making first calls on one SQLite file (``_writers``).
 
 The targets (issue 21): no errors, every caller within 3× of the median count, throughput ≥ 0.9× the raw
 pool's; waiters' statements independent of W; sweeps' p99 within 2× of none.
@@ -371,7 +372,7 @@ async def _fill_live(url: str, n: int) -> None:
 
 # -- the mode --------------------------------------------------------------------------------------------------
 
-PARTS = ("callers", "waiters", "sweeps")
+PARTS = ("callers", "waiters", "sweeps", "writers")
 
 
 async def load(sqlite_dir: Path | None, pg_url: str | None, *, seconds: float, reps: int, log: Log,
@@ -395,6 +396,12 @@ async def load(sqlite_dir: Path | None, pg_url: str | None, *, seconds: float, r
         log(f"== load: sweeps ({backend})")
         doc[f"{backend} sweep during claims"] = await sweeps(url, 100_000, reps, log)
         doc[f"{backend} empty sweep"] = await empty_sweep(url, 300_000, log)
+    if sqlite_dir is not None and "writers" in parts:
+        from ._writers import writers
+
+        for n in (4, 8):
+            log(f"== load: {n} writer processes on one SQLite file, {seconds:g} s")
+            doc[f"sqlite writers {n}"] = await writers(sqlite_dir, n, seconds)
     return doc
 
 
@@ -419,6 +426,10 @@ def load_table(doc: dict[str, Any]) -> str:
                          f" {v['ratio']:.2f}× (median; per rep {v['ratios']}; during {v['p99_ms_during']} ms,"
                          f" none {v['p99_ms_none']} ms; target ≤ 2); claims/s during {v['claims_per_s_during']},"
                          f" none {v['claims_per_s_none']}; the sweep took {v['sweep_s']} s")
+        elif "writers" in name:
+            lines.append(f"{name} processes x 8 coroutines at NORMAL: {v['calls_per_s']} calls/s, p99"
+                         f" {v['p99_ms']} ms, worst {v['worst_ms']} ms, shares {v['shares']} (max ÷ min"
+                         f" {v['spread']})")
         elif "empty" in name:
             lines.append(f"{name}: nothing to delete on {v['records']} records {v['ms_big']:.2f} ms ÷ on 200"
                          f" {v['ms_small']:.2f} ms = {v['ratio']:.2f}×")
