@@ -40,10 +40,34 @@ from .stores._protocols import Direct
 log = logging.getLogger("agentguard")
 T = TypeVar("T")
 
-REPLAYING_MAX = 4096  # tasks remembered as replaying (see Engine.begin)
+REPLAYING_MAX = 4096  # tasks remembered as replaying (see Replaying)
 MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
 POLL_MAX = 0.1  # seconds between a waiting key's reads of the store, at most (one reader per key and process)
 POLL_LISTENING = 1.0  # the same, while the store announces the key's outcome to this process (a fallback)
+
+class Replaying:
+    """Tasks whose last call here was a replay from the store (a resumed agent going over its history): their
+    next call is likely a replay too, so it is asked the way a replay costs least — a plain read first on the
+    portal's loop (``Engine.begin``), the read-or-claim function in a sync tool's thread (``_here``). Kept only
+    where a read costs less than a claim (Postgres); advisory (a wrong guess costs one statement), bounded."""
+
+    def __init__(self, kept: bool) -> None:
+        self.kept = kept
+        self._tasks: dict[tuple[str, str], None] = {}
+
+    def __contains__(self, call: Call) -> bool:
+        return self.kept and (call.scope, call.task_id) in self._tasks
+
+    def add(self, call: Call) -> None:
+        if self.kept:
+            if len(self._tasks) >= REPLAYING_MAX:
+                self._tasks.clear()
+            self._tasks[(call.scope, call.task_id)] = None
+
+    def discard(self, call: Call) -> None:
+        """The task's call was not a replay after all."""
+        self._tasks.pop((call.scope, call.task_id), None)
+
 
 class Engine(Drivers):
     """The state machine, bound to one store and one guard's settings."""
@@ -65,9 +89,7 @@ class Engine(Drivers):
         self.pending = PendingBeats(self)  # claims made in sync tools' own threads, not yet on a heartbeat
         # The store announces outcomes to waiting processes (Postgres); a stand-in store may not.
         self.announced = bool(getattr(store, "announces", False)) and callable(getattr(store, "watch", None))
-        # Tasks whose last call here was a replay (a resumed agent replaying its history): their next call is
-        # read with a plain SELECT first (see begin). Advisory, bounded.
-        self.replaying: dict[tuple[str, str], None] = {}
+        self.replaying = Replaying(store.read_is_cheaper)
 
     async def store_call(self, coro: Coroutine[Any, Any, T]) -> T:
         # An in-memory SQLite database lives on one connection, so it lives on the portal loop.
@@ -131,11 +153,7 @@ class Engine(Drivers):
         self.events.emit("replayed", call, rec.attempts)
         self.cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
         self.watches.news((call.scope, call.key))  # this process's other waiters on the key: look again
-        if self.store.read_is_cheaper:
-            replaying = self.replaying
-            if len(replaying) >= REPLAYING_MAX:
-                replaying.clear()
-            replaying[(call.scope, call.task_id)] = None
+        self.replaying.add(call)
         return Replay(call, rec)
 
     def remember(self, claim: Claim, state: str, stored: str, started: float) -> None:
@@ -184,7 +202,7 @@ class Engine(Drivers):
         """``owner``: the token of a claim already tried in the caller's thread (``_here``), which may have
         committed with its answer lost: found running under it, the record is ours."""
         store = self.store
-        if store.read_is_cheaper and (call.scope, call.task_id) in self.replaying:
+        if call in self.replaying:
             # The task's previous call here was a replay, so this one likely is too: a plain SELECT costs less
             # than the claim statement (Postgres). Only a completed record is acted on; anything else (none,
             # running, released, past retention) goes to the claim below, which decides.
@@ -193,7 +211,7 @@ class Engine(Drivers):
                 if rec.fingerprint != call.fingerprint:
                     raise self.reuse_error(call, rec)
                 return self.replayed(call, rec)
-            self.replaying.pop((call.scope, call.task_id), None)
+            self.replaying.discard(call)
         owner = owner or new_owner()
         params = self.claim_params(call, owner)
         deadline: float | None = None

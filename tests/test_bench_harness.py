@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from benchmarks._harness import Variant, ratios, run_group
+
+pytestmark = pytest.mark.storeless  # independent of the store's backend
 
 
 def _recording(log: list[tuple[str, int, int]], name: str, rep: list[int]) -> Variant:

@@ -11,6 +11,8 @@ import pytest
 from chaos._judge import judge
 from chaos._provider import Provider, ProviderError, charge
 
+pytestmark = pytest.mark.storeless  # independent of the store's backend
+
 OPS = [("t-0", "charge", "o0", 100), ("t-1", "book", "o1", 101)]
 STORED = {"t-0": {"order": "o0", "charge": "ch_1"}, "t-1": {"order": "o1", "charge": "ch_2"}}
 

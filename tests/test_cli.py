@@ -90,7 +90,6 @@ def test_whitebox_redaction() -> None:
 
 COMMANDS = ("demo", "ls", "show", "timeline", "forget", "stats", "resolve", "sweep", "console", "mcp-proxy")
 # Tests that never open the suite's store run once, in the SQLite pass.
-storeless = pytest.mark.skipif(BACKEND != "sqlite", reason="independent of the store's backend: runs with sqlite")
 
 
 def run(*args: str, cwd: Path, env: dict[str, str] | None = None, stdout: Any = subprocess.PIPE,
@@ -115,7 +114,7 @@ def record(url: str, *, scope: str = "default", task_id: str = "t-1", n: int = 1
     guard.close()
 
 
-@storeless
+@pytest.mark.storeless
 def test_no_command_prints_the_help_and_exits_2(tmp_path: Path) -> None:
     # 2, argparse's status for every other usage error: nothing was done, so a script that forgot the
     # command must not read success.
@@ -128,7 +127,7 @@ def test_no_command_prints_the_help_and_exits_2(tmp_path: Path) -> None:
     assert run("--", cwd=tmp_path).returncode == 2
 
 
-@storeless
+@pytest.mark.storeless
 def test_version(tmp_path: Path) -> None:
     out = run("--version", cwd=tmp_path)
     assert out.returncode == 0
@@ -157,7 +156,7 @@ def help_entries(text: str) -> dict[str, str]:
     return entries
 
 
-@storeless
+@pytest.mark.storeless
 @pytest.mark.parametrize("command", ["", *COMMANDS])
 def test_every_option_has_help(tmp_path: Path, command: str) -> None:
     out = run(*([command] if command else []), "--help", cwd=tmp_path)
@@ -182,7 +181,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(store_url: str, tmp_pa
     assert shell.returncode == 0 and shell.stderr == "" and shell.stdout.startswith("scope")
 
 
-@storeless
+@pytest.mark.storeless
 @pytest.mark.parametrize("args", [("ls",), ("ls", "--unknown"), ("ls", "--json"), ("sweep",),
                                   ("resolve", "ag_x", "--retry"), ("ls", "--state", "running"), ("show", "ag_x"),
                                   ("timeline", "t-1"), ("forget", "ag_x", "--yes"), ("stats", "--since", "1h")])
@@ -229,7 +228,7 @@ def test_config_names_the_store_as_the_proxy_reads_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in elsewhere.iterdir()) == []
 
 
-@storeless
+@pytest.mark.storeless
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
@@ -247,7 +246,7 @@ def test_a_bad_config_is_named(tmp_path: Path, text: str | None, problem: str) -
     assert out.returncode == 1 and problem in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-@storeless
+@pytest.mark.storeless
 def test_config_without_a_store_url_uses_the_environment_then_the_default(tmp_path: Path) -> None:
     (tmp_path / "agentguard.toml").write_text('[upstream]\ncommand = ["x"]\n')
     out = run("ls", "--config", "agentguard.toml", cwd=tmp_path)
@@ -275,7 +274,7 @@ def test_ls_json_is_one_document_with_stable_fields(store_url: str, tmp_path: Pa
         assert json.loads(empty.stdout) == {"records": []}
 
 
-@storeless
+@pytest.mark.storeless
 def test_cli_errors_never_say_a_tool_was_not_run(tmp_path: Path) -> None:
     for args in (("ls",), ("sweep",), ("resolve", "ag_x", "--retry")):
         out = run(*args, "--url", "postgresql+asyncpg://u@127.0.0.1:1/db", cwd=tmp_path)
@@ -293,7 +292,7 @@ BLOCK = (  # the import of these top-level modules fails, as if their extra were
 )
 
 
-@storeless
+@pytest.mark.storeless
 def test_a_postgres_url_without_asyncpg_names_the_extra(tmp_path: Path) -> None:
     for args in (("ls",), ("sweep",), ("demo",)):
         out = run("asyncpg", *args, "--url", "postgresql+asyncpg://u@127.0.0.1:1/db", cwd=tmp_path, code=BLOCK)
@@ -304,7 +303,7 @@ def test_a_postgres_url_without_asyncpg_names_the_extra(tmp_path: Path) -> None:
         )
 
 
-@storeless
+@pytest.mark.storeless
 def test_mcp_proxy_without_the_mcp_extra_names_it(tmp_path: Path) -> None:
     (tmp_path / "agentguard.toml").write_text('[upstream]\ncommand = ["x"]\n')
     for blocked in ("mcp", "mcp_types"):
@@ -327,7 +326,7 @@ def test_whitebox_the_resolve_command_a_hint_names_points_at_the_same_store(stor
         "agentguard: no operation 'ag_abc' in scope 'acct 42' has a step with an unknown outcome\n"), out.stderr
 
 
-@storeless
+@pytest.mark.storeless
 def test_whitebox_resolve_command_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from agentguard._storeconfig import resolve_command
 

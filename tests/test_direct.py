@@ -150,9 +150,9 @@ def test_threads_racing_on_one_key_run_it_once(tmp_path: Path, monkeypatch: pyte
     claimed_in: set[str] = set()  # the threads that claimed on a connection of their own
     real_claim = DirectSQLite.claim
 
-    def claim(self: DirectSQLite, params: dict[str, Any]) -> Any:
+    def claim(self: DirectSQLite, params: dict[str, Any], likely_replay: bool = False) -> Any:
         claimed_in.add(threading.current_thread().name)
-        return real_claim(self, params)
+        return real_claim(self, params, likely_replay)
 
     monkeypatch.setattr(DirectSQLite, "claim", claim)
     runs: list[int] = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ from agentguard import Guard, GuardEvent, KeyReuseError, StoreError, task
 from agentguard.stores import SQLStore
 from agentguard.stores._direct_pg import DirectPostgres
 
-from conftest import BACKEND, PG_URL, _pg_admin, pg_execute
+from conftest import BACKEND, PG_URL, _pg_admin, pg_database, pg_database_done, pg_execute
 
 pytestmark = [pytest.mark.postgres,
               pytest.mark.skipif(BACKEND != "postgres", reason="Postgres' shortcut: runs in the Postgres pass")]
@@ -43,14 +42,13 @@ def databases() -> Iterator[Callable[[], str]]:
     names: list[str] = []
 
     def make() -> str:
-        name = "t_" + uuid.uuid4().hex[:20]
-        asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+        name = pg_database()
         names.append(name)
         return make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
 
     yield make
     for name in names:
-        asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        pg_database_done(name)
 
 
 def _params(key: str, fence: int, fingerprint: str = "f", owner: str | None = None) -> dict[str, Any]:
@@ -106,8 +104,8 @@ def test_the_direct_statements_answer_as_the_store_does(databases: Callable[[], 
             for i, via_direct in enumerate((True, False)):  # each path on keys of its own, the same steps
                 key = f"k{i}"
 
-                async def claim(p: dict[str, Any], via: bool = via_direct) -> Any:
-                    return direct.claim(p) if via else await store.claim(p)
+                async def claim(p: dict[str, Any], likely: bool = False, via: bool = via_direct) -> Any:
+                    return direct.claim(p, likely_replay=likely) if via else await store.claim(p)
 
                 async def complete(fence: int, result: str, via: bool = via_direct, key: str = key) -> Any:
                     args = ("s", key, fence, "succeeded", result, 60.0, '{"a": 1}')
@@ -122,24 +120,23 @@ def test_the_direct_statements_answer_as_the_store_does(databases: Callable[[], 
                 steps.append(("complete, other result", await complete(11, "x")))
                 steps.append(("claim completed", await claim(_params(key, 13))))
                 steps.append(("claim, other arguments", await claim(_params(key, 14, "g"))))
-                # The task replays now: the direct claim asks the read-or-claim function (before: the plain claim).
-                steps.append(("claim completed, replaying", await claim(_params(key, 15))))
-                steps.append(("claim absent, replaying", await claim(_params(key + "-new", 16))))
-                steps.append(("claim after a claim", await claim(_params(key + "-new2", 17))))
+                # A replaying task's: the direct claim asks the read-or-claim function (before: the plain claim).
+                steps.append(("claim completed, replaying", await claim(_params(key, 15), True)))
+                steps.append(("claim absent, replaying", await claim(_params(key + "-new", 16), True)))
+                steps.append(("claim running, replaying", await claim(_params(key + "-new", 17), True)))
             half = len(steps) // 2
             for (what, a), (_, b) in zip(steps[:half], steps[half:], strict=True):
                 assert _same(a, b), (what, a, b)
             assert steps[0][1] == 11 and steps[1][1].state == "running" and steps[2][1] is False
             assert steps[3][1] is True and steps[5][1] is False and steps[6][1].state == "succeeded"
             assert steps[7][1].fingerprint == "f"  # (the engine refuses it: KeyReuseError)
-            assert steps[8][1].state == "succeeded" and steps[9][1] == 16 and steps[10][1] == 17
-            assert not direct._replaying  # (a claim won ends the task's replaying)
+            assert steps[8][1].state == "succeeded" and steps[9][1] == 16 and steps[10][1].state == "running"
         finally:
             await store.dispose()
 
     asyncio.run(go())
     rows = [tuple(r)[1:] for r in pg_execute(url, ROWS)]
-    assert len(rows) == 6 and rows[:3] == rows[3:]  # the same rows, column for column
+    assert len(rows) == 4 and rows[:2] == rows[2:]  # the same rows, column for column
 
 
 def _calls(store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
@@ -162,11 +159,13 @@ def _calls(store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
             seen.append(charge("o-1", 5))  # claimed and completed (in this thread, where it can be)
             seen.append(charge("o-1", 5))  # replayed from the in-process cache
             guard._cache.clear()
-            seen.append(charge("o-1", 5))  # replayed from the store
+            seen.append(charge("o-1", 5))  # replayed from the store: the task is replaying
+            replaying = [bool(guard._engine.replaying._tasks)]
             with pytest.raises(KeyReuseError):
-                charge("o-1", 6)
+                charge("o-1", 6)  # (asked as a replay: the read-or-claim function on the direct path)
             with pytest.raises(ConnectionError):
-                charge("o-flaky", 1)
+                charge("o-flaky", 1)  # a claim won: the task is not replaying any more
+            replaying.append(bool(guard._engine.replaying._tasks))
             seen.append(charge("o-flaky", 1))  # taken over, the same downstream key
         direct = store.direct()
         assert (direct is not None and bool(_pids(direct))) is direct_expected  # type: ignore[arg-type]
@@ -174,14 +173,15 @@ def _calls(store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
         guard.close()
     rows = pg_execute(store.url, "SELECT key, state, fence - origin, attempts, result, lease_until IS NULL"
                                  " FROM agentguard_calls ORDER BY key")
-    return seen, runs, [(e.kind, e.operation, e.attempt) for e in events], [tuple(r) for r in rows]
+    return seen, runs, [(e.kind, e.operation, e.attempt) for e in events], [tuple(r) for r in rows], replaying
 
 
 def test_whole_sync_calls_equal_the_general_path(databases: Callable[[], str]) -> None:
     direct = _calls(SQLStore(databases()), True)
     general = _calls(General(databases()), False)
     assert direct == general
-    seen, runs, _, _ = direct
+    seen, runs, _, _, replaying = direct
+    assert replaying == [True, False]
     assert runs == ["o-warm", "o-1", "o-flaky", "o-flaky"] and seen[0] == seen[1] == seen[2]
     assert seen[3]["key"] and seen[0]["t"] == (1, 2)  # decoded as stored: a tuple stays a tuple
 
@@ -355,8 +355,8 @@ class _AnswerLost:
     def __init__(self, direct: Any) -> None:
         self._direct = direct
 
-    def claim(self, params: dict[str, Any]) -> Any:
-        self._direct.claim(params)
+    def claim(self, params: dict[str, Any], likely_replay: bool = False) -> Any:
+        self._direct.claim(params, likely_replay)
         raise StoreError("the store failed (claiming the key: the connection was lost)", transient=True)
 
     def complete(self, *args: Any) -> bool:

@@ -9,9 +9,7 @@ import sys
 
 import pytest
 
-from conftest import BACKEND
-
-pytestmark = pytest.mark.skipif(BACKEND != "sqlite", reason="imports only: runs once, in the SQLite pass")
+pytestmark = pytest.mark.storeless  # imports only
 
 SHIM = "import sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
 FINDER = (

@@ -13,6 +13,8 @@ import agentguard
 from agentguard.mcp import ConfigError, load_config, parse_config
 from agentguard.mcp import proxy as proxy_module
 
+pytestmark = pytest.mark.storeless  # independent of the store's backend
+
 PACKAGE_ROOT = Path(agentguard.__file__).resolve().parent.parent
 
 BAD = """\

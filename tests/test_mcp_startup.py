@@ -24,7 +24,7 @@ from agentguard.mcp import META_REPLAYED
 
 from conftest import PG_URL
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.storeless]  # (its Postgres-marked tests run in the Postgres pass)
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_ROOT = Path(agentguard.__file__).resolve().parent.parent

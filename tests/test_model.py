@@ -31,7 +31,7 @@ from agentguard.stores import SQLStore
 from agentguard.stores._protocols import AdminStore, ClaimStore, StepStore
 from agentguard.stores._statements import Statements
 
-from conftest import BACKEND, ROOT
+from conftest import ROOT
 
 MODEL = ROOT / "model" / "agentguard.pml"
 FULL = os.environ.get("AGENTGUARD_MODEL_FULL") == "1"
@@ -68,7 +68,7 @@ BROKEN_LIVENESS = [
     ("leases never expire", ["-DW=2", "-DK=1", "-DCALLS=1", "-DMAXCRASH=1", "-DNOSWEEP", "-DBROKEN_NO_EXPIRY"]),
 ]
 
-pytestmark = pytest.mark.skipif(BACKEND != "sqlite", reason="the model does not depend on the database: run once")
+pytestmark = pytest.mark.storeless  # the model does not depend on the database
 
 
 def _tools() -> tuple[str, str]:

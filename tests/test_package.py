@@ -20,11 +20,11 @@ from mcp import Client, StdioServerParameters
 
 from agentguard import __version__
 
-from conftest import BACKEND, ROOT
+from conftest import ROOT
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(BACKEND != "sqlite", reason="the package, not a store: runs once, in the SQLite pass"),
+    pytest.mark.storeless,  # the package, not a store
 ]
 
 README_EXAMPLE = re.compile(r"## Example\n\n```python\n(.*?)```", re.DOTALL)

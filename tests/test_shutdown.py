@@ -16,6 +16,8 @@ from agentguard import Guard, task
 
 from conftest import tid
 
+pytestmark = pytest.mark.storeless  # independent of the store's backend
+
 HOLD = (
     "import sqlite3, sys, time\n"
     "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from agentguard._cache import ReplayCache
 from agentguard.stores import Record
+
+pytestmark = pytest.mark.storeless  # independent of the store's backend
 
 
 def _rec(key: str) -> Record:

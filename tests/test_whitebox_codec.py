@@ -17,6 +17,8 @@ from typing_extensions import TypedDict
 
 from agentguard._codec import Codec, decode_error, dumps, encode_error
 
+pytestmark = pytest.mark.storeless  # independent of the store's backend
+
 
 class Colour(enum.IntEnum):
     RED = 1

@@ -25,12 +25,15 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
 from agentguard._flat import flat_json
 from agentguard._keys import _general, canonical_json
+
+pytestmark = pytest.mark.storeless  # independent of the store's backend
 
 # -- the supported types ----------------------------------------------------------------------------------
 

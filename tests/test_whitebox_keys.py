@@ -34,6 +34,8 @@ from agentguard._keys import (
     sub_key,
 )
 
+pytestmark = pytest.mark.storeless  # independent of the store's backend
+
 
 def test_formats_are_pinned() -> None:
     op = operation_name("charge", {"order_id": "o-1"})

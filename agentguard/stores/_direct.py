@@ -142,8 +142,9 @@ class DirectSQLite:
             self._conns[(threading.current_thread(), role)] = conn
         return conn
 
-    def claim(self, params: dict[str, Any]) -> int | Record | None:
-        """What ``SQLStore.claim`` answers: our fence, the record there, or None (it kept vanishing)."""
+    def claim(self, params: dict[str, Any], likely_replay: bool = False) -> int | Record | None:
+        """What ``SQLStore.claim`` answers: our fence, the record there, or None (it kept vanishing). (One way
+        here, whatever is likely: a read first, then the claim.)"""
         (read_sql, read_args), (claim_sql, claim_args) = self._read, self._claim
         try:
             got = read_or_claim(self._conn(), read_sql, read_args(params), claim_sql, claim_args(params),

@@ -26,14 +26,13 @@ from sqlalchemy.engine import make_url
 from .._errors import StoreError
 from .._extras import missing
 from ._claims import CLAIMING, READING
-from ._schema import FAILED, FENCE_AT, SUCCEEDED, Record, record_from_row
+from ._schema import FENCE_AT, Record, record_from_row
 from ._statements import Statements
 
 Compiled = tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]
 
 CONNECT_TIMEOUT = 2  # seconds (libpq's least): a direct connection that cannot be had soon is not worth waiting for
 RESTING = 1.0  # seconds without trying to connect again after a connection could not be opened
-REPLAYING_MAX = 4096  # tasks remembered as replaying (see DirectPostgres.claim)
 CLOSING_WAIT = 1.0  # seconds close() waits for a statement running on a connection of another thread
 
 
@@ -80,8 +79,6 @@ class DirectPostgres:
         assert sql.claim_or_fetch is not None  # (a Postgres store claims through its function)
         self._claim, self._insert, self._read, self._complete = (
             _compiled(s) for s in (sql.claim_or_fetch, sql.claim, sql.read, sql.complete))
-        # Tasks whose last claim here found their record (see claim). Advisory, bounded.
-        self._replaying: dict[tuple[str, str], None] = {}
         self._local = threading.local()
         self._conns: dict[threading.Thread, Any] = {}
         self._lock = threading.Lock()
@@ -145,34 +142,25 @@ class DirectPostgres:
                 del self._conns[threading.current_thread()]
         _close(conn)
 
-    def claim(self, params: dict[str, Any]) -> int | Record | None:
+    def claim(self, params: dict[str, Any], likely_replay: bool = False) -> int | Record | None:
         """What ``SQLStore.claim`` answers: our fence, the record there, or None (it vanished).
 
-        Asked the cheaper of the store's two ways for what is likely: a task whose last claim here found its
-        record (an agent going over its history) through the read-or-claim function, one round trip
+        Asked the cheaper of the store's two ways for what is likely: a replaying task's (an agent going over
+        its history: ``Engine.replaying``) through the read-or-claim function, one round trip
         (``_claims.by_function``); any other through the plain claim, which costs the server about half the
         function's on a first call, and a read only if it found the key taken (``_claims.by_insert``). Both
         decide by the same ``INSERT ... ON CONFLICT DO NOTHING``."""
-        task = (params["scope"], params["task_id"])
-        if task not in self._replaying:
+        if not likely_replay:
             row = self._fetch(CLAIMING, self._insert, params, False)
             if row is not None:
                 return int(row[0])
             row = self._fetch(READING, self._read, params, False)
-            if row is None:
-                return None
-            rec = record_from_row(params["scope"], params["key"], row)
-            if rec.state in (SUCCEEDED, FAILED):
-                if len(self._replaying) >= REPLAYING_MAX:
-                    self._replaying.clear()
-                self._replaying[task] = None
-            return rec
+            return None if row is None else record_from_row(params["scope"], params["key"], row)
         row = self._fetch(CLAIMING, self._claim, params, False)
         if row is None:  # the record kept vanishing inside the function: read once more
             row = self._fetch(READING, self._read, params, False)
             return None if row is None else record_from_row(params["scope"], params["key"], row)
         if row[0] == 1:
-            self._replaying.pop(task, None)
             return int(row[1 + FENCE_AT])
         return record_from_row(params["scope"], params["key"], row[1:])
 

@@ -84,7 +84,10 @@ class Direct(Protocol):
     """A claim and a completion in a sync tool's own thread (``_direct``: SQLite, ``_direct_pg``: Postgres),
     answering what ``ClaimStore.claim`` and ``ClaimStore.complete`` answer, or raising ``StoreError``."""
 
-    def claim(self, params: dict[str, Any]) -> int | Record | None: ...
+    def claim(self, params: dict[str, Any], likely_replay: bool = False) -> int | Record | None:
+        """``likely_replay``: the task is replaying (``Engine.replaying``), so the claim may be asked the way a
+        replay costs least; the answer is the same either way."""
+        ...
 
     def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,
                  audit: str | None = None) -> bool: ...
