@@ -212,6 +212,10 @@ class Engine(Drivers):
                     raise self.reuse_error(call, rec)
                 return self.replayed(call, rec)
             self.replaying.discard(call)
+        # Whether the key is likely taken already, so that the store asks the claim the way that costs least
+        # (Postgres: the plain claim for a first call, the read-or-claim function otherwise): it is, when a
+        # claim was tried in the caller's thread (``owner``), and once a claim here found it taken.
+        taken = owner is not None
         owner = owner or new_owner()
         params = self.claim_params(call, owner)
         deadline: float | None = None
@@ -222,14 +226,14 @@ class Engine(Drivers):
             while True:
                 # Claim by insert, never check-then-insert: one statement decides.
                 try:
-                    got = await store.claim(params)
+                    got = await store.claim(params, taken)
                 except asyncio.CancelledError:
                     await self._undo_claim(call, owner)
                     raise
                 if isinstance(got, int):
                     self.events.emit("claimed", call, 1)
                     return self.claimed(call, got, 1, got)
-                rec = got
+                rec, taken = got, True
                 if rec is None:
                     # The winner's row vanished (swept) between our insert and our read: claim again.
                     vanished += 1

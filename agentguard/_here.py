@@ -39,7 +39,7 @@ def begin_here(engine: Engine, direct: Direct, call: Call, owner: str) -> Claim 
     failure the general path claims as the same owner: a claim that committed with its answer lost — a
     connection killed at that moment — is then found to be ours, not another caller's.)"""
     try:
-        got = direct.claim(engine.claim_params(call, owner), likely_replay=call in engine.replaying)
+        got = direct.claim(engine.claim_params(call, owner), likely_taken=call in engine.replaying)
     except StoreError:
         return None
     if isinstance(got, int):

@@ -102,7 +102,7 @@ class NoIOStore:
     async def dispose(self) -> None:
         return None
 
-    async def claim(self, params: dict[str, Any]) -> int | Record | None:
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
         got = self.rows.setdefault((params["scope"], params["key"]), params)
         return params["fence"] if got is params else got  # type: ignore[no-any-return]
 

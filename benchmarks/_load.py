@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,10 +44,29 @@ Log = Callable[[str], None]
 
 # -- callers ---------------------------------------------------------------------------------------------------
 
+def _cpu() -> tuple[float, float | None]:
+    """CPU seconds so far: this process's, and the local Postgres server's (its processes' now: a connection
+    kept through a window counts whole), or None where no server process is seen (a remote server)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    server, seen, tick = 0, False, os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # (ended meanwhile)
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")].startswith("postgres"):
+            fields = stat[stat.rindex(")") + 2:].split()
+            server, seen = server + int(fields[11]) + int(fields[12]), True
+    return usage.ru_utime + usage.ru_stime, server / tick if seen else None
+
+
 async def _window(one: Callable[[int], Any], callers: int, seconds: float, counter: Iterator[int]
                   ) -> dict[str, Any]:
     """``callers`` coroutines calling ``one(i)`` for ``seconds``, each ``i`` drawn from ``counter``: shared by
-    every window of a run, so that no window replays another's keys (a replay costs less than a first call)."""
+    every window of a run, so that no window replays another's keys (a replay costs less than a first call).
+    With the CPU each call cost this process and the server: on two cores they share, what throughput is."""
+    cpu0 = _cpu()
     stop = time.perf_counter() + seconds
     per, worst, errors = [0] * callers, [0.0], [0]
 
@@ -65,9 +85,12 @@ async def _window(one: Callable[[int], Any], callers: int, seconds: float, count
     t0 = time.perf_counter()
     await asyncio.gather(*(caller(j) for j in range(callers)))
     dt = time.perf_counter() - t0
-    med = statistics.median(per)
+    cpu1 = _cpu()
+    med, calls = statistics.median(per), max(sum(per), 1)
+    server = None if cpu0[1] is None or cpu1[1] is None else round((cpu1[1] - cpu0[1]) / calls * 1e6)
     return {"calls_per_s": round(sum(per) / dt), "min": min(per), "median": med, "max": max(per),
             "errors": errors[0], "worst_s": round(worst[0], 3),
+            "client_cpu_us": round((cpu1[0] - cpu0[0]) / calls * 1e6), "server_cpu_us": server,
             "fair": bool(med and min(per) >= med / 3 and max(per) <= med * 3)}
 
 
@@ -111,9 +134,9 @@ class _Counting:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def claim(self, params: dict[str, Any]) -> Any:
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Any:
         self.asked += 1
-        return await self.inner.claim(params)
+        return await self.inner.claim(params, likely_taken)
 
     async def read(self, scope: str, key: str) -> Any:
         self.asked += 1
@@ -405,6 +428,12 @@ async def load(sqlite_dir: Path | None, pg_url: str | None, *, seconds: float, r
     return doc
 
 
+def _cpus(windows: list[dict[str, Any]]) -> str:
+    client = statistics.median(w["client_cpu_us"] for w in windows)
+    server = [w["server_cpu_us"] for w in windows if w.get("server_cpu_us") is not None]
+    return f"{client:.0f} / {statistics.median(server):.0f}" if server else f"{client:.0f} / (not seen)"
+
+
 def load_table(doc: dict[str, Any]) -> str:
     lines = ["== Load (--load): side by side; targets from issue 21"]
     for name, v in doc.items():
@@ -416,7 +445,9 @@ def load_table(doc: dict[str, Any]) -> str:
                          f" caller min/median/max {shares},"
                          f" errors {sum(w['errors'] for w in a)}, worst {max(w['worst_s'] for w in a):.3f} s,"
                          f" fair {all(w['fair'] for w in a)}; raw pool worst"
-                         f" {max(w['worst_s'] for w in v['raw pool']):.3f} s")
+                         f" {max(w['worst_s'] for w in v['raw pool']):.3f} s; CPU per call, this process /"
+                         f" the server (µs, median of windows): agentguard {_cpus(a)}, raw pool"
+                         f" {_cpus(v['raw pool'])}")
         elif "waiters" in name:
             lines.append(f"{name}: " + "; ".join(f"{w['waiters']} waiters: {w['statements']} statements after"
                                                  f" arriving, last returned {w['lag_ms']:.1f} ms after the"

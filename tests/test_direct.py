@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from direct_calls import CALL_ROWS, check_whole_sync_calls, whole_sync_calls
 from sqlalchemy.engine import make_url
 
-from agentguard import Guard, GuardEvent, KeyReuseError, task
+from agentguard import Guard, task
 from agentguard.stores import SQLStore
 from agentguard.stores._direct import DirectSQLite
 
@@ -98,51 +99,15 @@ async def test_the_direct_statements_answer_as_the_store_does(tmp_path: Path, sy
         await general.dispose()
 
 
-def _calls(url: str, store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
-    """The same sequence of sync calls: their results, the body's runs, the events, the records."""
-    events: list[GuardEvent] = []
-    guard = Guard(store=store, on_event=events.append)
-    runs: list[str] = []
-
-    @guard.once(key=["order_id"])
-    def charge(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
-        runs.append(order_id)
-        if order_id == "o-flaky" and runs.count(order_id) == 1:
-            raise ConnectionError("provider down")  # released; the retry takes it over
-        return {"order_id": order_id, "amount": amount, "key": idempotency_key, "t": (1, 2)}
-
-    seen: list[Any] = []
-    try:
-        with task("t-1"):
-            charge("o-warm", 1)  # (the schema is made on the general path: the shortcut needs it made)
-            seen.append(charge("o-1", 5))  # claimed and completed (in this thread, where it can be)
-            seen.append(charge("o-1", 5))  # replayed from the in-process cache
-            guard._cache.clear()
-            seen.append(charge("o-1", 5))  # replayed from the store
-            with pytest.raises(KeyReuseError):
-                charge("o-1", 6)
-            with pytest.raises(ConnectionError):
-                charge("o-flaky", 1)
-            seen.append(charge("o-flaky", 1))  # taken over, the same downstream key
-        direct = store.direct()
-        assert (direct is not None and bool(direct._conns)) is direct_expected  # the shortcut taken, or not
-    finally:
-        guard.close()
-    rows = sqlite3.connect(make_url(url).database or "").execute(
-        "SELECT key, state, fence - origin, attempts, result, lease_until IS NULL FROM agentguard_calls"
-        " ORDER BY key").fetchall()
-    return seen, runs, [(e.kind, e.operation, e.attempt) for e in events], rows
-
-
 @pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
 def test_whole_sync_calls_equal_the_general_path(tmp_path: Path, synchronous: str) -> None:
-    direct_url, general_url = (f"sqlite+aiosqlite:///{tmp_path / name}.db" for name in ("direct", "general"))
-    direct = _calls(direct_url, SQLStore(direct_url, sqlite_synchronous=synchronous), True)
-    general = _calls(general_url, General(general_url, sqlite_synchronous=synchronous), False)
-    assert direct == general
-    seen, runs, _, _ = direct
-    assert runs == ["o-warm", "o-1", "o-flaky", "o-flaky"] and seen[0] == seen[1] == seen[2]
-    assert seen[3]["key"] and seen[0]["t"] == (1, 2)  # decoded as stored: a tuple stays a tuple
+    def run(name: str, kind: type[SQLStore]) -> tuple[Any, ...]:
+        url = f"sqlite+aiosqlite:///{tmp_path / name}.db"
+        return whole_sync_calls(kind(url, sqlite_synchronous=synchronous),
+                                lambda: sqlite3.connect(make_url(url).database or "").execute(CALL_ROWS).fetchall(),
+                                lambda direct: direct is not None and bool(direct._conns))
+
+    assert check_whole_sync_calls(run("direct", SQLStore), run("general", General)) == [False, False]
 
 
 def test_threads_racing_on_one_key_run_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,9 +115,9 @@ def test_threads_racing_on_one_key_run_it_once(tmp_path: Path, monkeypatch: pyte
     claimed_in: set[str] = set()  # the threads that claimed on a connection of their own
     real_claim = DirectSQLite.claim
 
-    def claim(self: DirectSQLite, params: dict[str, Any], likely_replay: bool = False) -> Any:
+    def claim(self: DirectSQLite, params: dict[str, Any], likely_taken: bool = False) -> Any:
         claimed_in.add(threading.current_thread().name)
-        return real_claim(self, params, likely_replay)
+        return real_claim(self, params, likely_taken)
 
     monkeypatch.setattr(DirectSQLite, "claim", claim)
     runs: list[int] = []

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from direct_calls import CALL_ROWS, check_whole_sync_calls, whole_sync_calls
 from sqlalchemy.engine import make_url
 
-from agentguard import Guard, GuardEvent, KeyReuseError, StoreError, task
+from agentguard import Guard, GuardEvent, StoreError, task
 from agentguard.stores import SQLStore
 from agentguard.stores._direct_pg import DirectPostgres
 
@@ -105,7 +106,7 @@ def test_the_direct_statements_answer_as_the_store_does(databases: Callable[[], 
                 key = f"k{i}"
 
                 async def claim(p: dict[str, Any], likely: bool = False, via: bool = via_direct) -> Any:
-                    return direct.claim(p, likely_replay=likely) if via else await store.claim(p)
+                    return direct.claim(p, likely) if via else await store.claim(p, likely)
 
                 async def complete(fence: int, result: str, via: bool = via_direct, key: str = key) -> Any:
                     args = ("s", key, fence, "succeeded", result, 60.0, '{"a": 1}')
@@ -139,51 +140,13 @@ def test_the_direct_statements_answer_as_the_store_does(databases: Callable[[], 
     assert len(rows) == 4 and rows[:2] == rows[2:]  # the same rows, column for column
 
 
-def _calls(store: SQLStore, direct_expected: bool) -> tuple[Any, ...]:
-    """The same sequence of sync calls: their results, the body's runs, the events, the records."""
-    events: list[GuardEvent] = []
-    guard = Guard(store=store, on_event=events.append)
-    runs: list[str] = []
-
-    @guard.once(key=["order_id"])
-    def charge(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
-        runs.append(order_id)
-        if order_id == "o-flaky" and runs.count(order_id) == 1:
-            raise ConnectionError("provider down")  # released; the retry takes it over
-        return {"order_id": order_id, "amount": amount, "key": idempotency_key, "t": (1, 2)}
-
-    seen: list[Any] = []
-    try:
-        with task("t-1"):
-            charge("o-warm", 1)  # (the schema is made on the general path: the shortcut needs it made)
-            seen.append(charge("o-1", 5))  # claimed and completed (in this thread, where it can be)
-            seen.append(charge("o-1", 5))  # replayed from the in-process cache
-            guard._cache.clear()
-            seen.append(charge("o-1", 5))  # replayed from the store: the task is replaying
-            replaying = [bool(guard._engine.replaying._tasks)]
-            with pytest.raises(KeyReuseError):
-                charge("o-1", 6)  # (asked as a replay: the read-or-claim function on the direct path)
-            with pytest.raises(ConnectionError):
-                charge("o-flaky", 1)  # a claim won: the task is not replaying any more
-            replaying.append(bool(guard._engine.replaying._tasks))
-            seen.append(charge("o-flaky", 1))  # taken over, the same downstream key
-        direct = store.direct()
-        assert (direct is not None and bool(_pids(direct))) is direct_expected  # type: ignore[arg-type]
-    finally:
-        guard.close()
-    rows = pg_execute(store.url, "SELECT key, state, fence - origin, attempts, result, lease_until IS NULL"
-                                 " FROM agentguard_calls ORDER BY key")
-    return seen, runs, [(e.kind, e.operation, e.attempt) for e in events], [tuple(r) for r in rows], replaying
-
-
 def test_whole_sync_calls_equal_the_general_path(databases: Callable[[], str]) -> None:
-    direct = _calls(SQLStore(databases()), True)
-    general = _calls(General(databases()), False)
-    assert direct == general
-    seen, runs, _, _, replaying = direct
-    assert replaying == [True, False]
-    assert runs == ["o-warm", "o-1", "o-flaky", "o-flaky"] and seen[0] == seen[1] == seen[2]
-    assert seen[3]["key"] and seen[0]["t"] == (1, 2)  # decoded as stored: a tuple stays a tuple
+    def run(store: SQLStore) -> tuple[Any, ...]:
+        return whole_sync_calls(store, lambda: [tuple(r) for r in pg_execute(store.url, CALL_ROWS)],
+                                lambda direct: direct is not None and bool(_pids(direct)))
+
+    # (a replay from the store makes the task replaying; a claim won ends it)
+    assert check_whole_sync_calls(run(SQLStore(databases())), run(General(databases()))) == [True, False]
 
 
 def _threads(n: int, target: Callable[[int], None]) -> list[threading.Thread]:
@@ -355,8 +318,8 @@ class _AnswerLost:
     def __init__(self, direct: Any) -> None:
         self._direct = direct
 
-    def claim(self, params: dict[str, Any], likely_replay: bool = False) -> Any:
-        self._direct.claim(params, likely_replay)
+    def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Any:
+        self._direct.claim(params, likely_taken)
         raise StoreError("the store failed (claiming the key: the connection was lost)", transient=True)
 
     def complete(self, *args: Any) -> bool:

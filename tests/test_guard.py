@@ -793,9 +793,9 @@ async def test_a_store_object_through_the_public_seam(store_url: str) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-        async def claim(self, params: dict[str, Any]) -> Any:
+        async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Any:
             self.claims += 1
-            return await self.inner.claim(params)
+            return await self.inner.claim(params, likely_taken)
 
     store = Counting(SQLStore(store_url))
     async with Guard(store=store, cache_size=0) as guard:  # type: ignore[arg-type]

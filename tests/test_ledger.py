@@ -108,9 +108,9 @@ class CountingStore(SQLStore):
         super().__init__(url)
         self.seen: list[tuple[str, int]] = []
 
-    async def claim(self, params: dict[str, Any]) -> Any:
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Any:
         self.seen.append(("claim", threading.get_ident()))
-        return await super().claim(params)
+        return await super().claim(params, likely_taken)
 
     async def complete(self, *args: Any, **kwargs: Any) -> bool:
         self.seen.append(("complete", threading.get_ident()))

@@ -30,9 +30,9 @@ def reading_guard(make_guard: Callable[..., Guard], **kw: Any) -> tuple[Guard, l
     """A guard with no in-process cache (so replays read the store), its read-first path switched on (the
     default on Postgres), and the list of keys that path reads."""
     store = SQLStore(kw.pop("url", None) or make_guard().url)
-    guard = make_guard(store=store, cache_size=0, **kw)
     assert store.read_is_cheaper is (BACKEND == "postgres")
-    store.read_is_cheaper = True
+    store.read_is_cheaper = True  # (before the guard is made: its engine keeps replaying tasks only then)
+    guard = make_guard(store=store, cache_size=0, **kw)
     reads: list[str] = []
     read = store.read
 

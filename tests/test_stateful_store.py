@@ -323,10 +323,11 @@ class StoreMachine(RuleBasedStateMachine):
 
     # -- a call's verbs ---------------------------------------------------------------------------------
 
-    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), fp=st.sampled_from(("f1", "f2")))
-    def claim(self, w: int, key: str, fp: str) -> None:
-        fence, owner = self._fresh()
-        got = self._run(self.bench.store.claim(_params(key, fence, owner, fp)))
+    @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), fp=st.sampled_from(("f1", "f2")),
+          taken=st.booleans())
+    def claim(self, w: int, key: str, fp: str, taken: bool = False) -> None:
+        fence, owner = self._fresh()  # (``taken``: each of the dialect's ways, which must answer alike)
+        got = self._run(self.bench.store.claim(_params(key, fence, owner, fp), taken))
         want = self.model.claim(key, fence, owner, fp)
         if isinstance(want, int):
             assert got == want

@@ -155,8 +155,8 @@ class SweptAfterAMiss(SQLStore):
         self.sweeper = sweeper
         self.swept: list[int] = []
 
-    async def claim(self, params: dict[str, Any]) -> int | Record | None:
-        got = await super().claim(params)
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
+        got = await super().claim(params, likely_taken)
         if isinstance(got, int) or self.swept:
             return got
         self.swept.append(await self.sweeper.sweep())

@@ -31,10 +31,10 @@ class Counting:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def claim(self, params: dict[str, Any]) -> Any:
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Any:
         if self.counting:
             self.asked.append("claim")
-        return await self.inner.claim(params)
+        return await self.inner.claim(params, likely_taken)
 
     async def read(self, scope: str, key: str) -> Any:
         if self.counting:

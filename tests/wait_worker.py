@@ -44,9 +44,9 @@ class Counting:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def claim(self, params: dict[str, Any]) -> Any:
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Any:
         self.asked.append("claim")
-        return await self.inner.claim(params)
+        return await self.inner.claim(params, likely_taken)
 
     async def read(self, scope: str, key: str) -> Any:
         self.asked.append("read")

@@ -142,7 +142,7 @@ class DirectSQLite:
             self._conns[(threading.current_thread(), role)] = conn
         return conn
 
-    def claim(self, params: dict[str, Any], likely_replay: bool = False) -> int | Record | None:
+    def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
         """What ``SQLStore.claim`` answers: our fence, the record there, or None (it kept vanishing). (One way
         here, whatever is likely: a read first, then the claim.)"""
         (read_sql, read_args), (claim_sql, claim_args) = self._read, self._claim

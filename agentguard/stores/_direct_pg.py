@@ -142,7 +142,7 @@ class DirectPostgres:
                 del self._conns[threading.current_thread()]
         _close(conn)
 
-    def claim(self, params: dict[str, Any], likely_replay: bool = False) -> int | Record | None:
+    def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
         """What ``SQLStore.claim`` answers: our fence, the record there, or None (it vanished).
 
         Asked the cheaper of the store's two ways for what is likely: a replaying task's (an agent going over
@@ -150,7 +150,7 @@ class DirectPostgres:
         (``_claims.by_function``); any other through the plain claim, which costs the server about half the
         function's on a first call, and a read only if it found the key taken (``_claims.by_insert``). Both
         decide by the same ``INSERT ... ON CONFLICT DO NOTHING``."""
-        if not likely_replay:
+        if not likely_taken:
             row = self._fetch(CLAIMING, self._insert, params, False)
             if row is not None:
                 return int(row[0])

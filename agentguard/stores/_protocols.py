@@ -51,9 +51,10 @@ class ClaimStore(Protocol):
         """Let go of the running loop's connections (the store can be used again afterwards)."""
         ...
 
-    async def claim(self, params: dict[str, Any]) -> int | Record | None:
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
         """Our fence if we claimed the key; else the record there; None if it vanished meanwhile (claim
-        again)."""
+        again). ``likely_taken``: the caller expects the key held or done already (a replaying task's call, a
+        caller looking again), so it may be asked the way that costs least then; the answer is the same."""
         ...
 
     async def read(self, scope: str, key: str) -> Record | None: ...
@@ -84,9 +85,8 @@ class Direct(Protocol):
     """A claim and a completion in a sync tool's own thread (``_direct``: SQLite, ``_direct_pg``: Postgres),
     answering what ``ClaimStore.claim`` and ``ClaimStore.complete`` answer, or raising ``StoreError``."""
 
-    def claim(self, params: dict[str, Any], likely_replay: bool = False) -> int | Record | None:
-        """``likely_replay``: the task is replaying (``Engine.replaying``), so the claim may be asked the way a
-        replay costs least; the answer is the same either way."""
+    def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
+        """``likely_taken``: as for ``ClaimStore.claim`` (a replaying task's call: ``Engine.replaying``)."""
         ...
 
     def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,

@@ -63,7 +63,7 @@ class SQLStore(AttemptVerbs):
         self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
-        self._claim = self.dialect.claim
+        self._claim, self._claim_taken = self.dialect.claim, self.dialect.claim_taken
         # The door every hot statement passes through.
         self._one = self._executor.one
         self._direct: DirectSQLite | DirectPostgres | None = None
@@ -112,9 +112,10 @@ class SQLStore(AttemptVerbs):
 
     # -- a call's verbs ------------------------------------------------------------------------------------
 
-    async def claim(self, params: dict[str, Any]) -> int | Record | None:
-        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides), the dialect's way. On a
-        SQLite file, a record already there is read first on this thread, without a hop (``_direct.read_now``).
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
+        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides), the dialect's way for what
+        is likely (``likely_taken``: the key is held or done already). On a SQLite file, a record already there
+        is read first on this thread, without a hop (``_direct.read_now``).
 
         Returns our fence if we claimed it, else the existing record, or None if that record is not
         visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
@@ -135,7 +136,7 @@ class SQLStore(AttemptVerbs):
                     return got
             elif (rec := direct.read_now(params)) is not None:
                 return rec  # (an existing record: what the claim's own read would find, without a hop)
-        return await self._claim(self._one, self.sql, params)
+        return await (self._claim_taken if likely_taken else self._claim)(self._one, self.sql, params)
 
     async def read(self, scope: str, key: str) -> Record | None:
         row = await self._one(READING, self.sql.read, {"scope": scope, "key": key})
