@@ -32,11 +32,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from agentguard import Guard, task
 from agentguard.stores import SQLStore
 
 from ._common import observe
-from ._drivers import asyncpg_raw
+from ._drivers import asyncpg_raw, dsn_of
 
 RESULT = {"charge_id": "ch_1", "amount_cents": 1999}
 Log = Callable[[str], None]
@@ -44,29 +46,49 @@ Log = Callable[[str], None]
 
 # -- callers ---------------------------------------------------------------------------------------------------
 
-def _cpu() -> tuple[float, float | None]:
-    """CPU seconds so far: this process's, and the local Postgres server's (its processes' now: a connection
-    kept through a window counts whole), or None where no server process is seen (a remote server)."""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (the 4th is the parent's pid, the 12th and
+    13th the CPU ticks), or None if there is no such process (ended, or not on this machine)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+async def _postmaster(url: str) -> int | None:
+    """The server's postmaster pid, where it runs on this machine: a backend's parent."""
+    conn = await asyncpg.connect(dsn_of(url))
+    try:
+        fields = _stat(await conn.fetchval("SELECT pg_backend_pid()"))
+    finally:
+        await conn.close()
+    return None if fields is None else int(fields[1])
+
+
+def _cpu(postmaster: int | None) -> tuple[float, float | None]:
+    """CPU seconds so far: this process's, and the server's — the postmaster's and its children's now (a
+    connection kept through a window counts whole) — or None where the server is not on this machine."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    server, seen, tick = 0, False, os.sysconf("SC_CLK_TCK")
+    mine = usage.ru_utime + usage.ru_stime
+    if postmaster is None:
+        return mine, None
+    ticks = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:  # (ended meanwhile)
-            continue
-        if stat[stat.index("(") + 1:stat.rindex(")")].startswith("postgres"):
-            fields = stat[stat.rindex(")") + 2:].split()
-            server, seen = server + int(fields[11]) + int(fields[12]), True
-    return usage.ru_utime + usage.ru_stime, server / tick if seen else None
+        fields = _stat(pid)
+        if fields is not None and (int(pid) == postmaster or int(fields[1]) == postmaster):
+            ticks += int(fields[11]) + int(fields[12])
+    return mine, ticks / os.sysconf("SC_CLK_TCK")
 
 
-async def _window(one: Callable[[int], Any], callers: int, seconds: float, counter: Iterator[int]
-                  ) -> dict[str, Any]:
+async def _window(one: Callable[[int], Any], callers: int, seconds: float, counter: Iterator[int],
+                  postmaster: int | None = None) -> dict[str, Any]:
     """``callers`` coroutines calling ``one(i)`` for ``seconds``, each ``i`` drawn from ``counter``: shared by
     every window of a run, so that no window replays another's keys (a replay costs less than a first call).
-    With the CPU each call cost this process and the server: on two cores they share, what throughput is."""
-    cpu0 = _cpu()
+    With the CPU each call cost this process and the server (``postmaster``'s): on two cores they share, what
+    throughput is."""
+    cpu0 = _cpu(postmaster)
     stop = time.perf_counter() + seconds
     per, worst, errors = [0] * callers, [0.0], [0]
 
@@ -85,7 +107,7 @@ async def _window(one: Callable[[int], Any], callers: int, seconds: float, count
     t0 = time.perf_counter()
     await asyncio.gather(*(caller(j) for j in range(callers)))
     dt = time.perf_counter() - t0
-    cpu1 = _cpu()
+    cpu1 = _cpu(postmaster)
     med, calls = statistics.median(per), max(sum(per), 1)
     server = None if cpu0[1] is None or cpu1[1] is None else round((cpu1[1] - cpu0[1]) / calls * 1e6)
     return {"calls_per_s": round(sum(per) / dt), "min": min(per), "median": med, "max": max(per),
@@ -98,6 +120,7 @@ async def callers(url: str, n: int, seconds: float, reps: int, log: Log) -> dict
     obs = await observe(url, {})
     raw = await asyncpg_raw(url, obs, 30)
     rid = uuid.uuid4().hex[:8]
+    postmaster = await _postmaster(url)
     out: dict[str, list[dict[str, Any]]] = {"agentguard": [], "raw pool": []}
     async with Guard(url) as guard:
         @guard.once(key=["order_id"])
@@ -115,7 +138,7 @@ async def callers(url: str, n: int, seconds: float, reps: int, log: Log) -> dict
         for rep in range(reps):
             for name, one in (("agentguard", ag), ("raw pool", raw_one))[:: 1 if rep % 2 == 0 else -1]:
                 log(f"  {n} callers, {name}, {seconds:g} s")
-                out[name].append(await _window(one, n, seconds, counter))
+                out[name].append(await _window(one, n, seconds, counter, postmaster))
     await raw.close()
     ratios = [a["calls_per_s"] / r["calls_per_s"] for a, r in zip(out["agentguard"], out["raw pool"], strict=True)]
     return {"callers": n, "seconds": seconds, **out, "throughput_ratio": statistics.median(ratios),

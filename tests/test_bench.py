@@ -11,6 +11,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import BACKEND, ROOT
 
 
@@ -62,3 +64,22 @@ def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> No
         assert counts["agentguard: replay"]["body_runs"] == 0, counts
         assert commits("agentguard: cached replay") == 0, counts
         assert counts["agentguard: cached replay"]["transactions"] in (0, None), counts  # no round trip
+
+
+@pytest.mark.postgres
+def test_the_load_harness_runs_and_counts_each_sides_cpu(store_url: str, tmp_path: Path, python: str) -> None:
+    """``--load --load-only callers`` in short windows: every caller served without an error on both sides,
+    and the CPU per call counted for this process and for the (local) server, found from a backend's parent."""
+    out = tmp_path / "load.json"
+    cmd = [python, "-m", "benchmarks", "--load", "--load-only", "callers", "--only", "postgres", "--pg-url",
+           store_url, "--load-seconds", "1", "--reps", "1", "--no-pin", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CPU per call, this process / the server" in proc.stdout and "(not seen)" not in proc.stdout
+    doc = json.loads(out.read_text())["load"]
+    assert set(doc) == {"postgres callers 64", "postgres callers 256"}
+    for run in doc.values():
+        for side in ("agentguard", "raw pool"):
+            (window,) = run[side]
+            assert window["errors"] == 0 and window["min"] >= 1, window
+            assert window["client_cpu_us"] > 0 and window["server_cpu_us"] > 0, window
