@@ -1,14 +1,16 @@
-"""A claim: one decision, asked of the database in one of three ways (the dialect picks one, once).
+"""A claim: one decision, asked of the database in one of three ways (the dialect picks, once, the way for a
+key likely free and the way for a key likely taken: ``Dialect.claim``, ``Dialect.claim_taken``).
 
 Whatever the way, a claim is decided by ``INSERT ... ON CONFLICT (scope, key) DO NOTHING`` — the row count
 is the answer, never a check-then-insert — and answers the same: our fence if we claimed the key, else the
 record that holds it, or None if that record vanished before it could be read (swept between the insert
 and the read, or kept vanishing and reappearing): the caller claims again, a bounded number of times.
 
-- :func:`by_insert`, the general way: insert; on a conflict, read. Two statements.
+- :func:`by_insert`, the general way: insert; on a conflict, read. One statement for a first call (Postgres'
+  first calls), two where the key is taken.
 - :func:`in_one_hop` (SQLite, when aiosqlite can run a function on its thread): read, and insert only if
   nothing was read, in one hop to aiosqlite's thread.
-- :func:`by_function` (Postgres): the read-or-claim function, one round trip.
+- :func:`by_function` (Postgres, for a key likely taken): the read-or-claim function, one round trip.
 """
 
 from __future__ import annotations
