@@ -22,7 +22,7 @@ from typing import Any
 
 from ._portal import Portal
 from .stores import LedgerStore
-from .stores._attempts import COLUMNS, DROPPED
+from .stores._attempts import DROPPED
 
 log = logging.getLogger("agentguard")
 
@@ -48,7 +48,7 @@ def _forked() -> None:
 
 os.register_at_fork(after_in_child=_forked)
 
-Entry = tuple[Any, ...]  # COLUMNS' values, then expires_at
+Entry = tuple[Any, ...]  # the values of stores._attempts.WRITTEN
 
 
 class Ledger:
@@ -122,16 +122,14 @@ class Ledger:
         """Write up to ``BATCH`` queued entries (and the count of those dropped): how many were written, or
         minus how many were dropped because the store refused them."""
         queue = self.queue
-        rows: list[dict[str, Any]] = []
+        rows: list[Entry] = []
         while queue and len(rows) < BATCH:
-            rows.append(dict(zip((*COLUMNS, "expires_at"), queue.popleft(), strict=True)))
+            rows.append(queue.popleft())
         if self._unreported:
             at = time.time()
             n, self._unreported = self._unreported, 0
-            rows.append(dict(zip((*COLUMNS, "expires_at"), ("", "", "", "", "", DROPPED,
-                                                            f"{n} entries dropped (the store was not keeping up)",
-                                                            0, None, process(), at, None, None, at + self.retention),
-                                 strict=True)))
+            rows.append(("", "", "", "", "", DROPPED, f"{n} entries dropped (the store was not keeping up)", 0,
+                         None, process(), at, None, None, at + self.retention))
         if not rows:
             return 0
         try:

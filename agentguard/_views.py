@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import GuardError
 from .stores import RUNNING, Attempt, LedgerStore, RecordDetail
-from .stores._attempts import COLUMNS, DROPPED, FORGOTTEN, REFUSED, REPLAYED, RESOLVED, TOOK_OVER
+from .stores._attempts import DROPPED, FORGOTTEN, REFUSED, REPLAYED, RESOLVED, TOOK_OVER
 
 if TYPE_CHECKING:
     from ._cache import ReplayCache
@@ -115,10 +115,9 @@ class Views:
         if not isinstance(self._store, LedgerStore):
             return
         at = time.time()
-        values = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail, rec.attempts, None,
-                  process(), at, None, None)
-        row = dict(zip(COLUMNS, values, strict=True))
-        await self._call(self._store.write_attempts([{**row, "expires_at": at + self._retention}]))
+        entry = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail, rec.attempts, None,
+                 process(), at, None, None, at + self._retention)
+        await self._call(self._store.write_attempts([entry]))
 
     async def stats(self, *, since: float | None = None, scope: str | None = None,
                     limit: int = 1_000_000) -> list[dict[str, Any]]:

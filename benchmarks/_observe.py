@@ -26,7 +26,7 @@ class LedgerNoIO(NoIOStore):
         super().__init__()
         self.entries = 0
 
-    async def write_attempts(self, rows: Sequence[dict[str, Any]]) -> None:
+    async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> None:
         self.entries += len(rows)
 
     async def read_attempts(self, **kw: Any) -> list[Any]:

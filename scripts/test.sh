@@ -1,15 +1,79 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: virtualenv, install, lint, type-check, the core suite on the
-# lowest versions pyproject.toml allows (in a second, throwaway virtualenv), then pytest twice — once on
+# lowest versions pyproject.toml allows (in a second, throwaway virtualenv), Strands and CrewAI (a throwaway
+# virtualenv each; these side virtualenvs are made in the background meanwhile), then pytest twice — once on
 # embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit (the SQLite pass
 # also model-checks the protocol with spin: tests/test_model.py), then the short chaos run (python -m chaos).
 # Usage: bash scripts/test.sh [pytest args...]
-#   With pytest args the floors job and the chaos run are skipped (a quick loop); AGENTGUARD_FLOORS=1 and
-#   AGENTGUARD_CHAOS=1 run them anyway, AGENTGUARD_FLOORS=0 and AGENTGUARD_CHAOS=0 skip them always.
+#   With pytest args the floors job, Strands and CrewAI and the chaos run are skipped (a quick loop);
+#   AGENTGUARD_FLOORS=1, AGENTGUARD_FRAMEWORK_VENVS=1 and AGENTGUARD_CHAOS=1 run them anyway, and =0 skips
+#   them always.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-test.XXXXXX")
+PGTMP=""
+SIDE=""  # the job making the side virtualenvs (below), while it runs
+cleanup() {
+  if [ -n "$SIDE" ]; then  # the run ended early: stop the side job's install, then the job
+    pkill -TERM -P "$SIDE" 2>/dev/null || true
+    kill "$SIDE" 2>/dev/null || true
+    wait "$SIDE" 2>/dev/null || true
+  fi
+  if [ -n "$PGTMP" ]; then
+    as_pg "$PGBIN/pg_ctl" -D "$PGTMP/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$PGTMP"
+  fi
+  rm -rf "$SCRATCH"
+}
+trap cleanup EXIT
+as_pg() { "$@"; }
+
+# Parts that pytest arguments skip unless their variable is 1 (and that 0 skips always).
+part() { [ "${1:-}" = 1 ] || { [ "${1:-}" != 0 ] && [ "$2" -eq 0 ]; }; }
+FLOORS=0; part "${AGENTGUARD_FLOORS:-}" $# && FLOORS=1
+FRAMEWORK_VENVS=0; part "${AGENTGUARD_FRAMEWORK_VENVS:-}" $# && FRAMEWORK_VENVS=1
+CHAOS=0; part "${AGENTGUARD_CHAOS:-}" $# && CHAOS=1
+
+# -- the side virtualenvs, made in the background while the main one installs and is checked ---------------
+# The floors' (the lowest versions pyproject.toml allows: the core dependencies and those of the key-forwarding
+# extras httpx, httpx2 and stripe, pinned by scripts/floors.py; pytest and the other test tools at their newest;
+# no other extra) and one each for Strands Agents and CrewAI (see "agent frameworks" below). A failed install
+# fails the run, with its log.
+side_venvs() {
+  set -euo pipefail
+  if [ "$FLOORS" = 1 ]; then
+    "$PY" -m venv "$SCRATCH/floors"
+    "$SCRATCH/floors/bin/python" -m pip install -q packaging
+    "$SCRATCH/floors/bin/python" scripts/floors.py httpx httpx2 stripe > "$SCRATCH/floors.txt"
+    "$SCRATCH/floors/bin/python" -m pip install -q -c "$SCRATCH/floors.txt" -e ".[httpx,httpx2,stripe]" \
+      pytest anyio pytest-timeout hypothesis openai
+  fi
+  if [ "$FRAMEWORK_VENVS" = 1 ]; then
+    for extra in strands crewai; do
+      "$PY" -m venv "$SCRATCH/$extra"
+      "$SCRATCH/$extra/bin/python" -m pip install -q -e ".[$extra]" pytest anyio pytest-timeout
+    done
+  fi
+}
+if [ "$FLOORS" = 1 ] || [ "$FRAMEWORK_VENVS" = 1 ]; then
+  side_venvs > "$SCRATCH/side.log" 2>&1 &
+  SIDE=$!
+fi
+side_venvs_made() {
+  if [ -n "$SIDE" ]; then
+    local rc=0
+    wait "$SIDE" || rc=$?
+    SIDE=""
+    if [ $rc -ne 0 ]; then
+      echo "making the side virtualenvs failed (exit $rc):" >&2
+      cat "$SCRATCH/side.log" >&2
+      exit 1
+    fi
+  fi
+}
+
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -29,33 +93,16 @@ echo "== ruff"
 echo "== mypy --strict"
 .venv/bin/mypy
 
-SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-test.XXXXXX")
-PGTMP=""
-cleanup() {
-  if [ -n "$PGTMP" ]; then
-    as_pg "$PGBIN/pg_ctl" -D "$PGTMP/data" -m immediate stop >/dev/null 2>&1 || true
-    rm -rf "$PGTMP"
-  fi
-  rm -rf "$SCRATCH"
-}
-trap cleanup EXIT
-as_pg() { "$@"; }
-
-# -- the floors: the lowest versions pyproject.toml allows --------------------------------------------------
-# The core dependencies and those of the key-forwarding extras (httpx, httpx2, stripe) pinned to their
-# floors by scripts/floors.py; pytest and the other test tools at their newest. SQLite only, no other extra.
+# -- the floors -----------------------------------------------------------------------------------------------
 FLOOR_TESTS=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox_codec.py tests/test_ids.py
              tests/test_store_failures.py tests/test_operations.py tests/test_whitebox_cache.py tests/test_fingerprint_guarded.py
              tests/test_whitebox_fingerprint_property.py tests/test_read_first.py tests/test_whitebox_sqlite_hops.py
              tests/test_shutdown.py tests/test_downstream.py tests/test_load.py tests/test_waiters.py
              tests/test_direct.py)
-if [ "${AGENTGUARD_FLOORS:-}" = 1 ] || { [ "${AGENTGUARD_FLOORS:-}" != 0 ] && [ $# -eq 0 ]; }; then
+side_venvs_made
+if [ "$FLOORS" = 1 ]; then
   echo "== the core suite on the lowest versions pyproject.toml allows (SQLite)"
-  .venv/bin/python scripts/floors.py httpx httpx2 stripe > "$SCRATCH/floors.txt"
   sed 's/^/   /' "$SCRATCH/floors.txt"
-  "$PY" -m venv "$SCRATCH/floors"
-  "$SCRATCH/floors/bin/python" -m pip install -q -c "$SCRATCH/floors.txt" -e ".[httpx,httpx2,stripe]" \
-    pytest anyio pytest-timeout hypothesis openai 2>&1 | grep -v "^WARNING: Location" || true
   # (no framework is installed there, so importing an adapter rightly raises MissingExtraError)
   AGENTGUARD_TEST_BACKEND=sqlite "$SCRATCH/floors/bin/python" -m pytest -q -p no:cacheprovider "${FLOOR_TESTS[@]}" \
     --deselect tests/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
@@ -66,21 +113,18 @@ fi
 # -- agent frameworks (issue 20, part a) --------------------------------------------------------------------
 # smolagents, agno and LlamaIndex live in the main virtualenv (the frameworks-a extra, installed above) and their
 # tests run in both pytest passes below. Strands Agents and CrewAI cannot live there (strands-agents pins mcp<2.2,
-# crewai mcp 1.x; the mcp extra needs mcp 2): each gets a throwaway virtualenv of its own, where its tests and its
-# example run on SQLite. A framework named in AGENTGUARD_TEST_FRAMEWORKS that is not installed fails the run
-# (tests/conftest.py): none is skipped silently.
+# crewai mcp 1.x; the mcp extra needs mcp 2): each has a throwaway virtualenv of its own (made above), where its
+# tests and its example run on SQLite. A framework named in AGENTGUARD_TEST_FRAMEWORKS that is not installed
+# fails the run (tests/conftest.py): none is skipped silently.
 export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
-framework_venv() {  # extra, its module, then the -k expression choosing its tests and example
+framework_tests() {  # extra, its module, then the -k expression choosing its tests and example
   echo "== $1 in its own virtualenv (SQLite)"
-  "$PY" -m venv "$SCRATCH/$1"
-  "$SCRATCH/$1/bin/python" -m pip install -q -e ".[$1]" pytest anyio pytest-timeout 2>&1 \
-    | grep -v "^WARNING: Location" || true
   AGENTGUARD_TEST_BACKEND=sqlite AGENTGUARD_TEST_FRAMEWORKS=$2 "$SCRATCH/$1/bin/python" -m pytest -q -p no:cacheprovider \
     tests/test_integration_"$1".py tests/test_examples.py -k "$3"
 }
-if [ "${AGENTGUARD_FRAMEWORK_VENVS:-}" = 1 ] || { [ "${AGENTGUARD_FRAMEWORK_VENVS:-}" != 0 ] && [ $# -eq 0 ]; }; then
-  framework_venv strands strands "test_integration_strands or strands_agent"
-  framework_venv crewai crewai "test_integration_crewai or crewai_crew"
+if [ "$FRAMEWORK_VENVS" = 1 ]; then
+  framework_tests strands strands "test_integration_strands or strands_agent"
+  framework_tests crewai crewai "test_integration_crewai or crewai_crew"
 else
   echo "== (Strands and CrewAI in their own virtualenvs are skipped: pytest arguments were given; AGENTGUARD_FRAMEWORK_VENVS=1 runs them)"
 fi
@@ -160,7 +204,7 @@ run_pytest postgres "$@"
 echo "== all tests passed on sqlite and postgres"
 
 # -- the chaos run: a fleet of workers under SIGKILL, SIGSTOP, cut connections and a Postgres restart -------
-if [ "${AGENTGUARD_CHAOS:-}" = 1 ] || { [ "${AGENTGUARD_CHAOS:-}" != 0 ] && [ $# -eq 0 ]; }; then
+if [ "$CHAOS" = 1 ]; then
   echo "== the chaos run (short; python -m chaos --long for the long one)"
   .venv/bin/python -m chaos --short
 else

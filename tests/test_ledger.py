@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import agentguard._ledger as ledger_mod
-from agentguard import Guard, InProgressError, KeyReuseError, MissingTaskError, task
+from agentguard import Guard, InProgressError, KeyReuseError, MissingTaskError, StoreError, task
 from agentguard.stores import SQLStore
 
 from conftest import BACKEND, raw_exec, tid
@@ -289,3 +289,42 @@ async def test_a_store_that_is_down_drops_the_entries_and_closing_ends(tmp_path:
         await charge()
     await guard.aclose()  # the entry cannot be written: dropped and counted, and closing ends
     assert guard.ledger_dropped >= 1
+
+
+# Entries of every shape the ledger writes: a call's, a refusal before a task, an operator's act (no times), and
+# integers where the columns are doubles; text with quotes, newlines, tabs, backslashes and non-ASCII.
+SHAPES = [
+    ("s", "k" * 64, "task-ü", "charge", "charge_card", "ran", "succeeded", 1, "call-1", "host:1",
+     1_700_000_000.123456, 0.25, 1.5, 1_700_086_400.123456),
+    ("", "", "", "tool", "tool", "refused", "missing task", 0, None, "host:1", 1_700_000_001.0, None, None,
+     1_700_086_401.0),
+    ("s2", "k2", "t'2\n\tx\\y", 'op "q"', "tool", "resolved", "succeeded (by an operator)", 3, "☃", "host:2",
+     1_700_000_002, None, None, 1_700_086_402),
+]
+
+
+@pytest.mark.postgres
+async def test_a_copied_batch_stores_what_the_inserts_store_all_or_none(store_url: str) -> None:
+    """Postgres writes the ledger's batches with one COPY (``Dialect.copies``), a shortcut beside the general
+    path's executemany of INSERTs: both store the same entries, and a batch with a bad entry stores none of
+    its entries either way and says so as a ``StoreError``."""
+    store = SQLStore(store_url)
+    dialect = store._executor.dialect
+    assert dialect.copies
+    stored: dict[bool, list[dict[str, Any]]] = {}
+    try:
+        for copies in (True, False):
+            dialect.copies = copies
+            await store.write_attempts(SHAPES)
+            bad = [SHAPES[0], (*SHAPES[1][:2], None, *SHAPES[1][3:])]  # a task id missing
+            with pytest.raises(StoreError, match="writing the attempt ledger"):
+                await store.write_attempts(bad)
+            entries = await store.read_attempts()
+            stored[copies] = [{k: v for k, v in e.as_dict().items() if k != "id"} for e in entries]
+            await raw_exec(store_url, "DELETE FROM agentguard_attempts")
+    finally:
+        await store.dispose()
+    assert stored[True] == stored[False]
+    assert [tuple(e.values()) for e in stored[True]] == [
+        (*row[:10], float(row[10]), row[11], row[12]) for row in SHAPES
+    ]

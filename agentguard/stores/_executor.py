@@ -1,7 +1,8 @@
 """Running the store's statements: the schema made before the first, two ways to run one, one retry policy,
 and every failure turned into a ``StoreError`` that says what failed.
 
-- :meth:`Executor.one` — the hot path: one statement handed straight to the driver on an idle connection.
+- :meth:`Executor.one` — the hot path: one statement handed straight to the driver on an idle connection
+  (:meth:`Executor.on_driver`, which also runs the dialect's bulk writes).
 - :meth:`Executor.run` — the general path: a function of a SQLAlchemy connection (optionally in a
   transaction), for everything off the hot path.
 - :meth:`Executor.transaction` — a transaction the caller runs its own statements in (not retried).
@@ -117,12 +118,23 @@ class Executor:
         """
         if not self.schema_ready:
             await self.ensure_schema()
-        engine, lane = self.engines.here()
+        engine = self.engines.here()[0]
         sql, getter = self._compiled(stmt, engine)
         args = getter(params)
-        if then is not None:
-            then_sql, then_getter = self._compiled(then, engine)
-            then_args = then_getter(params)
+        if then is None:
+            return await self.on_driver(what, lambda drv: self._fetch(drv, sql, args), body_ran=body_ran)
+        then_sql, then_getter = self._compiled(then, engine)
+        then_args = then_getter(params)
+        return await self.on_driver(
+            what, lambda drv: self._fetch_pair(drv, sql, args, then_sql, then_args), body_ran=body_ran
+        )
+
+    async def on_driver(self, what: str, call: Callable[[Any], Awaitable[T]], *, body_ran: bool | None) -> T:
+        """``call(drv)``, one driver call, on the driver connection of a connection of the loop's lane
+        (``_lane.Lane``): :meth:`one`'s statements, and the dialect's bulk writes (``copy_rows``)."""
+        if not self.schema_ready:
+            await self.ensure_schema()
+        engine, lane = self.engines.here()
         for attempt in (1, 2):
             try:
                 conn = await lane.acquire(engine)
@@ -131,12 +143,9 @@ class Executor:
             raw, drv = conn
             sound = False
             try:
-                if then is None:
-                    row = await self._fetch(drv, sql, args)
-                else:
-                    row = await self._fetch_pair(drv, sql, args, then_sql, then_args)
+                answer = await call(drv)
                 sound = True
-                return row
+                return answer
             except Exception as exc:
                 if not await self._retry_lost(what, exc, attempt, raw, drv):
                     raise self.error(what, exc, body_ran) from exc

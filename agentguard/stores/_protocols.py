@@ -175,8 +175,8 @@ class LedgerStore(Protocol):
     """The ledger of attempts (``stores/_attempts.py``) and an operator's look at one record. A store without
     these verbs (a stand-in) works; its guard keeps no ledger."""
 
-    async def write_attempts(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Insert entries (dicts of ``_attempts.COLUMNS`` and ``expires_at``) in one transaction."""
+    async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Insert entries (each the values of ``_attempts.WRITTEN``, in order), all or none."""
         ...
 
     async def read_attempts(
