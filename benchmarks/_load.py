@@ -47,8 +47,9 @@ Log = Callable[[str], None]
 # -- callers ---------------------------------------------------------------------------------------------------
 
 def _stat(pid: int | str) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command's name (the 4th is the parent's pid, the 12th and
-    13th the CPU ticks), or None if there is no such process (ended, or not on this machine)."""
+    """The fields of ``/proc/PID/stat`` after the command's name (the 2nd is the parent's pid, the 12th and
+    13th its CPU ticks, the 14th and 15th those of its children that ended), or None if there is no such
+    process (ended, or not on this machine)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -68,8 +69,10 @@ async def _postmaster(url: str) -> int | None:
 
 
 def _cpu(postmaster: int | None) -> tuple[float, float | None]:
-    """CPU seconds so far: this process's, and the server's — the postmaster's and its children's now (a
-    connection kept through a window counts whole) — or None where the server is not on this machine."""
+    """CPU seconds so far: this process's, and the server's — the postmaster's, its live children's, and
+    those of its children that ended (the postmaster's ``cutime``/``cstime``: a connection closed during a
+    window keeps what it spent, and one opened in it counts from its start) — or None where the server is not
+    on this machine."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     mine = usage.ru_utime + usage.ru_stime
     if postmaster is None:
@@ -77,7 +80,11 @@ def _cpu(postmaster: int | None) -> tuple[float, float | None]:
     ticks = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         fields = _stat(pid)
-        if fields is not None and (int(pid) == postmaster or int(fields[1]) == postmaster):
+        if fields is None:
+            continue
+        if int(pid) == postmaster:
+            ticks += sum(int(f) for f in fields[11:15])  # its own, and its ended children's
+        elif int(fields[1]) == postmaster:
             ticks += int(fields[11]) + int(fields[12])
     return mine, ticks / os.sysconf("SC_CLK_TCK")
 

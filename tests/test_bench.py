@@ -7,11 +7,17 @@ this machine is shared and its fsync latency flips between ~0.2 ms and ~4 ms.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 from pathlib import Path
 
+import asyncpg
 import pytest
+
+from benchmarks import _load
+from benchmarks._drivers import dsn_of
 
 from conftest import BACKEND, ROOT
 
@@ -83,3 +89,34 @@ def test_the_load_harness_runs_and_counts_each_sides_cpu(store_url: str, tmp_pat
             (window,) = run[side]
             assert window["errors"] == 0 and window["min"] >= 1, window
             assert window["client_cpu_us"] > 0 and window["server_cpu_us"] > 0, window
+
+
+@pytest.mark.postgres
+@pytest.mark.anyio
+async def test_the_servers_cpu_keeps_what_a_closed_connection_spent(store_url: str) -> None:
+    """``--load`` counts the server's CPU as the postmaster's, its live children's and its ended children's
+    (``cutime``): a connection closed inside a window keeps what it spent there, so a side that closes
+    connections (the guard's lane gives idle ones back) is not counted cheaper than it was."""
+    postmaster = await _load._postmaster(store_url)
+    assert postmaster is not None  # the test run's server is local
+    conn = await asyncpg.connect(dsn_of(store_url))
+    pid = await conn.fetchval("SELECT pg_backend_pid()")
+
+    def own() -> int:
+        fields = _load._stat(pid)
+        assert fields is not None
+        return int(fields[11]) + int(fields[12])
+
+    before = _load._cpu(postmaster)[1]
+    own0 = own()
+    await conn.fetchval("SELECT count(*) FROM generate_series(1, 5000000)")
+    spent = own() - own0
+    await conn.close()
+    for _ in range(1000):  # until the postmaster has reaped it (its CPU then in the postmaster's cutime)
+        if _load._stat(pid) is None:
+            break
+        await asyncio.sleep(0.01)
+    after = _load._cpu(postmaster)[1]
+    assert before is not None and after is not None
+    assert spent > 0
+    assert round((after - before) * os.sysconf("SC_CLK_TCK")) >= spent
