@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._errors import CommandError
 from .stores import Attempt, RecordDetail
 
 if TYPE_CHECKING:
@@ -111,8 +112,6 @@ def _timeline(args: argparse.Namespace, ref: StoreRef) -> int:
 
 
 def _forget(args: argparse.Namespace, ref: StoreRef) -> int:
-    from .cli import CommandError
-
     scope = args.scope if args.scope is not None else ref.scope
     rec = _run(ref, lambda g: g.record(args.key, scope=scope))
     if not args.yes:

@@ -100,3 +100,8 @@ class StoreError(GuardError):
         super().__init__(message, **kw)
         self.body_ran = body_ran
         self.transient = transient
+
+
+class CommandError(Exception):
+    """A problem an ``agentguard`` command reports on stderr with exit status 1 (no traceback); not a guard's
+    error."""

@@ -39,7 +39,7 @@ from typing import Any
 
 from . import __version__
 from ._cli_ledger import add_commands
-from ._errors import GuardError
+from ._errors import CommandError, GuardError
 from ._extras import MissingExtraError, require
 from ._storeconfig import StoreRef, from_arguments, sqlite_file
 
@@ -47,10 +47,6 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
-
-class CommandError(Exception):
-    """A problem the command reports on stderr with exit status 1 (no traceback)."""
-
 
 def _age(seconds: float) -> str:
     if seconds < 120:

@@ -303,11 +303,11 @@ SHAPES = [
 ]
 
 
-@pytest.mark.postgres
 async def test_a_copied_batch_stores_what_the_inserts_store_all_or_none(store_url: str) -> None:
-    """Postgres writes the ledger's batches with one COPY (``Dialect.copies``), a shortcut beside the general
-    path's executemany of INSERTs: both store the same entries, and a batch with a bad entry stores none of
-    its entries either way and says so as a ``StoreError``."""
+    """The ledger's batches go to the driver whole (``Dialect.copies``: Postgres' COPY; on SQLite one hop to
+    aiosqlite's thread, where sqlite3 binds the rows), a shortcut beside the general path's executemany of
+    INSERTs through SQLAlchemy: both store the same entries, and a batch with a bad entry stores none of its
+    entries either way and says so as a ``StoreError``."""
     store = SQLStore(store_url)
     dialect = store._executor.dialect
     assert dialect.copies

@@ -6,7 +6,8 @@ aiosqlite runs each connection on a thread of its own and hands every call to it
 - :func:`connector` opens connections as SQLAlchemy would, but registers each, so that its thread can be
   joined (:func:`join_threads`) before the event loop it reports to is let go;
 - :func:`fetch_row` is one statement in one hop (``execute_fetchall``);
-- :func:`fetch_pair` runs :func:`read_or_claim` on the connection's thread: two statements, one hop.
+- :func:`fetch_pair` runs :func:`read_or_claim` on the connection's thread: two statements, one hop;
+- :func:`insert_rows` runs :func:`inserted` there: a batch of rows in one transaction, one hop.
 """
 
 from __future__ import annotations
@@ -188,6 +189,32 @@ def fetch_pair(drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args
                claim_unsynced: bool = False, waiting: Waiters | None = None) -> Any:
     """:func:`read_or_claim` in one hop (awaitable)."""
     return drv._execute(_read_or_claim, drv._conn, sql, args, then_sql, then_args, claim_unsynced, waiting)
+
+
+def insert_rows(drv: Any, sql: str, rows: Sequence[Sequence[Any]], *, unsynced: bool) -> Any:
+    """:func:`inserted` in one hop (awaitable)."""
+    return drv._execute(inserted, drv._conn, sql, rows, unsynced)
+
+
+def inserted(conn: Any, sql: str, rows: Sequence[Sequence[Any]], unsynced: bool) -> None:
+    """Runs on aiosqlite's thread (autocommit): ``sql`` (an INSERT with positional parameters) for each of
+    ``rows`` in one transaction, all or none; the write lock waited for by the connection's busy handler (off
+    the callers' path). ``unsynced`` (a store at ``synchronous=FULL``): the commit does not sync the WAL; the
+    next synced commit (a completion's) covers its frames."""
+    if unsynced:
+        conn.execute("PRAGMA synchronous = NORMAL")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(sql, rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        if unsynced:
+            conn.execute("PRAGMA synchronous = FULL")
 
 
 def _read_or_claim(conn: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any],

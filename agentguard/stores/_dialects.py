@@ -37,6 +37,7 @@ from .._redact import redact_url
 from ._aiosqlite import BUSY_MS, Opened, Waiters, connector, runs_functions
 from ._aiosqlite import fetch_pair as aiosqlite_pair
 from ._aiosqlite import fetch_row as aiosqlite_row
+from ._aiosqlite import insert_rows as aiosqlite_rows
 from ._claims import ClaimWay, by_function, by_insert, in_one_hop
 from ._schema import TABLE
 
@@ -93,7 +94,7 @@ class Dialect:
     # Outcomes of watched records are announced to other processes (Postgres: LISTEN/NOTIFY, see _listen).
     announces = False
     channel = TABLE
-    copies = False  # rows are written in bulk by one driver call (``copy_rows``), not an executemany of INSERTs
+    copies = False  # rows are written in bulk by one driver call (``copy_rows``), not SQLAlchemy's executemany
 
     @property
     def capacity(self) -> int:
@@ -202,6 +203,9 @@ class SQLite(Dialect):
         # SQLite's claim reads first already, in the same hop: no separate read is cheaper.
         self.claim = self.claim_taken = in_one_hop if runs_functions() else by_insert
         self.waiters = Waiters()  # this store's writes waiting for the write lock, on any thread
+        # A batch of rows in one hop, the binding done by sqlite3 in C (``_aiosqlite.inserted``), rather than
+        # SQLAlchemy's parameters for each row on the guard's portal thread, which holds the GIL meanwhile.
+        self.copies = runs_functions()
 
     def prepare(self) -> None:
         """Create the SQLite file's folder (``.agentguard/claims.db`` works from an empty directory), or say
@@ -252,6 +256,11 @@ class SQLite(Dialect):
         return aiosqlite_pair(  # type: ignore[no-any-return]
             drv, sql, args, then_sql, then_args, claim_unsynced=self.claim_unsynced, waiting=self.waiters
         )
+
+    def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+                  ) -> Awaitable[Any]:
+        sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        return aiosqlite_rows(drv, sql, rows, unsynced=self.claim_unsynced)  # type: ignore[no-any-return]
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
         return isinstance(exc, ValueError)  # aiosqlite: "no active connection"
