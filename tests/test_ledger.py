@@ -328,3 +328,51 @@ async def test_a_copied_batch_stores_what_the_inserts_store_all_or_none(store_ur
     assert [tuple(e.values()) for e in stored[True]] == [
         (*row[:10], float(row[10]), row[11], row[12]) for row in SHAPES
     ]
+
+
+async def test_a_keys_entries_are_found_through_the_key_prefix_index_on_a_new_and_on_an_older_store(
+    store_url: str,
+) -> None:
+    """``agentguard show KEY`` reads a key's entries through an index, never a scan of the ledger: a new store's
+    index of the key's first characters, and an older store's index of ``(key, at)`` (the same statement)."""
+    import sqlite3
+
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    from agentguard._keys import derive_key
+    from conftest import pg_dsn
+
+    store = SQLStore(store_url)
+    try:
+        await store.ensure_schema()
+        keys = [derive_key("s", f"task-{i // 5}", f"op-{i}") for i in range(5000)]
+        rows = [("s", k, f"task-{i // 5}", "op", "tool", "ran", "succeeded", 1, None, "h:1", 1.7e9 + i, None, None,
+                 2e9) for i, k in enumerate(keys)]
+        await store.write_attempts(rows)
+        sql, args = store._executor._compiled(store.attempt_sql.by_key, store.engine())
+        params = args({"key": keys[1234], "key_prefix": keys[1234][:16], "scope": None, "since": None, "limit": 10})
+        found = await store.read_attempts(key=keys[1234])
+    finally:
+        await store.dispose()
+    assert [(e.key, e.task_id) for e in found] == [(keys[1234], "task-246")]
+
+    async def plan() -> str:
+        if BACKEND == "sqlite":
+            with sqlite3.connect(make_url(store_url).database or "") as conn:
+                return "\n".join(str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+        conn = await asyncpg.connect(pg_dsn(store_url))
+        try:
+            await conn.execute("ANALYZE agentguard_attempts")
+            return "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *params))
+        finally:
+            await conn.close()
+
+    new = await plan()
+    assert "agentguard_attempts_key_prefix_idx" in new, new
+    await raw_exec(store_url, "DROP INDEX agentguard_attempts_key_prefix_idx")
+    await raw_exec(store_url, "CREATE INDEX agentguard_attempts_key_idx ON agentguard_attempts (key, at)")
+    older = await plan()
+    assert "agentguard_attempts_key_idx" in older, older
+    for p in (new, older):
+        assert "SCAN agentguard_attempts" not in p and "Seq Scan" not in p, p
