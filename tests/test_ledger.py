@@ -4,17 +4,21 @@ swept with the records, and added to a store made by an earlier version."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 import pytest
+from sqlalchemy.engine import make_url
 
 import agentguard._ledger as ledger_mod
 from agentguard import Guard, InProgressError, KeyReuseError, MissingTaskError, StoreError, task
+from agentguard._keys import derive_key
 from agentguard.stores import SQLStore
 
-from conftest import BACKEND, raw_exec, tid
+from conftest import BACKEND, pg_dsn, raw_exec, tid
 
 pytestmark = pytest.mark.anyio
 
@@ -335,14 +339,6 @@ async def test_a_keys_entries_are_found_through_the_key_prefix_index_on_a_new_an
 ) -> None:
     """``agentguard show KEY`` reads a key's entries through an index, never a scan of the ledger: a new store's
     index of the key's first characters, and an older store's index of ``(key, at)`` (the same statement)."""
-    import sqlite3
-
-    import asyncpg
-    from sqlalchemy.engine import make_url
-
-    from agentguard._keys import derive_key
-    from conftest import pg_dsn
-
     store = SQLStore(store_url)
     try:
         await store.ensure_schema()

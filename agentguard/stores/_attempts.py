@@ -195,7 +195,7 @@ class AttemptVerbs:
             return
         executor = self._executor
         dialect = executor.dialect
-        if dialect.copies:  # one COPY (Postgres): the same rows as the INSERTs below, for less of both sides' CPU
+        if dialect.copies:  # the batch to the driver whole (Postgres' COPY; SQLite: one hop, bound by sqlite3)
             await executor.on_driver("writing the attempt ledger",
                                      lambda drv: dialect.copy_rows(drv, ATTEMPTS, WRITTEN, rows), body_ran=None)
             return
