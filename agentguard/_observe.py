@@ -52,7 +52,13 @@ class Note:
         self.detail = detail if self.took is None else f"{detail} (after a {self.took} claim)"
 
 
+CALL_ID_MAX = 255  # characters of a host's id of an invocation the ledger keeps
+
+
 def call_id(audit: str | None) -> str | None:
+    """The host's id of this invocation, from the audit (a JSON object), as every store can hold it: a NUL or
+    a lone surrogate (which JSON can carry) replaced by U+FFFD, at most ``CALL_ID_MAX`` characters. An entry a
+    store refused would take its whole batch with it."""
     if not audit:
         return None
     try:
@@ -62,7 +68,12 @@ def call_id(audit: str | None) -> str | None:
     if isinstance(ids, dict):
         for name in _CALL_IDS:
             if isinstance(ids.get(name), str | int):
-                return str(ids[name])
+                text = str(ids[name])[:CALL_ID_MAX]
+                if "\x00" in text:
+                    text = text.replace("\x00", "\ufffd")
+                if not text.isascii():
+                    text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+                return text
     return None
 
 

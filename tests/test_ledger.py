@@ -4,6 +4,7 @@ swept with the records, and added to a store made by an earlier version."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -372,3 +373,26 @@ async def test_a_keys_entries_are_found_through_the_key_prefix_index_on_a_new_an
     assert "agentguard_attempts_key_idx" in older, older
     for p in (new, older):
         assert "SCAN agentguard_attempts" not in p and "Seq Scan" not in p, p
+
+
+async def test_an_entry_with_a_host_id_no_store_holds_does_not_take_its_batch_with_it(
+    make_guard: Callable[..., Guard],
+) -> None:
+    """A host's id of an invocation reaches the ledger as it came (JSON can carry a NUL, which Postgres' text
+    cannot hold, and a lone surrogate, which no store can): it is kept with U+FFFD in their place, and the
+    entries written in the same batch are kept too."""
+    g = make_guard()
+    t = tid()
+
+    async def body(key: str) -> str:
+        return key
+
+    await g.run("charge", body, task_id=t, audit={"tool_call_id": "a\x00b"})
+    await g.run("refund", body, task_id=t, audit={"callId": "ok-1"})
+    # (how the MCP proxy tells the ledger of a call refused before it had a task)
+    g._engine.observer.missing_task("charge", json.dumps({"callId": "x\ud800y"}))
+    await g.flush_ledger()
+    assert g.ledger_dropped == 0
+    assert [(e.kind, e.call_id) for e in await g.attempts(task_id=t)] == [("ran", "a\ufffdb"), ("ran", "ok-1")]
+    refused = [e for e in await g.attempts() if e.detail == "missing task"]
+    assert [e.call_id for e in refused] == ["x\ufffd\ufffd\ufffdy"]
