@@ -2,7 +2,7 @@
 and every failure turned into a ``StoreError`` that says what failed.
 
 - :meth:`Executor.one` — the hot path: one statement handed straight to the driver on an idle connection
-  (:meth:`Executor.on_driver`, which also runs the dialect's bulk writes).
+  (the same way as :meth:`Executor.on_driver`, which runs the dialect's bulk writes).
 - :meth:`Executor.run` — the general path: a function of a SQLAlchemy connection (optionally in a
   transaction), for everything off the hot path.
 - :meth:`Executor.transaction` — a transaction the caller runs its own statements in (not retried).
@@ -31,6 +31,7 @@ from .._errors import StoreError
 from .._redact import redact_text
 from ._dialects import Dialect
 from ._engines import Engines
+from ._lane import Lane
 
 log = logging.getLogger("agentguard.store")
 T = TypeVar("T")
@@ -118,23 +119,28 @@ class Executor:
         """
         if not self.schema_ready:
             await self.ensure_schema()
-        engine = self.engines.here()[0]
+        engine, lane = self.engines.here()
         sql, getter = self._compiled(stmt, engine)
         args = getter(params)
         if then is None:
-            return await self.on_driver(what, lambda drv: self._fetch(drv, sql, args), body_ran=body_ran)
+            return await self._on_lane(engine, lane, what, lambda drv: self._fetch(drv, sql, args), body_ran)
         then_sql, then_getter = self._compiled(then, engine)
         then_args = then_getter(params)
-        return await self.on_driver(
-            what, lambda drv: self._fetch_pair(drv, sql, args, then_sql, then_args), body_ran=body_ran
+        return await self._on_lane(
+            engine, lane, what, lambda drv: self._fetch_pair(drv, sql, args, then_sql, then_args), body_ran
         )
 
     async def on_driver(self, what: str, call: Callable[[Any], Awaitable[T]], *, body_ran: bool | None) -> T:
         """``call(drv)``, one driver call, on the driver connection of a connection of the loop's lane
-        (``_lane.Lane``): :meth:`one`'s statements, and the dialect's bulk writes (``copy_rows``)."""
+        (``_lane.Lane``), as :meth:`one`'s statements run: the dialect's bulk writes (``copy_rows``)."""
         if not self.schema_ready:
             await self.ensure_schema()
         engine, lane = self.engines.here()
+        return await self._on_lane(engine, lane, what, call, body_ran)
+
+    async def _on_lane(self, engine: AsyncEngine, lane: Lane, what: str, call: Callable[[Any], Awaitable[T]],
+                       body_ran: bool | None) -> T:
+        """``call(drv)`` on a connection of ``lane``, retried once on a fresh one if its connection was lost."""
         for attempt in (1, 2):
             try:
                 conn = await lane.acquire(engine)
