@@ -7,7 +7,8 @@ record that holds it, or None if that record vanished before it could be read (s
 and the read, or kept vanishing and reappearing): the caller claims again, a bounded number of times.
 
 - :func:`by_insert`, the general way: insert; on a conflict, read. One statement for a first call (Postgres'
-  first calls), two where the key is taken.
+  first calls), two where the key is taken. On Postgres the insert is gathered with the other first calls of
+  the loop that would wait for a connection, into one statement (``Executor.one``'s ``many``).
 - :func:`in_one_hop` (SQLite, when aiosqlite can run a function on its thread): read, and insert only if
   nothing was read, in one hop to aiosqlite's thread.
 - :func:`by_function` (Postgres, for a key likely taken): the read-or-claim function, one round trip.
@@ -19,7 +20,7 @@ from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from ._schema import FENCE_AT, Record, record_from_row
-from ._statements import Statements
+from ._statements import Many, Statements
 
 CLAIMING = "claiming the key"
 READING = "reading the record"
@@ -31,7 +32,8 @@ class RunsOne(Protocol):
     """The executor's hot path (``Executor.one``): one statement, its first row or None."""
 
     def __call__(
-        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False, then: Any = None
+        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False, then: Any = None,
+        many: Many | None = None,
     ) -> Awaitable[Any]: ...
 
 
@@ -41,7 +43,7 @@ class ClaimWay(Protocol):
 
 async def by_insert(one: RunsOne, sql: Statements, params: dict[str, Any]) -> Claimed:
     """The general way: the insert decides; on a conflict, a second statement reads the record there."""
-    row = await one(CLAIMING, sql.claim, params)
+    row = await one(CLAIMING, sql.claim, params, many=sql.claim_many)
     if row is not None:
         return int(row[0])
     return await _read(one, sql, params)

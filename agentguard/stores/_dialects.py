@@ -95,6 +95,7 @@ class Dialect:
     announces = False
     channel = TABLE
     copies = False  # rows are written in bulk by one driver call (``copy_rows``), not SQLAlchemy's executemany
+    gathers = False  # first calls' claims that would wait for a connection go as one statement (``fetch_rows``)
 
     @property
     def capacity(self) -> int:
@@ -131,6 +132,10 @@ class Dialect:
                    ) -> Awaitable[Any]:
         """The read-or-claim pair in one driver call (only for :func:`_claims.in_one_hop`)."""
         raise NotImplementedError(f"{self.name} runs no statement pair in one call")
+
+    def fetch_rows(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
+        """One statement on the driver connection ``drv``: all its rows (only where ``gathers``)."""
+        raise NotImplementedError(f"{self.name} gathers no statements")
 
     def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
                   ) -> Awaitable[Any]:
@@ -287,6 +292,9 @@ class Postgres(Dialect):
     # COPY costs the client about a sixth and the server about two thirds of an executemany of the same INSERTs
     # (benchmarks: --load's CPU per call; the ledger writes a row per call).
     copies = True
+    # Under load (every connection of a loop in use), the first calls' claims that would wait for one go as one
+    # statement when one is free: one round trip and one commit for them all (benchmarks: --load).
+    gathers = True
 
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
@@ -308,6 +316,9 @@ class Postgres(Dialect):
 
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         return drv.fetchrow(sql, *args)  # type: ignore[no-any-return]
+
+    def fetch_rows(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
+        return drv.fetch(sql, *args)  # type: ignore[no-any-return]
 
     def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
                   ) -> Awaitable[Any]:

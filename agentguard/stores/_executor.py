@@ -2,7 +2,9 @@
 and every failure turned into a ``StoreError`` that says what failed.
 
 - :meth:`Executor.one` — the hot path: one statement handed straight to the driver on an idle connection
-  (the same way as :meth:`Executor.on_driver`, which runs the dialect's bulk writes).
+  (the same way as :meth:`Executor.on_driver`, which runs the dialect's bulk writes). Where every connection
+  of the loop is in use, a statement that has a form for many callers (``many``) waits with the others that
+  came meanwhile, and they go as one statement (:meth:`Executor._gathered`).
 - :meth:`Executor.run` — the general path: a function of a SQLAlchemy connection (optionally in a
   transaction), for everything off the hot path.
 - :meth:`Executor.transaction` — a transaction the caller runs its own statements in (not retried).
@@ -32,11 +34,41 @@ from .._redact import redact_text
 from ._dialects import Dialect
 from ._engines import Engines
 from ._lane import Lane
+from ._statements import GATHER_MAX, Many
 
 log = logging.getLogger("agentguard.store")
 T = TypeVar("T")
 
 Compiled = tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]
+
+
+class Batch:
+    """Callers of one statement gathered while every connection of their lane is in use (``Executor._gathered``):
+    their parameters and answers, and the task that sends them as one statement."""
+
+    __slots__ = ("arrivals", "calls", "lined", "sealed", "sent", "went")
+
+    def __init__(self, lane: Lane) -> None:
+        # Its place in the lane's line, taken when it is formed (its callers wait there, not behind whoever
+        # lines up before its task runs); None once its task waits in it.
+        self.lined: asyncio.Future[Any] | None = lane.line_up()
+        self.arrivals = lane.arrivals
+        self.calls: list[tuple[dict[str, Any], asyncio.Future[Any]]] = []
+        self.sealed = False  # nobody joins it any more (callers who come now gather into the next one)
+        self.went = False  # its statement has its connection, with the parameters of the callers in it then
+        self.sent: asyncio.Task[None] | None = None
+
+    def joins(self, lane: Lane) -> bool:
+        """Whether a caller coming now may join it: it is not on its way, not full, and nobody has lined up in the
+        lane behind it (joining would pass them: first come, first served)."""
+        return not self.sealed and len(self.calls) < GATHER_MAX and lane.arrivals == self.arrivals
+
+    def ended(self, lane: Lane, _sent: asyncio.Task[None]) -> None:
+        """Its task ended: if it never ran (cancelled first, as a closing loop cancels it), its place in the line
+        is left, or what the place was handed passed on."""
+        if self.lined is not None:
+            lane.leave(self.lined)
+            self.lined = None
 
 
 class Executor:
@@ -103,7 +135,8 @@ class Executor:
         return found
 
     async def one(
-        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False, then: Any = None
+        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False, then: Any = None,
+        many: Many | None = None,
     ) -> Any:
         """One statement, one round trip (one thread hop on SQLite): its first row, or None.
 
@@ -115,11 +148,15 @@ class Executor:
 
         ``then``: a second statement for the same driver call, run only if ``stmt`` finds no row (the
         dialect's ``fetch_pair``: SQLite's read-or-claim in one hop; see ``_claims.in_one_hop``).
+        ``many``: the statement's form for many callers (where the dialect ``gathers``), used when every
+        connection of the lane is in use (:meth:`_gathered`).
         ``body_ran``: whether the tool body had run, for the ``StoreError`` if it fails.
         """
         if not self.schema_ready:
             await self.ensure_schema()
         engine, lane = self.engines.here()
+        if many is not None and not lane.free():
+            return await self._gathered(engine, lane, what, stmt, many, params, body_ran)
         sql, getter = self._compiled(stmt, engine)
         args = getter(params)
         if then is None:
@@ -130,6 +167,86 @@ class Executor:
             engine, lane, what, lambda drv: self._fetch_pair(drv, sql, args, then_sql, then_args), body_ran
         )
 
+    async def _gathered(self, engine: AsyncEngine, lane: Lane, what: str, stmt: Any, many: Many,
+                        params: dict[str, Any], body_ran: bool | None) -> Any:
+        """``stmt`` with ``params`` while every connection of ``lane`` is in use: the caller joins the callers of
+        the same statement that came since a connection was last free, and they go as one statement (``many``)
+        on the next connection the line hands on, in the place of the first of them. What each caller gets is
+        what ``stmt`` alone would have answered it. A shortcut beside one statement each, which it must equal
+        (tests/test_gather.py): one round trip and one commit for them all, where the callers would have waited
+        anyway.
+
+        The statement is sent by a task of the lane's, not by any caller, so a caller cancelled meanwhile leaves
+        the others' statement whole. Such a caller leaves the batch if it has not gone yet; if it has, the
+        caller waits for it to end before the cancellation goes on, so that whatever the caller does about a
+        cancelled statement (a claim is released by its owner token) comes after it.
+
+        First come, first served, as in the lane's line: a caller joins only a statement that nobody else has
+        lined up behind (``Batch.joins``), else it forms the next one, in its own place in the line."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        batch: Batch | None = lane.gathering.get(many)
+        if batch is None or not batch.joins(lane):
+            if batch is not None:
+                batch.sealed = True  # (it goes as it is)
+            batch = lane.gathering[many] = Batch(lane)
+            batch.sent = loop.create_task(self._send_gathered(engine, lane, what, stmt, many, batch, body_ran))
+            batch.sent.add_done_callback(functools.partial(batch.ended, lane))
+            lane.keep(batch.sent)
+        batch.calls.append((params, answer))
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            if not batch.went:  # it goes without this caller
+                batch.calls.remove((params, answer))
+            elif batch.sent is not None:
+                await asyncio.wait((batch.sent,))
+            raise
+
+    async def _send_gathered(self, engine: AsyncEngine, lane: Lane, what: str, stmt: Any, many: Many, batch: Batch,
+                             body_ran: bool | None) -> None:
+        sql, getter = self._compiled(stmt, engine)
+
+        def taken() -> list[dict[str, Any]]:
+            if not batch.went:
+                batch.went = True
+                if lane.gathering.get(many) is batch:
+                    del lane.gathering[many]
+                batch.sealed = True
+            return [params for params, _ in batch.calls]
+
+        def alone(params: dict[str, Any]) -> Callable[[Any], Awaitable[Any]]:
+            return lambda drv: self._fetch(drv, sql, getter(params))
+
+        async def send(drv: Any) -> list[Any]:
+            params = taken()
+            if len(params) == 1:  # the statement itself
+                return [await self._fetch(drv, sql, getter(params[0]))]
+            if not params:  # (every caller was cancelled)
+                return []
+            return many.answers(await self.dialect.fetch_rows(drv, many.sql, many.args(params)), params)
+
+        lined, batch.lined = batch.lined, None
+        try:
+            try:
+                answers: list[Any] = await self._on_lane(engine, lane, what, send, body_ran, lined)
+            except Exception as exc:
+                params = taken()
+                if len(params) == 1:
+                    answers = [exc]
+                else:  # the database refused the statement (not all of them, perhaps): each caller's on its own
+                    answers = await asyncio.gather(*(self._on_lane(engine, lane, what, alone(p), body_ran)
+                                                     for p in params), return_exceptions=True)
+            for (_, future), got in zip(batch.calls, answers, strict=True):
+                if not future.done():  # (a caller cancelled meanwhile: its answer is nobody's)
+                    if isinstance(got, BaseException):
+                        future.set_exception(got)
+                    else:
+                        future.set_result(got)
+        finally:  # (this task cancelled: a closing loop) its callers are cancelled too, never left waiting
+            for _, future in batch.calls:
+                future.cancel()
+
     async def on_driver(self, what: str, call: Callable[[Any], Awaitable[T]], *, body_ran: bool | None) -> T:
         """``call(drv)``, one driver call, on the driver connection of a connection of the loop's lane
         (``_lane.Lane``), as :meth:`one`'s statements run: the dialect's bulk writes (``copy_rows``)."""
@@ -139,11 +256,12 @@ class Executor:
         return await self._on_lane(engine, lane, what, call, body_ran)
 
     async def _on_lane(self, engine: AsyncEngine, lane: Lane, what: str, call: Callable[[Any], Awaitable[T]],
-                       body_ran: bool | None) -> T:
-        """``call(drv)`` on a connection of ``lane``, retried once on a fresh one if its connection was lost."""
+                       body_ran: bool | None, lined: asyncio.Future[Any] | None = None) -> T:
+        """``call(drv)`` on a connection of ``lane``, retried once on a fresh one if its connection was lost.
+        ``lined``: the place in the lane's line its first attempt takes (``Lane.line_up``)."""
         for attempt in (1, 2):
             try:
-                conn = await lane.acquire(engine)
+                conn = await lane.acquire(engine, lined if attempt == 1 else None)
             except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
                 raise self.error(what, exc, body_ran) from exc
             raw, drv = conn

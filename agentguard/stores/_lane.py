@@ -19,6 +19,9 @@ while others wait in the pool's queue until its timeout. So:
   raw pool's throughput); after a burst the pool gets its connections back and closes its overflow;
 - the general path, finding the pool exhausted, takes one idle connection back to the pool first, so the
   lane's idle connections never keep it waiting;
+- callers whose statements are gathered into one (``Executor._gathered``) wait in one place in the line, taken
+  when the first of them comes (so a connection a statement is done with goes to them, not to the idle list
+  for whoever asks next), and a caller joins them only while nobody has lined up behind them;
 - a connection that may be broken always goes back to the pool (which discards an invalidated one); the slot
   it held passes to the longest-waiting caller here, which checks out a connection of its own with it (so a
   caller that just gave one back cannot take the pool's connection ahead of those in line).
@@ -42,7 +45,7 @@ Conn = tuple[Any, Any]  # (pool connection, its driver connection): reaching the
 class Lane:
     """One loop's hot-path connections (see the module docstring)."""
 
-    __slots__ = ("_tasks", "_trimming", "capacity", "held", "idle", "queue", "waiting")
+    __slots__ = ("_tasks", "_trimming", "arrivals", "capacity", "gathering", "held", "idle", "queue", "waiting")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity  # connections the pool allows in all (its size and overflow)
@@ -52,14 +55,41 @@ class Lane:
         self._tasks: set[asyncio.Task[None]] = set()  # connections being given back
         self.queue: collections.deque[asyncio.Future[Conn | None]] = collections.deque()
         self.waiting = 0  # callers blocked in the pool's own checkout (either path)
+        self.gathering: dict[Any, Any] = {}  # statements gathered while every connection is in use (Executor)
+        self.arrivals = 0  # places taken in the line, ever
 
-    async def acquire(self, engine: AsyncEngine) -> Conn:
+    def free(self) -> bool:
+        """Whether a caller here would have a connection without waiting for one: an idle one, or a slot to
+        open one in."""
+        return bool(self.idle) or self.held < self.capacity
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a task of the lane's (a connection given back, a gathered statement) until it ends."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def acquire(self, engine: AsyncEngine, lined: asyncio.Future[Conn | None] | None = None) -> Conn:
+        """A connection for one statement. ``lined``: the caller's place in the line, taken before
+        (:meth:`line_up`)."""
+        if lined is not None:
+            return await self._after(engine, lined)
         if self.idle:
             return self.idle.pop()[0]
         if self.held < self.capacity:
             self.held += 1
             return await self._open(engine)
-        handed = await self._queued()
+        return await self._after(engine, self.line_up())
+
+    def line_up(self) -> asyncio.Future[Conn | None]:
+        """A place at the end of the line (when :meth:`free` is False), for :meth:`acquire`: handed a connection,
+        or (None) the slot of one that went back to the pool."""
+        waiter: asyncio.Future[Conn | None] = asyncio.get_running_loop().create_future()
+        self.queue.append(waiter)
+        self.arrivals += 1
+        return waiter
+
+    async def _after(self, engine: AsyncEngine, waiter: asyncio.Future[Conn | None]) -> Conn:
+        handed = await self._queued(waiter)
         if handed is not None:
             return handed
         return await self._open(engine)  # a connection went back to the pool and its slot passed to us
@@ -75,22 +105,25 @@ class Lane:
             raise
         return raw, raw.driver_connection
 
-    async def _queued(self) -> Conn | None:
+    async def _queued(self, waiter: asyncio.Future[Conn | None]) -> Conn | None:
         """Wait in line: for a connection handed on, or (None) for the slot of one that went back to the pool."""
-        waiter: asyncio.Future[Conn | None] = asyncio.get_running_loop().create_future()
-        self.queue.append(waiter)
         try:
             return await waiter
         except asyncio.CancelledError:
-            if not waiter.done():
-                self.queue.remove(waiter)
-            elif not waiter.cancelled():  # handed something just as we were cancelled: pass it on
-                handed = waiter.result()
-                if handed is None:
-                    self._let_go()
-                else:
-                    self.release_now(handed)
+            self.leave(waiter)
             raise
+
+    def leave(self, waiter: asyncio.Future[Conn | None]) -> None:
+        """A place in the line that nobody will take: out of the line, or what it was handed passed on."""
+        if not waiter.done():
+            self.queue.remove(waiter)
+            waiter.cancel()
+        elif not waiter.cancelled():  # handed something just as its caller went: pass it on
+            handed = waiter.result()
+            if handed is None:
+                self._let_go()
+            else:
+                self.release_now(handed)
 
     async def _checkout(self, engine: AsyncEngine) -> Any:
         """A connection from the pool, opened to the end even if the caller is cancelled meanwhile: a connect
@@ -128,9 +161,7 @@ class Lane:
             self._give_back_soon(conn)
 
     def _give_back_soon(self, conn: Conn) -> None:
-        task = asyncio.get_running_loop().create_task(self._give_back(conn[0]))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.keep(asyncio.get_running_loop().create_task(self._give_back(conn[0])))
 
     async def release(self, conn: Conn, *, sound: bool) -> None:
         """A statement is done with ``conn``; ``sound``: it ended normally (else it may be broken)."""

@@ -8,6 +8,9 @@ generated from the row layout (``_schema.ROW``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from sqlalchemy import TextClause, text
 
 from ._schema import FAILED, RELEASED, ROW, RUNNING, STARTED, STEPS, TABLE, column_sql, live_sql, select_list
@@ -28,6 +31,50 @@ NEW_ROW = (
     ("attempts", "1"), ("owner", "{p}owner"), ("lease_until", "{now} + {p}lease"), ("created_at", "{now}"),
     ("updated_at", "{now}"), ("expires_at", "{now} + {p}retention"), ("audit", "{p}audit"),
 )
+
+# Postgres: the claims of many callers in one statement (``Executor.one``'s ``many``), their parameters as
+# arrays, the rows inserted in the order of their keys: two such statements that share keys lock them in the same
+# order, so neither waits for the other's key while holding one the other waits for (a deadlock).
+# At most GATHER_MAX claims in one statement: a longer one holds its callers longer, and while every connection
+# was busy with long ones (256 claims each), a caller that met an empty line cycled alone on a connection,
+# making many times the median's calls (tests/test_load.py's fairness; docs/benchmarks.md).
+GATHER_MAX = 16
+
+
+class Many:
+    """One statement for the parameters of many callers (``sql``: the driver's own, ``$1``..), and each
+    caller's answer from its rows: the row a single statement would have returned, or None."""
+
+    __slots__ = ("names", "sql")
+
+    def __init__(self, sql: str, names: tuple[str, ...]) -> None:
+        self.sql = sql
+        self.names = names
+
+    def args(self, params: Sequence[dict[str, Any]]) -> tuple[list[Any], ...]:
+        return tuple([p[name] for p in params] for name in self.names)
+
+    @staticmethod
+    def answers(rows: Sequence[Sequence[Any]], params: Sequence[dict[str, Any]]) -> list[tuple[Any, ...] | None]:
+        """Rows of (owner, fence, ...): a caller whose owner token came back claimed its key (its fence, as the
+        single statement's ``RETURNING fence``); the others found it taken (None, as that statement's no row)."""
+        claimed = {row[0]: row[1] for row in rows}
+        return [(claimed[p["owner"]],) if p["owner"] in claimed else None for p in params]
+
+
+def gathered_claim(now: str, unsynced: bool) -> Many:
+    """The claim statement for many callers at once (Postgres), generated from ``NEW_ROW`` as the single one is."""
+    names = tuple(name for name, _ in CLAIM_PARAMS)
+    arrays = ", ".join(f"${i}::{pg_type}[]" for i, (_, pg_type) in enumerate(CLAIM_PARAMS, 1))
+    columns = ", ".join(name for name, _ in NEW_ROW)
+    values = ", ".join(value.format(p="v.", now=now) for _, value in NEW_ROW)
+    return Many(
+        f"INSERT INTO {TABLE} ({columns}) SELECT {values} FROM unnest({arrays}) AS v({', '.join(names)})"
+        " ORDER BY v.scope, v.key ON CONFLICT (scope, key) DO NOTHING RETURNING owner, fence"
+        + (f", {UNSYNCED}" if unsynced else ""),
+        names,
+    )
+
 
 # Versioned by name: a changed body gets a new name, never a silent swap under running workers.
 # v2: generated from the row layout; its result is (claimed, then the read's columns in the read's order).
@@ -110,16 +157,19 @@ class Statements:
     epoch). ``claim_function``: also the read-or-claim function and the statement that calls it.
     ``announce``: the channel on which completions and releases of watched records are announced (Postgres),
     and the statement that marks a record watched. ``unsynced_claim``: a claim's (and a takeover's) transaction
-    commits with ``synchronous_commit`` off (Postgres; see ``UNSYNCED``)."""
+    commits with ``synchronous_commit`` off (Postgres; see ``UNSYNCED``). ``gather``: also the claim statement
+    for many callers at once (``claim_many``, Postgres)."""
 
     def __init__(
-        self, now: str, *, claim_function: bool, announce: str | None = None, unsynced_claim: bool = False
+        self, now: str, *, claim_function: bool, announce: str | None = None, unsynced_claim: bool = False,
+        gather: bool = False,
     ) -> None:
         live = live_sql(now)
         where_fenced = "scope = :scope AND key = :key AND fence = :fence"
         # (Postgres claims through the function below; sync tools' claims in their own thread take this plain
         # one first when a first call is likely: _direct_pg.)
         self.claim = text(f"{_insert(now, ':')} RETURNING fence" + (f", {UNSYNCED}" if unsynced_claim else ""))
+        self.claim_many = gathered_claim(now, unsynced_claim) if gather else None
         self.read = text(f"SELECT {select_list(now)} FROM {TABLE} WHERE scope = :scope AND key = :key")
         self.claim_function: str | None = None
         self.claim_or_fetch: TextClause | None = None

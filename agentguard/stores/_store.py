@@ -59,7 +59,8 @@ class SQLStore(AttemptVerbs):
         self.read_is_cheaper = self.dialect.read_is_cheaper
         self.sql = Statements(self.dialect.now, claim_function=self.dialect.claim_function,
                               announce=self.dialect.channel if self.dialect.announces else None,
-                              unsynced_claim=self.dialect.claim_unsynced and self.dialect.claim_function)
+                              unsynced_claim=self.dialect.claim_unsynced and self.dialect.claim_function,
+                              gather=self.dialect.gathers)
         self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
