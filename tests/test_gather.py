@@ -143,8 +143,9 @@ def answered(got: list[Any]) -> list[str]:
     return ["claimed" if isinstance(a, int) else "taken" if isinstance(a, Record) else repr(a) for a in got]
 
 
-async def test_gathered_claims_answer_and_store_what_single_claims_do(store_url: str) -> None:
-    store = SQLStore(store_url, pool_size=1)
+@pytest.mark.parametrize("unsynced", [False, True], ids=["synced", "pg_claim_unsynced"])
+async def test_gathered_claims_answer_and_store_what_single_claims_do(store_url: str, unsynced: bool) -> None:
+    store = SQLStore(store_url, pool_size=1, pg_claim_unsynced=unsynced)
     sizes = counting(store)
     try:
         alone = [params("alone", "k00")]
