@@ -24,6 +24,7 @@ value of each type that JSON lacks carries a tag, and user data that could read 
     {"$datetime": "2026-01-02T03:04:05+01:00"}   datetime.isoformat(): wall time and UTC offset (none if naive)
     {"$date": "2026-01-02"}   {"$time": "03:04:05"}   isoformat()
     {"$timedelta": 90000000}         whole microseconds
+    {"$timedelta_ns": 1001}          a pandas Timedelta finer than a microsecond: whole nanoseconds
     {"$uuid": "…"}                   the UUID's canonical text
     {"$bytes": "eA=="}               base64; bytes and bytearray alike
     {"$set": [...]}                  set and frozenset alike: the elements' canonical forms, sorted by their
@@ -34,9 +35,14 @@ value of each type that JSON lacks carries a tag, and user data that could read 
     {"$dataclass": ["mod.Class", {"field": value, ...}]}
     {"$model": ["mod.Class", {"field": value, ...}]}   a pydantic model: its fields and extra fields
 
+pandas' ``Timestamp`` is a datetime whose isoformat keeps its nanoseconds and a ``Timedelta`` a timedelta to
+the nanosecond; ``NaT``, like a NaN, is refused. numpy's ``float64`` and ``str_`` subclass float and str;
+its other scalars (``int64``, ``bool_``, ``float32``, ``datetime64``...) and arrays are refused: convert them
+(``.item()``, ``.tolist()``) where the conversion is what you mean.
+
 A subclass of str, int or float that is not an Enum is its plain value; a dict, list or tuple subclass
 (OrderedDict, a NamedTuple) is its base. Any other type, a non-finite float or Decimal, a lone surrogate,
-containers nested more than ``MAX_DEPTH`` deep and a value that refers to itself are refused with a TypeError
+a datetime not equal to itself, containers nested more than ``MAX_DEPTH`` deep and a value that refers to itself are refused with a TypeError
 naming the argument. The documented equivalences are exactly these: tuple and list, a whole float and its int,
 -0.0 and 0.0, Decimals that compare equal (scale is not kept), set and frozenset, bytes and bytearray, dict
 insertion order, set iteration order. Flat str/int/bool/None arguments have the form they always had.
@@ -151,7 +157,7 @@ def _other(value: Any, depth: int) -> Any:
     if isinstance(value, _ISO_TYPES):
         return _iso(value)
     if isinstance(value, dt.timedelta):
-        return {"$timedelta": (value.days * 86400 + value.seconds) * 1_000_000 + value.microseconds}
+        return _timedelta(value)
     if isinstance(value, uuid.UUID):
         return {"$uuid": str(value)}
     if isinstance(value, bytes | bytearray):
@@ -183,8 +189,23 @@ _ISO_TYPES = (dt.datetime, dt.date, dt.time)
 
 
 def _iso(value: dt.date | dt.time) -> dict[str, str]:
+    if value != value:  # pandas' NaT, like a NaN, is not equal to itself: no value it could be written as is
+        raise TypeError(f"{value!r} has no canonical form (it is not equal to itself)")
     tag = next(tag for cls, tag in _ISO if isinstance(value, cls))
     return {tag: value.isoformat()}
+
+
+def _timedelta(value: dt.timedelta) -> dict[str, int]:
+    """Whole microseconds; a duration finer than that (pandas' Timedelta keeps nanoseconds, a component that
+    ``timedelta`` itself does not see) as whole nanoseconds under its own tag, so that 1 ns and 2 ns are two
+    values and a Timedelta of whole microseconds is the timedelta it equals."""
+    micros = (value.days * 86400 + value.seconds) * 1_000_000 + value.microseconds
+    nanos = getattr(value, "nanoseconds", 0)
+    if type(nanos) is not int or not 0 <= nanos < 1000:
+        raise TypeError(f"{type(value).__qualname__} has a nanoseconds component {nanos!r} that is not 0..999")
+    if nanos:
+        return {"$timedelta_ns": micros * 1000 + nanos}
+    return {"$timedelta": micros}
 
 
 def _decimal(value: decimal.Decimal) -> str:

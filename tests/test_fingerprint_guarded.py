@@ -218,3 +218,49 @@ async def test_results_that_cannot_be_stored_are_a_guard_error(make_guard: Calla
         calls += 1
         typed_sync("surrogate")
     assert runs == calls  # each body ran once; its result was refused cleanly, not passed to the store
+
+
+async def test_pandas_and_numpy_values_are_exact_or_refused(make_guard: Callable[..., Guard]) -> None:
+    """Timedeltas a nanosecond apart were one value (the second call replayed the first's result): now a reuse
+    error; a whole-microsecond Timedelta or Timestamp is the timedelta or datetime it equals; what numpy or
+    pandas holds that the canonical form does not know exactly is refused, naming the argument."""
+    pd = pytest.importorskip("pandas")
+    np = pytest.importorskip("numpy")
+    guard = make_guard()
+    runs = 0
+
+    @guard.once
+    async def record(value: Any) -> int:
+        nonlocal runs
+        runs += 1
+        return runs
+
+    distinct = [
+        (pd.Timedelta(1, "ns"), pd.Timedelta(2, "ns")),
+        (pd.Timedelta(1001, "ns"), pd.Timedelta(1002, "ns")),
+        (pd.Timedelta(1001, "ns"), dt.timedelta(microseconds=1)),
+        (pd.Timestamp("2026-01-02T03:04:05.000000001"), pd.Timestamp("2026-01-02T03:04:05.000000002")),
+        (pd.Timestamp("2026-01-02T03:04:05.000001", tz="UTC"), pd.Timestamp("2026-01-02T03:04:05.000001")),
+    ]
+    for a, b in distinct:
+        with task(tid()):
+            await record(a)
+            with pytest.raises(KeyReuseError):
+                await record(b)
+    assert runs == len(distinct)
+
+    equal = [
+        (pd.Timedelta(3, "us"), dt.timedelta(microseconds=3)),
+        (pd.Timestamp("2026-01-02T03:04:05.000006", tz="UTC"), dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC)),
+        (np.float64(0.25), 0.25),
+        (np.str_("o-1"), "o-1"),
+    ]
+    for a, b in equal:
+        with task(tid()):
+            assert await record(a) == await record(b) == runs
+    assert runs == len(distinct) + len(equal)
+
+    for value in (pd.NaT, np.int64(1), np.bool_(True), np.float32(0.5), np.array([1, 2]), np.datetime64("2026-01-02")):
+        with task(tid()), pytest.raises(TypeError, match=r"argument 'value' cannot be fingerprinted"):
+            await record(value)
+    assert runs == len(distinct) + len(equal)  # nothing refused ran

@@ -112,6 +112,15 @@ leaves = st.one_of(
     st.timedeltas() | st.sampled_from([dt.timedelta(days=10**8, microseconds=1), dt.timedelta.max]),
     st.uuids(), st.binary(max_size=4), st.sampled_from([*Colour, *Size, *Level, *Mode]),
 )
+try:  # pandas' Timestamp and Timedelta (datetime and timedelta subclasses to the nanosecond), where installed
+    import pandas as pd
+except ImportError:  # pragma: no cover - the test suite installs it
+    pd = None
+if pd is not None:
+    nanos = st.integers(-(10**17), 10**17) | st.sampled_from([0, 1, 2, 1000, 1001, 1002, -1])
+    leaves = leaves | nanos.map(lambda n: pd.Timedelta(n, "ns")) | st.builds(
+        lambda n, zone: pd.Timestamp(n, unit="ns", tz=zone), nanos, st.none() | st.sampled_from(ZONES),
+    )
 # Hashable values: set elements and dict keys.
 hashables = st.recursive(
     leaves,
@@ -275,6 +284,8 @@ def lookalike(v: Any, rnd: random.Random) -> Any:
         return rnd.choice([str(v), {"$uuid": str(v)}])
     if k == "enum":
         return v.value
+    if pd is not None and isinstance(v, pd.Timestamp | pd.Timedelta) and rnd.random() < 0.5:
+        return v + pd.Timedelta(1, "ns")  # a neighbour a microsecond's resolution cannot tell from it
     if k in ("datetime", "date", "time"):
         naive = v.replace(tzinfo=None) if k != "date" else v  # (an aware one's wall time)
         return rnd.choice([v.isoformat(), {f"${k}": v.isoformat()}, naive])
