@@ -208,3 +208,42 @@ async def test_replays_in_this_process_come_from_the_cache(store_url: str) -> No
                 await raw_exec(store_url, "ALTER TABLE agentguard_calls_away RENAME TO agentguard_calls")
             assert await b(5) == 5
     assert runs == 1
+
+
+SCHEMA_CHANGES = {
+    "result column dropped": ("ALTER TABLE agentguard_calls DROP COLUMN result", None),
+    "table renamed": ("ALTER TABLE agentguard_calls RENAME TO agentguard_calls_away",
+                      "ALTER TABLE agentguard_calls_away RENAME TO agentguard_calls"),
+    "table dropped": ("DROP TABLE agentguard_calls", None),
+}
+
+
+@pytest.mark.parametrize("change", list(SCHEMA_CHANGES))
+async def test_a_schema_changed_under_a_running_guard_fails_before_the_body(
+    store_url: str, kind: Any, change: str
+) -> None:
+    """A migration or a rollback gone wrong after the guard's first call: the next first call must find out that
+    the store cannot hold its result before its body runs (it claimed, ran the body and only then failed to
+    store it, leaving the claim held), and a dropped table is never silently made again (its records, and with
+    them every replay, would be gone)."""
+    runs: list[int] = []
+    async with Guard(store_url, lease=5.0) as guard:
+
+        @kind.once(guard)
+        def charge(amount: int) -> int:
+            runs.append(amount)
+            return amount
+
+        with task(tid()):
+            assert await charge(1) == 1
+        sql, undo = SCHEMA_CHANGES[change]
+        await raw_exec(store_url, sql)
+        for amount in (2, 3):  # (the second: nothing learnt from the first made it through)
+            with task(tid()), pytest.raises(StoreError) as info:
+                await charge(amount)
+            assert not info.value.body_ran and "not run" in str(info.value)
+        if undo is not None:
+            await raw_exec(store_url, undo)
+            with task(tid()):
+                assert await charge(4) == 4
+    assert runs == [1] + ([4] if undo is not None else [])

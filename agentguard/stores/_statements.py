@@ -62,7 +62,12 @@ class Many:
         return [(claimed[p["owner"]],) if p["owner"] in claimed else None for p in params]
 
 
-def gathered_claim(now: str, unsynced: bool) -> Many:
+# The columns a claim's later writes need that its insert does not name (the completion's result), returned by
+# every claim statement so that a store which lost one refuses the claim before the body runs.
+CHECKED = "result"
+
+
+def gathered_claim(now: str, unsynced: bool, checked: str = CHECKED) -> Many:
     """The claim statement for many callers at once (Postgres), generated from ``NEW_ROW`` as the single one is."""
     names = tuple(name for name, _ in CLAIM_PARAMS)
     arrays = ", ".join(f"${i}::{pg_type}[]" for i, (_, pg_type) in enumerate(CLAIM_PARAMS, 1))
@@ -70,7 +75,7 @@ def gathered_claim(now: str, unsynced: bool) -> Many:
     values = ", ".join(value.format(p="v.", now=now) for _, value in NEW_ROW)
     return Many(
         f"INSERT INTO {TABLE} ({columns}) SELECT {values} FROM unnest({arrays}) AS v({', '.join(names)})"
-        " ORDER BY v.scope, v.key ON CONFLICT (scope, key) DO NOTHING RETURNING owner, fence"
+        f" ORDER BY v.scope, v.key ON CONFLICT (scope, key) DO NOTHING RETURNING owner, fence, {checked}"
         + (f", {UNSYNCED}" if unsynced else ""),
         names,
     )
@@ -167,9 +172,14 @@ class Statements:
         live = live_sql(now)
         where_fenced = "scope = :scope AND key = :key AND fence = :fence"
         # (Postgres claims through the function below; sync tools' claims in their own thread take this plain
-        # one first when a first call is likely: _direct_pg.)
-        self.claim = text(f"{_insert(now, ':')} RETURNING fence" + (f", {UNSYNCED}" if unsynced_claim else ""))
-        self.claim_many = gathered_claim(now, unsynced_claim) if gather else None
+        # one first when a first call is likely: _direct_pg.) It returns, beside the fence, every column a later
+        # write of the claim needs that the insert does not name (``CHECKED``): a store changed under a running
+        # guard (a column dropped by a migration gone wrong) refuses the claim, before the body runs, rather
+        # than the completion after it.
+        checked = CHECKED + (", watched" if announce is not None else "")
+        self.claim = text(f"{_insert(now, ':')} RETURNING fence, {checked}"
+                          + (f", {UNSYNCED}" if unsynced_claim else ""))
+        self.claim_many = gathered_claim(now, unsynced_claim, checked) if gather else None
         self.read = text(f"SELECT {select_list(now)} FROM {TABLE} WHERE scope = :scope AND key = :key")
         self.claim_function: str | None = None
         self.claim_or_fetch: TextClause | None = None
