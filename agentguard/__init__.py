@@ -22,6 +22,7 @@ from ._errors import (
     LeaseLostError,
     MissingTaskError,
     OutcomeUnknownError,
+    ResultNotStoredError,
     StepOrderError,
     StoreError,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Operation",
     "Outcome",
     "OutcomeUnknownError",
+    "ResultNotStoredError",
     "StepOrderError",
     "StoreError",
     "__version__",

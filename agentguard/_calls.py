@@ -58,6 +58,10 @@ class Call:
     _hashes_json: str | None = None
     flat: tuple[FlatSignature, list[str]] | None = None  # the arguments' canonical JSON, if all are flat
     waited: float = 0.0  # seconds this call waited for another caller of its key (for the ledger, telemetry)
+    # What a caller does with a record whose worker went away inside the body (running, its lease run out):
+    # "retry" takes it over and runs the body again (right only where the key reaches the provider), "reconcile"
+    # takes it over and asks the tool's reconcile first, "hold" leaves it for a person (OutcomeUnknownError).
+    on_unknown: str = "hold"
 
     @property
     def arg_hashes(self) -> dict[str, str]:
@@ -96,11 +100,17 @@ class Claim:
         self.notes: dict[str, Any] | None = None  # what the body added to the audit (``current_audit()``)
 
     def audit(self) -> str | None:
-        """The audit to store with the outcome: the call's, with the body's notes; None when it has none."""
+        """The audit to store with the outcome: the call's, with the body's notes; None when it has none. Notes
+        that cannot be stored are replaced by a note saying why (the outcome matters more than its audit)."""
         if not self.notes:
             return None
         base = _codec.loads(self.call.audit) if self.call.audit else {}
-        return _codec.dumps({**(base if isinstance(base, dict) else {}), **self.notes})
+        base = base if isinstance(base, dict) else {}
+        try:
+            return _codec.dumps({**base, **self.notes})
+        except Exception as exc:  # (no stored form, or a value's own code raised)
+            why = f"{type(exc).__name__}: {exc}"
+            return _codec.dumps({**base, "agentguard": f"the notes of current_audit() could not be stored ({why})"})
 
 
 class Replay:
@@ -117,7 +127,11 @@ class Replay:
         rec, call = self.record, self.call
         assert rec.result is not None
         if rec.state == FAILED:
-            raise _codec.decode_error(rec.result, call.cache_errors)
+            error = _codec.decode_error(rec.result, call.cache_errors)
+            if isinstance(error, GuardError):  # (one of agentguard's own, recorded in the body's place)
+                error.key, error.task_id = call.key, call.task_id
+                error.operation, error.scope = call.operation, call.scope
+            raise error
         try:
             return call.codec.decode(rec.result)
         except Exception as exc:  # the stored value no longer fits the tool's return type

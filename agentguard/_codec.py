@@ -249,8 +249,8 @@ class Codec:
         try:
             text = _plain(value)
             raw = _decode(text)
-            same = raw == value
-        except (TypeError, ValueError, KeyError, RecursionError):
+            same = bool(raw == value)
+        except Exception:  # (the value's own ``__eq__`` may raise anything): the general path decides
             same = False
         if same:
             _check_text(text)
@@ -271,9 +271,13 @@ def encode_error(exc: BaseException) -> str:
     cls = type(exc)
     try:
         args: Any = _tag(list(exc.args), typed=False)
-    except (TypeError, RecursionError):
+    except Exception:  # (no stored form, or an argument's own code raised): rebuilt from the message
         args = None
-    return json.dumps({"type": f"{cls.__module__}:{cls.__qualname__}", "message": str(exc), "args": args})
+    try:
+        message = str(exc)
+    except Exception as why:  # the exception's own __str__ raised: its class still says what happened
+        message, args = f"({cls.__qualname__}, whose message could not be read: {type(why).__name__})", None
+    return json.dumps({"type": f"{cls.__module__}:{cls.__qualname__}", "message": message, "args": args})
 
 
 def _find_class(path: str, candidates: tuple[type[BaseException], ...]) -> type[BaseException] | None:

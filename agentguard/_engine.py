@@ -26,16 +26,27 @@ from . import _codec
 from ._cache import ReplayCache
 from ._calls import Call, Claim, Replay
 from ._drivers import Drivers, active_claim, uncancellable
-from ._errors import GuardError, InProgressError, KeyReuseError, LeaseLostError, StoreError
+from ._errors import (
+    GuardError,
+    InProgressError,
+    KeyReuseError,
+    LeaseLostError,
+    NotStarted,
+    OutcomeUnknownError,
+    ResultNotStoredError,
+    StoreError,
+)
 from ._events import Events
 from ._here import PendingBeats
 from ._lease import Heartbeats, new_fence, new_owner
 from ._observe import Observer
 from ._portal import Portal
+from ._storeconfig import resolve_command
 from ._watch import Watcher, Watches
-from .stores import FAILED, RUNNING, SUCCEEDED, Record, Store, record_of
+from .stores import FAILED, RELEASED, RUNNING, SUCCEEDED, Record, Store, record_of
 from .stores._attempts import LEASE_LOST, RAN, RELEASED_KIND
 from .stores._protocols import Direct
+from .stores._schema import NOT_STORED_PREFIX, UNBOUND
 
 log = logging.getLogger("agentguard")
 T = TypeVar("T")
@@ -105,10 +116,12 @@ class Engine(Drivers):
         names = sorted(n for n in stored.keys() | call.arg_hashes.keys() if stored.get(n) != call.arg_hashes.get(n))
         differ = ", ".join(names) or "unknown arguments"
         self.events.emit("key_reuse", call, rec.attempts, differ)
+        earlier = earlier_attempt(rec)
         return call.error(  # type: ignore[no-any-return]
             KeyReuseError, f"{call.operation!r} in task {call.task_id!r} was already called with different "
-            f"arguments (differing: {differ}); the tool was not run. Use a new task id for a different operation.",
-            differing=names,
+            f"arguments (differing: {differ}): {earlier}; the tool was not run. Use a new task id for a different "
+            "operation.",
+            differing=names, earlier=earlier,
         )
 
     def in_progress(self, call: Call, rec: Record, why: str) -> InProgressError:
@@ -131,11 +144,33 @@ class Engine(Drivers):
         return call.error(StoreError, f"{exc}; the tool was not run", transient=exc.transient)  # type: ignore[no-any-return]
 
     def held(self, call: Call, exc: StoreError, retried: bool) -> StoreError:
-        """The store's fact, with what it means after the body: the claim stays held, a takeover follows."""
+        """The store's fact, with what it means after the body: the claim stays held; after its lease, a takeover
+        with the same key, or (a key that cannot reach the provider) a person, settles it."""
         retry = f" (retried for {self.window:g}s, the guard's outage_window)" if retried else ""
+        then = ("the next caller takes over with the same downstream key" if call.on_unknown != "hold" else
+                "later calls get OutcomeUnknownError until a person settles it (agentguard resolve), as the key "
+                "cannot reach the provider")
         return call.error(  # type: ignore[no-any-return]
             StoreError, f"{exc}{retry}; the tool body already ran, so the claim is left held: after the lease "
-            "expires the next caller takes over with the same downstream key", body_ran=True, transient=exc.transient,
+            f"expires {then}", body_ran=True, transient=exc.transient,
+        )
+
+    async def held_body(self, call: Call, rec: Record) -> OutcomeUnknownError:
+        """A record whose worker went away inside the body, for a call whose key cannot reach the provider:
+        marked held for a person (``agentguard ls --unknown``; its worker, if only stalled, may still record its
+        outcome), and the error to raise."""
+        self.events.emit("held", call, rec.attempts, "its worker went away inside the body")
+        try:
+            await self.store.hold(call.scope, call.key, rec.fence)
+        except StoreError as exc:  # (only what a person sees: the refusal stands either way)
+            log.warning("could not mark %s held for a person: %s", call.operation, exc)
+        command = resolve_command(getattr(self.store, "url", ""), call.key, call.scope)
+        return call.error(  # type: ignore[no-any-return]
+            OutcomeUnknownError, f"{call.operation!r} in task {call.task_id!r} was being run by a worker that went "
+            f"away inside the body (attempt {rec.attempts}; its lease ran out before it recorded an outcome), so "
+            "whether it took effect is unknown. The tool's key cannot reach the provider (it takes no injected "
+            "key and its on_unknown is 'hold'), so it was not run again: a person settles it with "
+            f"`{command}`. Nothing was run.",
         )
 
     def cached(self, call: Call) -> Replay | None:
@@ -151,7 +186,8 @@ class Engine(Drivers):
     def replayed(self, call: Call, rec: Record) -> Replay:
         """A terminal record with our fingerprint, read from the store: replay it (and remember the task)."""
         self.events.emit("replayed", call, rec.attempts)
-        self.cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
+        if not held(rec):  # (a held outcome a person may settle meanwhile is read from the store each time)
+            self.cache.put(rec, time.monotonic() - 1.0 + rec.ttl)  # margin: the read's round trip
         self.watches.news((call.scope, call.key))  # this process's other waiters on the key: look again
         self.replaying.add(call)
         return Replay(call, rec)
@@ -194,7 +230,7 @@ class Engine(Drivers):
         answer the call (running, released, past retention); raises if it was made with other arguments."""
         if rec.expired and not rec.live:  # past retention: a new operation
             return None
-        if rec.fingerprint != call.fingerprint:
+        if rec.fingerprint != call.fingerprint and rec.fingerprint != UNBOUND:  # (unbound: its body never started)
             raise self.reuse_error(call, rec)
         return self.replayed(call, rec) if rec.state in (SUCCEEDED, FAILED) else None
 
@@ -249,6 +285,10 @@ class Engine(Drivers):
                 if (replay := self.answered(call, rec)) is not None:
                     return replay
                 stale = rec.expired and not rec.live  # past retention: a new operation
+                if not stale and not rec.live and rec.state == RUNNING and call.on_unknown == "hold":
+                    # Its worker went away inside the body, and the key cannot reach the provider: a second run
+                    # could not be deduplicated there, so it is held for a person.
+                    raise await self.held_body(call, rec)
                 if stale or not rec.live:
                     try:
                         took = await store.take_over({**params, "fence": rec.fence, "reset": 1 if stale else 0})
@@ -347,7 +387,10 @@ class Engine(Drivers):
         call = claim.call
         if (renewal := self.beats.stop(claim)) is not None:
             await renewal
-        encoded, decoded = self.encoded(claim, value)
+        try:
+            encoded, decoded = call.codec.store(value)
+        except Exception as exc:  # (refused by the annotation, no stored form, or the value's own code raised)
+            raise await self.not_stored(claim, exc) from None
         started = time.monotonic()  # before the database computes expires_at: the cache entry dies first
         store = self.store
         if not await self.settled(claim, "storing the result", lambda: store.complete(
@@ -357,16 +400,25 @@ class Engine(Drivers):
         self.completed(claim, encoded, started)
         return decoded
 
-    def encoded(self, claim: Claim, value: Any) -> tuple[str, Any]:
-        """The result as stored, and as the first caller receives it (decoded from what is stored)."""
-        call = claim.call
-        try:
-            return call.codec.store(value)
-        except (TypeError, ValueError) as exc:
-            self.events.emit("not_stored", call, claim.attempt, str(exc))
-            raise call.error(GuardError, f"the result of {call.operation!r} could not be stored ({exc}); the tool "
-                             "body already ran, so the claim is left held: after the lease expires the next caller "
-                             "takes over with the same downstream key") from None
+    async def not_stored(self, claim: Claim, exc: Exception) -> ResultNotStoredError:
+        """The body ran but its result cannot be stored: that outcome is recorded in its place (fenced, through
+        a short outage like any completion), so no takeover ever runs the body again; the error to raise."""
+        call, store = claim.call, self.store
+        why = str(exc) if isinstance(exc, TypeError | ValueError) else f"reading it raised {type(exc).__name__}: {exc}"
+        self.events.emit("not_stored", call, claim.attempt, why)
+        error: ResultNotStoredError = call.error(
+            ResultNotStoredError, f"the result of {call.operation!r} in task {call.task_id!r} could not be stored "
+            f"({why}). The tool body ran, so this is recorded as its outcome and the body is never run again for "
+            "this operation: every later call gets this error. A person settles it with "
+            f"`{resolve_command(getattr(store, 'url', ''), call.key, call.scope)}`",
+        )
+        stored = _codec.encode_error(error)
+        if not await self.settled(claim, "recording that the result could not be stored", lambda: store.complete(
+            call.scope, call.key, claim.fence, FAILED, stored, self.retention, claim.audit()
+        )):
+            raise self.lease_lost(claim)
+        self.watches.news((call.scope, call.key))  # (not cached: a person may settle it meanwhile)
+        return error
 
     def completed(self, claim: Claim, encoded: str, started: float) -> None:
         """The result was recorded: remembered here, this process's waiters told, the event reported."""
@@ -392,10 +444,12 @@ class Engine(Drivers):
             self.watches.news((call.scope, call.key))
             self.events.emit("completed", call, claim.attempt, f"cached error {type(exc).__name__}")
             return RAN, f"failed: cached error {type(exc).__name__}"
-        # Released in its own statement on a fresh connection, never inside a failed transaction.
+        # Released in its own statement on a fresh connection, never inside a failed transaction. A body that
+        # never started (NotStarted) binds no arguments: the next call runs with its own.
+        raised, bound = type(exc).__name__, not isinstance(exc, NotStarted)
         try:
             released = await self.settled(claim, "releasing the claim", lambda: store.release(
-                call.scope, call.key, claim.fence, self.retention, claim.audit()
+                call.scope, call.key, claim.fence, self.retention, claim.audit(), raised=raised, bound=bound
             ))
         except GuardError as store_exc:
             exc.add_note(f"agentguard: the claim could not be released ({store_exc}); it expires with its lease")
@@ -413,6 +467,33 @@ class Engine(Drivers):
         """The store's statements in a sync tool's own thread, where it has them (a SQLite file)."""
         direct = getattr(self.store, "direct", None)
         return None if direct is None else direct()
+
+
+def earlier_attempt(rec: Record) -> str:
+    """What became of the call a record keeps, in words, for a refusal that names it."""
+    if rec.state == SUCCEEDED:
+        return "the earlier call ran and succeeded, and its result stands"
+    if rec.state == FAILED:
+        if held(rec):
+            return "the earlier call ran, but its result could not be stored; it is held for a person"
+        return f"the earlier call ran and failed with {_raised(rec.result)}, which is recorded as its outcome"
+    if rec.state == RELEASED:
+        return (f"an earlier attempt ran and failed with {rec.result or 'an error'}; nothing was recorded, so "
+                "repeating it with exactly its arguments runs it again")
+    return "the earlier call is running, or its worker went away while running it"
+
+
+def _raised(stored: str | None) -> str:
+    """The class name of a recorded error (``_codec.encode_error``)."""
+    try:
+        return str(json.loads(stored or "")["type"]).rpartition(":")[2].rpartition(".")[2] or "an error"
+    except (ValueError, KeyError, TypeError):
+        return "an error"
+
+
+def held(rec: Record) -> bool:
+    """A completed record that holds the operation for a person (its result could not be stored)."""
+    return rec.state == FAILED and rec.result is not None and rec.result.startswith(NOT_STORED_PREFIX)
 
 
 def current_audit() -> dict[str, Any]:

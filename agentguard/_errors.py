@@ -5,7 +5,9 @@
     ├── KeyReuseError             422  same task + operation, different arguments: not run
     ├── InProgressError           409  another caller holds the claim: not run
     ├── LeaseLostError            409  our lease expired and another worker took over: result refused
-    ├── OutcomeUnknownError       409  a step's outcome is unknown and the policy is "hold"
+    ├── OutcomeUnknownError       409  held for a person: a step or a body whose worker died inside it, and
+    │   │                              the tool's key cannot reach the provider (or its policy says hold)
+    │   └── ResultNotStoredError  409  the body ran but its result could not be stored: recorded, never run again
     ├── StepOrderError            409  a retry called an operation's steps in another order: not run
     └── StoreError                503  the store could not be used; says whether the body ran
 """
@@ -51,9 +53,10 @@ class KeyReuseError(GuardError):
 
     status = 422
 
-    def __init__(self, message: str, *, differing: Sequence[str] = (), **kw: str | None) -> None:
+    def __init__(self, message: str, *, differing: Sequence[str] = (), earlier: str = "", **kw: str | None) -> None:
         super().__init__(message, **kw)
         self.differing = tuple(differing)
+        self.earlier = earlier  # what became of the earlier call: "the earlier call ran and succeeded, ..."
 
 
 class InProgressError(GuardError):
@@ -69,13 +72,24 @@ class LeaseLostError(GuardError):
 
 
 class OutcomeUnknownError(GuardError):
-    """A step of the operation started but its outcome was never recorded, and the policy says hold."""
+    """The outcome of an operation (or of one of its steps) is unknown, and it is held for a person rather than
+    run again: its worker died inside the body (or the step) and the tool's key cannot reach the provider, or
+    its policy says hold. ``agentguard resolve`` settles it. ``step`` is None when the whole body is held."""
 
     status = 409
 
     def __init__(self, message: str, *, step: str | None = None, **kw: str | None) -> None:
         super().__init__(message, **kw)
         self.step = step
+
+
+class ResultNotStoredError(OutcomeUnknownError):
+    """The tool body ran, but its result could not be stored (the return annotation refused it, it has no
+    stored form, or reading it raised). That outcome is recorded in its place, so the body is never run again
+    for the operation: the first caller and every later one get this error until a person settles it
+    (``agentguard resolve KEY --result JSON``, or ``--abandon``)."""
+
+    body_ran = True
 
 
 class StepOrderError(GuardError):
@@ -100,6 +114,13 @@ class StoreError(GuardError):
         super().__init__(message, **kw)
         self.body_ran = body_ran
         self.transient = transient
+
+
+class NotStarted(Exception):
+    """Raised inside a guarded call before anything took effect — the MCP proxy's confirmation declined, its
+    upstream not reached, a tool no longer offered as configured. The claim is released without binding its
+    arguments, so a corrected call runs with its own (a body that ran and raised keeps binding them). Internal:
+    not a ``GuardError``, not exported; the caller of the guarded call handles it."""
 
 
 class CommandError(Exception):

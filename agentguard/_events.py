@@ -11,13 +11,14 @@ log = logging.getLogger("agentguard")
 
 EventKind = Literal[
     "claimed", "completed", "replayed", "takeover", "released", "waiting", "key_reuse", "lease_lost",
-    "not_stored",
+    "not_stored", "held",
 ]
 
 _LEVEL = {
     "claimed": logging.DEBUG, "completed": logging.DEBUG, "waiting": logging.DEBUG,
     "replayed": logging.INFO, "takeover": logging.INFO, "released": logging.INFO,
     "key_reuse": logging.WARNING, "lease_lost": logging.WARNING, "not_stored": logging.ERROR,
+    "held": logging.WARNING,
 }
 
 

@@ -30,6 +30,7 @@ from ._storeconfig import DEFAULT_URL, ENV_URL
 from ._views import Views
 from .stores import ClaimStore, LedgerStore, Listing, SQLStore, Store
 from .stores._attempts import RESOLVED
+from .stores._schema import HELD_STEP
 
 __all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
 
@@ -56,6 +57,7 @@ class RunOptions(TypedDict, total=False):
     on_conflict: Literal["wait", "raise"] | None
     wait_timeout: float | None
     audit: Mapping[str, Any] | None
+    on_unknown: Literal["retry", "hold"]
 
 
 class OnceOptions(TypedDict, total=False):
@@ -256,10 +258,13 @@ class Guard(Views):
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         check_operation(operation)
+        on_unknown = options.get("on_unknown", "hold")
+        if on_unknown not in ("retry", "hold"):
+            raise ValueError(f"on_unknown must be 'retry' or 'hold', got {on_unknown!r}")
         wait_timeout, audit = options.get("wait_timeout"), options.get("audit")
         audit_json = None if audit is None else _codec.dumps(dict(audit))
         try:
-            return make_call(
+            call = make_call(
                 operation, options.get("arguments") or {}, options.get("key"), options.get("task_id"),
                 options.get("scope"), self._codec_for(options.get("returns", Any)),
                 check_errors(options.get("cache_errors", ())), options.get("on_conflict") or self._on_conflict,
@@ -268,6 +273,8 @@ class Guard(Views):
         except MissingTaskError:
             self._engine.observer.missing_task(operation, audit_json)
             raise
+        call.on_unknown = on_unknown
+        return call
 
     async def run(
         self, operation: str, body: Callable[[str], Awaitable[T]], **options: Unpack[RunOptions]
@@ -279,6 +286,9 @@ class Guard(Views):
         ``task(...)`` context; ``returns`` is the result's type (stored and replayed through it);
         ``cache_errors`` are exception classes stored and replayed like results; ``on_conflict`` and
         ``wait_timeout`` override the guard's; ``audit`` is stored beside the record, never in the key.
+        ``on_unknown``: when the worker of an earlier call went away inside ``body``, ``"hold"`` (the default)
+        leaves the operation for a person (``OutcomeUnknownError`` until ``agentguard resolve``); ``"retry"``
+        takes it over and runs ``body`` again with the same key — only where that key reaches the provider.
         """
         call = self._run_call(operation, options)
         value, replayed = await self._engine.drive(call, body)
@@ -310,8 +320,12 @@ class Guard(Views):
         parameter annotated ``Operation``): ``on_unknown`` (default ``"hold"``) says what a takeover does with a
         step whose worker died inside it — ``"retry"`` it with the same sub-key, ``"reconcile"`` it through
         ``reconcile(op, step, sub_key)`` (the provider's result, or None for "did not happen"), or ``"hold"``
-        it with ``OutcomeUnknownError`` until ``agentguard resolve``. ``resumable``: store the arguments so
-        ``complete_stalled()`` can finish abandoned operations. Every option is checked here, at decoration.
+        it with ``OutcomeUnknownError`` until ``agentguard resolve``. The same policy applies to the body of a
+        tool whose worker died inside it when the key cannot reach the provider (no injected key parameter, no
+        ``Operation``, not resumable): ``"hold"`` leaves it for a person, ``"reconcile"`` asks
+        ``reconcile(op, tool_name, key)`` first, ``"retry"`` runs it again; a tool that takes the key always
+        runs again with it. ``resumable``: store the arguments so ``complete_stalled()`` can finish abandoned
+        operations. Every option is checked here, at decoration.
         """
         unknown = options.keys() - OnceOptions.__annotations__.keys()
         if unknown:
@@ -360,34 +374,45 @@ class Guard(Views):
         return done
 
     async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        """Operations with a step whose outcome is unknown (its worker died inside it), for a person."""
+        """Operations held for a person, each with how (``held``): ``"step"``, its worker died inside a step
+        (named by ``step``); ``"body"``, its worker died inside the body (a tool whose key reaches the provider
+        takes it over on its next call; any other waits for a person); ``"not_stored"``, the body ran and its
+        result could not be stored."""
         rows = await self._engine.store_call(self._store.unknown(scope=scope, limit=limit))
-        names = ("scope", "key", "task_id", "operation", "step", "attempts", "age")
+        names = ("scope", "key", "task_id", "operation", "step", "attempts", "age", "held")
         return [dict(zip(names, r, strict=True)) for r in rows]
 
     async def resolve(
         self, key: str, *, scope: str = "default", result: Any = _UNSET, retry: bool = False, abandon: bool = False
     ) -> str:
-        """Settle a held operation: record its unknown step's ``result``, or ``retry`` the step on the next
-        attempt, or ``abandon`` the operation (every later call raises ``OutcomeUnknownError``)."""
+        """Settle a held operation (:meth:`unknown`): record its ``result`` (a step's, or, for an operation
+        held on its body, the operation's, which every later call then receives), or ``retry`` (the step, or the
+        body, runs again on the next call), or ``abandon`` the operation (every later call raises
+        ``OutcomeUnknownError``)."""
         if sum((result is not _UNSET, retry, abandon)) != 1:
             raise ValueError("give exactly one of result=..., retry=True or abandon=True")
         store_call, store = self._engine.store_call, self._store
-        held = [u for u in await self.unknown(scope=scope, limit=1000) if u["key"] == key]
         if abandon:
             err = OutcomeUnknownError(f"operation {key} was abandoned by an operator after an unknown outcome")
             if not await store_call(store.abandon(scope, key, _codec.encode_error(err), self._retention)):
-                raise GuardError(f"no released or stalled operation {key!r} in scope {scope!r} to abandon", key=key)
+                raise GuardError(f"no held, released or stalled operation {key!r} in scope {scope!r} to abandon",
+                                 key=key)
             self._cache.clear()
             await self._operator_entries(key, scope, RESOLVED, "abandoned")
             return "abandoned"
+        held = [u for u in await self.unknown(scope=scope, limit=1000) if u["key"] == key]
         if not held:
-            raise GuardError(f"no operation {key!r} in scope {scope!r} has a step with an unknown outcome", key=key)
+            raise GuardError(f"no operation {key!r} in scope {scope!r} is held on an unknown outcome", key=key)
+        encoded = None if retry else _codec.dumps(result)
+        if held[0]["held"] != HELD_STEP:  # held on its body: its worker died inside it, or its result was not stored
+            if not await store_call(store.settle(scope, key, encoded, self._retention)):
+                raise GuardError(f"the held operation {key!r} changed meanwhile; look again", key=key)
+            self._cache.clear()
+            said = "cleared for a retry: its next call runs it again" if retry else "its result recorded"
+            await self._operator_entries(key, scope, RESOLVED, said)
+            return said
         step = held[0]["step"]
-        if retry:
-            ok = await store_call(store.resolve_step(scope, key, step, None, None))
-        else:
-            ok = await store_call(store.resolve_step(scope, key, step, "done", _codec.dumps(result)))
+        ok = await store_call(store.resolve_step(scope, key, step, None if retry else "done", encoded))
         if not ok:
             raise GuardError(f"the unknown step {step!r} of {key!r} changed meanwhile; look again", key=key)
         said = f"step {step!r} " + ("cleared for a retry" if retry else "recorded as done")

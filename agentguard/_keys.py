@@ -42,8 +42,9 @@ its other scalars (``int64``, ``bool_``, ``float32``, ``datetime64``...) and arr
 
 A subclass of str, int or float that is not an Enum is its plain value; a dict, list or tuple subclass
 (OrderedDict, a NamedTuple) is its base. Any other type, a non-finite float or Decimal, a lone surrogate,
-a datetime not equal to itself, containers nested more than ``MAX_DEPTH`` deep and a value that refers to itself are refused with a TypeError
-naming the argument. The documented equivalences are exactly these: tuple and list, a whole float and its int,
+a datetime not equal to itself, containers nested more than ``MAX_DEPTH`` deep, a value that refers to itself
+and a value whose own code raises while it is read are refused with a TypeError naming the argument. The
+documented equivalences are exactly these: tuple and list, a whole float and its int,
 -0.0 and 0.0, Decimals that compare equal (scale is not kept), set and frozenset, bytes and bytearray, dict
 insertion order, set iteration order. Flat str/int/bool/None arguments have the form they always had.
 
@@ -256,6 +257,14 @@ def canonical_json(value: Any) -> str:
         return _canonical(_tree(value, 1))
     except (_TooDeep, RecursionError):
         raise _nested_too_deeply(value) from None
+    except (TypeError, ValueError):
+        raise
+    except Exception as exc:  # the user's own code (an ``items()``, a property, an ``__eq__``) failed while read
+        raise _raised_while_read(exc) from None
+
+
+def _raised_while_read(exc: Exception) -> TypeError:
+    return TypeError(f"reading it raised {type(exc).__qualname__}: {exc}")
 
 
 def _general(arguments: Mapping[str, Any]) -> str:
@@ -317,9 +326,10 @@ def fingerprint(arguments: Mapping[str, Any]) -> str:
     """
     try:
         return sha(_general(arguments))
-    except (TypeError, ValueError, RecursionError, _TooDeep) as exc:  # (UnicodeEncodeError is a ValueError)
+    except Exception as exc:  # (UnicodeEncodeError is a ValueError; any other: the user's code, while read)
         argument_hashes(arguments)  # names the culprit
-        raise TypeError(f"the arguments cannot be fingerprinted: {exc}") from None  # pragma: no cover
+        why = exc if isinstance(exc, TypeError | ValueError) else _raised_while_read(exc)
+        raise TypeError(f"the arguments cannot be fingerprinted: {why}") from None
 
 
 def hashes_json(hashes: Mapping[str, str]) -> str:
@@ -347,7 +357,7 @@ def operation_name(tool: str, key_values: Mapping[str, Any] | str | None) -> str
             raise TypeError(f"key field {name!r} of {tool!r} cannot be canonicalised: {exc}") from None
         if type(value) not in _FLAT:
             # (a value the release before could not name keeps its canonical form: no record has an old name)
-            with contextlib.suppress(TypeError, ValueError, ArithmeticError, RecursionError):
+            with contextlib.suppress(Exception):  # (any: a user object's own code may fail while read)
                 text = _legacy_text(value)
         if not encodes(text):
             raise TypeError(f"key field {name!r} of {tool!r} cannot be canonicalised: {SURROGATE}")

@@ -19,6 +19,7 @@ from ._errors import (
     LeaseLostError,
     MissingTaskError,
     OutcomeUnknownError,
+    ResultNotStoredError,
     StoreError,
 )
 from ._ledger import Ledger
@@ -88,6 +89,8 @@ def _refusal(exc: BaseException) -> tuple[str, str] | None:
         return REFUSED, "store unavailable"
     if isinstance(exc, LeaseLostError):
         return LEASE_LOST, "result refused"
+    if isinstance(exc, ResultNotStoredError):
+        return NOT_STORED, "recorded in its place"
     if isinstance(exc, OutcomeUnknownError):
         return UNKNOWN, "held"
     return None

@@ -28,7 +28,7 @@ NO_TASK_FIX: Final = "This is a configuration problem of the application: retryi
 _TABLE: Final[dict[tuple[type[GuardError], bool | None], str]] = {
     (errors.KeyReuseError, False): (
         "Refused by agentguard: {op} was already called {task} with different arguments (differing: "
-        "{differing}). The earlier call stands and this one was not run. Do not retry with changed arguments: "
+        "{differing}): {earlier}. This call was not run. Do not retry with changed arguments: "
         "to repeat the earlier call, send exactly its arguments; if a second, different operation is really "
         "intended, ask the user, as it needs a task of its own."
     ),
@@ -101,6 +101,7 @@ def refusal(exc: GuardError, *, ran: bool | None = None, fix: str = NO_TASK_FIX)
         task=f"in task {exc.task_id!r}" if exc.task_id else "in this task",
         reason=_reason(exc),
         differing=", ".join(getattr(exc, "differing", ())) or "some arguments",
+        earlier=getattr(exc, "earlier", "") or "the earlier call stands",
         fix=fix,
     )
     return redact_text(nothing_executed(text) if state is False else text)

@@ -25,6 +25,7 @@ from ._flat import FlatSignature
 from ._frameworks import made_by
 from ._operation import Operation, Reconcile
 from ._steps import ClaimSteps
+from .stores import RUNNING
 
 KeyOption = Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None
 
@@ -82,6 +83,7 @@ class Spec:
         if inject is not None and inject not in params and inject != "idempotency_key":
             raise TypeError(f"{self.tool}: inject={inject!r} names no parameter of the function")
         self.inject = inject if inject in params else None
+        self.resumable = resumable
         try:
             hints = typing.get_type_hints(fn)
         except NameError:
@@ -94,6 +96,11 @@ class Spec:
             raise TypeError(f"{self.tool}: only one parameter may be annotated Operation")
         if self.op_param and not self.is_async:
             raise TypeError(f"{self.tool}: a multi-step tool (with an Operation parameter) must be async")
+        # What a caller does when the worker before it went away inside the body (``Call.on_unknown``): run it
+        # again only where the key reaches the provider — the tool takes the injected key, or is a multi-step
+        # tool (its steps carry the key, and hold what they must), or resumable, or says so (on_unknown="retry").
+        reaches = self.inject is not None or self.op_param is not None or resumable
+        self.body_on_unknown = "retry" if reaches else on_unknown
         hidden = {self.inject, self.op_param}
         self.public_sig = sig.replace(parameters=[p for n, p in params.items() if n not in hidden])
         self.binder = Binder(self.public_sig)
@@ -178,9 +185,35 @@ class Spec:
                              self.on_conflict, self.wait_timeout)
         if self.arg_codecs is not None:
             call.arguments = self.encode_arguments(arguments)
+        call.on_unknown = self.body_on_unknown
         return call, arguments
 
+    def reconciled(self, key: str) -> Any:
+        """On a takeover of a call whose worker went away inside the body, with ``on_unknown="reconcile"``: the
+        tool's ``reconcile(op, tool, key)`` asked first — an awaitable of what the provider says happened (the
+        result, stored as the body's), or None ("did not happen": the body runs). None when it does not apply."""
+        claim = active_claim.get()
+        if self.body_on_unknown != "reconcile" or claim is None or claim.took != RUNNING:
+            return None
+        assert self.reconcile is not None
+        op = Operation(ClaimSteps(self.engine, claim, self.codec_for), self.on_unknown, self.reconcile)
+        return self.reconcile(op, self.tool, key)
+
     def invoke(self, args: tuple[Any, ...], kwargs: dict[str, Any], arguments: Mapping[str, Any], key: str) -> Any:
+        asking = self.reconciled(key) if self.body_on_unknown == "reconcile" else None
+        if asking is not None:
+            if self.is_async:
+                return self._after_reconcile(asking, args, kwargs, arguments, key)
+            found = self.engine.portal.run(asking)
+            return self._invoke(args, kwargs, arguments, key) if found is None else found
+        return self._invoke(args, kwargs, arguments, key)
+
+    async def _after_reconcile(self, asking: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                               arguments: Mapping[str, Any], key: str) -> Any:
+        found = await asking
+        return await self._invoke(args, kwargs, arguments, key) if found is None else found
+
+    def _invoke(self, args: tuple[Any, ...], kwargs: dict[str, Any], arguments: Mapping[str, Any], key: str) -> Any:
         inject, op_param = self.inject, self.op_param
         if inject is None and op_param is None:
             return self.fn(*args, **kwargs)

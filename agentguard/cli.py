@@ -18,8 +18,8 @@ refused (it exists only inside the process that opened it).
 
     {"records": [{"scope": str, "task_id": str, "operation": str, "state": str, "attempts": int,
                   "age_seconds": float, "lease_left_seconds": float | null, "key": str, "audit": object | null}]}
-    {"unknown": [{"scope": str, "key": str, "task_id": str, "operation": str, "step": str,
-                  "attempts": int, "age_seconds": float}]}                                  # with --unknown
+    {"unknown": [{"scope": str, "key": str, "task_id": str, "operation": str, "step": str | null,
+                  "held": "step" | "body" | "not_stored", "attempts": int, "age_seconds": float}]}  # --unknown
 
 Exit status: 0 done; 1 an error, named on stderr; 2 a usage error — and ``agentguard`` with no command,
 which prints the help (nothing was done, so a script that forgot the command must not read success);
@@ -100,7 +100,8 @@ async def _unknown(url: str, scope: str | None, limit: int) -> list[dict[str, An
         rows = await guard.unknown(scope=scope, limit=limit)
     return [
         {"scope": r["scope"], "key": r["key"], "task_id": r["task_id"], "operation": r["operation"],
-         "step": r["step"], "attempts": int(r["attempts"]), "age_seconds": round(float(r["age"]), 3)}
+         "step": r["step"], "held": r["held"], "attempts": int(r["attempts"]),
+         "age_seconds": round(float(r["age"]), 3)}
         for r in rows
     ]
 
@@ -131,8 +132,9 @@ def _ls(args: argparse.Namespace) -> int:
             print("no operations with an unknown outcome")
         else:
             for r in held:
+                how = f"step={r['step']!r}" if r["step"] is not None else f"held={r['held']}"
                 print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  "
-                      f"step={r['step']!r}  attempts={r['attempts']}  age={_age(r['age_seconds'])}")
+                      f"{how}  attempts={r['attempts']}  age={_age(r['age_seconds'])}")
         return 0
     rows = asyncio.run(_records(ref.url, scope, args.task_id, args.limit, args.state))
     if args.json:
@@ -266,28 +268,32 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.add_argument("--limit", type=_positive, default=100, metavar="N",
                       help="at most N records (default: 100)")
     p_ls.add_argument("--unknown", action="store_true",
-                      help="only operations held on a step of unknown outcome (settle them with resolve)")
+                      help="only operations held on an unknown outcome: a worker died inside a step or the body, "
+                           "or the body's result could not be stored (settle them with resolve)")
     p_ls.add_argument("--state", choices=("running", "succeeded", "failed", "released", "unknown"),
                       help="only records in this state (unknown: as --unknown)")
     p_ls.add_argument("--json", action="store_true",
                       help='print one JSON document for scripts: {"records": [{scope, task_id, operation, state, '
                            "attempts, age_seconds, lease_left_seconds, key, audit}]}; with --unknown "
-                           '{"unknown": [{scope, key, task_id, operation, step, attempts, age_seconds}]}')
+                           '{"unknown": [{scope, key, task_id, operation, step, held, attempts, age_seconds}]}')
     p_ls.set_defaults(run=_ls)
 
     add_commands(sub, _store_options, _existing_store, _positive)
 
     p_resolve = sub.add_parser("resolve", help="settle an operation held on an unknown outcome",
-                               description="Settle an operation whose worker died inside a step "
-                                           "(on_unknown='hold'): record the step's real outcome, retry it, "
-                                           "or give the operation up.")
+                               description="Settle an operation held on an unknown outcome (agentguard ls "
+                                           "--unknown): its worker died inside a step or inside the body, or "
+                                           "the body ran and its result could not be stored. Record the real "
+                                           "outcome, run it again, or give the operation up.")
     _store_options(p_resolve)
     p_resolve.add_argument("key", help="the operation's key (agentguard ls --unknown)")
     p_resolve.add_argument("--scope", help="the operation's scope (default: the config's scope, else 'default')")
     how = p_resolve.add_mutually_exclusive_group(required=True)
     how.add_argument("--result", metavar="JSON",
-                     help="the step's real outcome, as JSON (e.g. the provider's charge)")
-    how.add_argument("--retry", action="store_true", help="run the step again (same sub-key) on the next attempt")
+                     help="the real outcome, as JSON (e.g. the provider's charge): the step's, or the "
+                          "operation's, which every later call then receives")
+    how.add_argument("--retry", action="store_true",
+                     help="run it again (the same key or sub-key) on the next call")
     how.add_argument("--abandon", action="store_true", help="give the operation up: every later call errors")
     p_resolve.set_defaults(run=_resolve)
 

@@ -323,7 +323,7 @@ def test_whitebox_the_resolve_command_a_hint_names_points_at_the_same_store(stor
     assert argv[:2] == ["agentguard", "resolve"]
     out = run(*argv[1:], "--retry", cwd=tmp_path)  # another folder: the URL is absolute
     assert out.returncode == 1 and out.stderr == (
-        "agentguard: no operation 'ag_abc' in scope 'acct 42' has a step with an unknown outcome\n"), out.stderr
+        "agentguard: no operation 'ag_abc' in scope 'acct 42' is held on an unknown outcome\n"), out.stderr
 
 
 @pytest.mark.storeless

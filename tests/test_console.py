@@ -171,6 +171,42 @@ def test_settling_each_kind_of_held_outcome_does_what_resolve_does(store_url: st
             assert answer["ok"]["charge"]["id"].startswith("ch_") and answer["ok"]["charge"] != charge
 
 
+@pytest.mark.parametrize("how", ["result", "retry"])
+def test_an_operation_whose_result_could_not_be_stored_is_settled_on_its_page(
+    store_url: str, tmp_path: Path, how: str, clients: list[Any]
+) -> None:
+    """Issue 29, item 2: held on its body (it ran; its result could not be stored), it is listed as held and its
+    page settles it as ``agentguard resolve`` does: a result every later call receives, or a run again."""
+    from agentguard import Guard, ResultNotStoredError, task
+
+    runs: list[int] = []
+
+    def count(amount: int) -> int:
+        runs.append(amount)
+        return "not an int" if len(runs) == 1 else amount  # type: ignore[return-value]
+
+    def call() -> Any:
+        with Guard(store_url) as guard, task("t-unstorable"):
+            return guard.once(operation="count")(count)(7)
+
+    with pytest.raises(ResultNotStoredError):
+        call()
+    key = held(store_url)["t-unstorable"]["key"]
+    with console(store_url, tmp_path / "console.log") as c:
+        client = signed_in(clients, c)
+        front = client.get("/")
+        assert "its result could not be stored" in front.text
+        page = client.get("/record", params={"scope": "default", "key": key})
+        assert "record result" in page.text and "retry operation" in page.text
+        form = {"csrf": csrf_of(page.text), "scope": "default", "key": key, "how": how}
+        if how == "result":
+            form["result"] = "42"
+        assert client.post("/settle", data=form).status_code == 303
+    assert held(store_url) == {}
+    assert call() == (42 if how == "result" else 7)
+    assert runs == ([7] if how == "result" else [7, 7])
+
+
 def test_a_released_operation_can_be_abandoned_as_resolve_abandons_it(
     store_url: str, tmp_path: Path, clients: list[Any]
 ) -> None:
@@ -204,8 +240,8 @@ def test_bad_input_is_answered_on_the_page_and_changes_nothing(
         post(400, "the result must be JSON", result="{'id': 'ch_1'")
         post(400, "the result must be JSON", result="")
         post(404, "no record &#x27;ag_nope&#x27;", key="ag_nope")
-        post(409, "has a step with an unknown outcome", key=done)  # a key that is not held
-        post(409, "no released or stalled operation", key=done, how="abandon")
+        post(409, "is held on an unknown outcome", key=done)  # a key that is not held
+        post(409, "no held, released or stalled operation", key=done, how="abandon")
         post(400, "how must be one of", how="forget")
         post(400, "scope contains a NUL", scope="a\x00b")
         assert client.post("/settle", content=b"how=retry&how=abandon&csrf=" + csrf.encode(),
@@ -214,8 +250,8 @@ def test_bad_input_is_answered_on_the_page_and_changes_nothing(
         assert record_state(store_url, key) == before and record_state(store_url, done) == done_before
         post(303, "", how="retry")  # settled once ...
         cleared = record_state(store_url, key)
-        post(409, "has a step with an unknown outcome", result='{"id": "ch_1"}')  # ... and not twice
-        post(409, "has a step with an unknown outcome", how="retry")
+        post(409, "is held on an unknown outcome", result='{"id": "ch_1"}')  # ... and not twice
+        post(409, "is held on an unknown outcome", how="retry")
         assert record_state(store_url, key) == cleared
         for path, params, status in (("/record", {"scope": "default", "key": "ag_nope"}, 404),
                                      ("/task", {"scope": "default", "id": "nobody"}, 404),

@@ -40,7 +40,9 @@ def worker(mode: str, sysdb: str, store: str, provider: str, workflow: str) -> N
     downstream.install(client)
     DBOS(config={"name": "agentguard-dbos-test", "system_database_url": sysdb})
 
-    @dbos_adapter.once(guard, key="order_id")
+    # The key reaches the provider through the client's hook (downstream.install), not a parameter: say so, and
+    # a takeover after the crash runs the body again with it, for the provider to deduplicate.
+    @dbos_adapter.once(guard, key="order_id", on_unknown="retry")
     def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
         response = client.post("/v1/charges", json={"order_id": order_id, "amount": amount_cents})
         if mode == "crash-in-body":

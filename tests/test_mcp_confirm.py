@@ -122,6 +122,24 @@ async def test_a_call_the_user_does_not_confirm_is_refused_and_its_claim_release
     assert len(user.asked) == 2 and len(paid(log)) == 1
 
 
+async def test_a_declined_call_binds_nothing_and_the_corrected_call_runs(
+    proxied: Callable[..., Any], log: Path
+) -> None:
+    """Issue 29, item 4. After "no", then "charge 50 instead", the corrected call was refused as a reuse ("The
+    earlier call stands" — which was false: nothing had run). A declined call never started its body, so it
+    binds nothing: the corrected call is asked about and runs with its own amount; only then does it bind."""
+    user = User(types.ElicitResult(action="decline"), YES)
+    async with proxied(elicitation_callback=user) as client:
+        refused = await client.call_tool("pay", PAY)
+        assert refused.is_error and text(refused).endswith("Nothing was executed.")
+        corrected = await client.call_tool("pay", {**PAY, "amount_cents": 5000})
+        assert not corrected.is_error, text(corrected)
+        again = await client.call_tool("pay", PAY)  # the first amount again: now the charge of 50 stands
+    assert again.is_error and "(differing: amount_cents)" in text(again)
+    assert "ran and succeeded, and its result stands" in text(again) and text(again).endswith("Nothing was executed.")
+    assert [p["args"]["amount_cents"] for p in paid(log)] == [5000] and len(user.asked) == 2
+
+
 async def test_an_error_for_an_answer_refuses_the_call(proxied: Callable[..., Any], log: Path, host: str) -> None:
     """The host fails the question instead of answering it. In the handshake era the proxy reads that as no
     confirmation at once. On 2026-07-28 the host's own call ends with the error and it never retries: the

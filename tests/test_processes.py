@@ -24,7 +24,7 @@ class Worker:
     def __init__(self, url: str, task_id: str, effects: Path, mode: str, **opts: Any) -> None:
         argv = [sys.executable, WORKER, url, task_id, str(effects), mode]
         for k, v in opts.items():
-            argv += [f"--{k.replace('_', '-')}", str(v)]
+            argv += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
 
@@ -134,3 +134,66 @@ async def test_stale_worker_woken_after_takeover_gets_lease_lost(
         with task(t):
             assert await charge2("o-1", 4900) == winner
     assert len(set(effects_of(effects) + runs)) == 1  # every attempt used the same downstream key
+
+
+def killed_mid_body(store_url: str, t: str, effects: Path, **opts: Any) -> None:
+    """A worker SIGKILLed inside the body, after its side effect: its claim is left running, its lease runs out."""
+    victim = Worker(store_url, t, effects, "hang", lease=1.0, sleep=60, **opts)
+    release_together([victim])
+    victim.expect("started")
+    victim.kill()
+
+
+def survive(store_url: str, t: str, effects: Path, **opts: Any) -> dict[str, Any]:
+    survivor = Worker(store_url, t, effects, "once", lease=1.0, **opts)
+    release_together([survivor])
+    return survivor.result()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("tool", ["async", "sync"])
+async def test_sigkill_mid_body_of_a_tool_whose_key_cannot_reach_the_provider_is_held(
+    store_url: str, tmp_path: Path, tool: str
+) -> None:
+    """Issue 29, item 3. A tool that takes no injected key (nothing tells the provider it is the same charge)
+    used to be taken over after the lease and run again: a second charge. Now the dead worker's call is held:
+    later callers get OutcomeUnknownError without running it, until a person settles it."""
+    effects = tmp_path / "effects"
+    t = "t-" + uuid.uuid4().hex[:10]
+    opts: dict[str, Any] = {"keyless": True, **({"sync": True} if tool == "sync" else {})}
+    killed_mid_body(store_url, t, effects, **opts)
+    for _ in range(2):  # (the second: after the first refused, the record is still held, not taken)
+        out = survive(store_url, t, effects, **opts)
+        assert out["error"] == "OutcomeUnknownError", out
+        assert "went away inside the body" in out["message"] and "agentguard resolve" in out["message"]
+    assert len(effects_of(effects)) == 1
+    async with Guard(store_url) as guard:
+        (held,) = await guard.unknown()
+        assert held["held"] == "body" and held["task_id"] == t and held["step"] is None
+        settled = {"order_id": "o-1", "amount_cents": 4900, "pid": 0, "key": effects_of(effects)[0]}
+        assert await guard.resolve(held["key"], result=settled) == "its result recorded"
+        assert await guard.unknown() == []
+    assert survive(store_url, t, effects, **opts)["ok"] == settled  # the settled outcome, replayed
+    assert len(effects_of(effects)) == 1
+
+
+@pytest.mark.parametrize("tool", ["async", "sync"])
+@pytest.mark.parametrize("how", ["injected key", "on_unknown=retry", "on_unknown=reconcile"])
+def test_sigkill_mid_body_is_taken_over_where_the_key_reaches_the_provider(
+    store_url: str, tmp_path: Path, tool: str, how: str
+) -> None:
+    """The tool takes the injected key (or says its key reaches the provider): a takeover runs the body again
+    with the same key, for the provider to deduplicate; with reconcile, the provider is asked first and the
+    body does not run."""
+    effects = tmp_path / "effects"
+    t = "t-" + uuid.uuid4().hex[:10]
+    opts: dict[str, Any] = {"sync": True} if tool == "sync" else {}
+    if how != "injected key":
+        opts.update(keyless=True, on_unknown=how.removeprefix("on_unknown="))
+    killed_mid_body(store_url, t, effects, **opts)
+    out = survive(store_url, t, effects, **opts)["ok"]
+    keys = effects_of(effects)
+    if how == "on_unknown=reconcile":
+        assert out == {"reconciled": keys[0], "step": "charge", "attempt": 2} and len(keys) == 1
+    else:
+        assert len(keys) == 2 and keys[0] == keys[1] == out["key"]

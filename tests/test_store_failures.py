@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from agentguard import Guard, GuardError, KeyReuseError, StoreError, task
+from agentguard import (
+    Guard,
+    KeyReuseError,
+    OutcomeUnknownError,
+    ResultNotStoredError,
+    StoreError,
+    current_audit,
+    task,
+)
 from agentguard.stores import Record, SQLStore
 
 from conftest import BACKEND, raw_exec, tid
@@ -129,21 +137,114 @@ async def test_store_dying_while_the_body_runs_keeps_the_claim_held(store_url: s
     assert len(keys) == 2 and keys[0] == keys[1]
 
 
-async def test_result_that_cannot_be_stored_keeps_the_claim_held(make_guard: Callable[..., Guard]) -> None:
-    guard = make_guard(lease=1.0)
+async def test_a_result_that_cannot_be_stored_is_recorded_and_never_run_again(
+    make_guard: Callable[..., Guard], kind: Any
+) -> None:
+    """Issue 29, item 2. It used to leave the claim held, and after the lease the next call ran the body again.
+    Now the outcome "ran, result not storable" is recorded: the first caller and every later one (in this
+    process, after the lease, in another guard) get ResultNotStoredError without the body running again, until a
+    person settles it; then the settled result is what every call receives."""
+    guard = make_guard(lease=0.5)
+    other = make_guard(cache_size=0)  # another worker: no in-process cache shared with the first
     keys: list[str] = []
 
-    @guard.once
-    async def charge(amount: int, idempotency_key: str = "") -> Any:
+    def charge_impl(amount: int, idempotency_key: str = "") -> int:
         keys.append(idempotency_key)
-        return object() if len(keys) == 1 else {"amount": amount}
+        return "not an int"  # type: ignore[return-value]  # -> int refuses it
 
-    with task(tid()):
-        with pytest.raises(GuardError, match="could not be stored") as info:
+    charge = kind.once(guard, operation="charge")(charge_impl)
+    charge_elsewhere = kind.once(other, operation="charge")(charge_impl)
+    t = tid()
+    with task(t):
+        with pytest.raises(ResultNotStoredError, match="could not be stored") as info:
             await charge(5)
-        assert "already ran" in str(info.value)
-        assert await charge(5) == {"amount": 5}  # after the lease: takeover, same key
-    assert len(keys) == 2 and keys[0] == keys[1]
+        first = info.value
+        assert first.body_ran and first.task_id == t and first.key and "never run again" in str(first)
+        assert "agentguard resolve" in str(first)
+        await asyncio.sleep(0.8)  # past the lease: once, a takeover ran the body again here
+        for call in (charge, charge_elsewhere, charge):
+            with pytest.raises(ResultNotStoredError) as again:
+                await call(5)
+            assert again.value.body_ran and again.value.key == first.key and again.value.task_id == t
+    assert len(keys) == 1
+
+    held = [u for u in await guard.unknown() if u["key"] == first.key]
+    assert [(u["held"], u["step"], u["task_id"]) for u in held] == [("not_stored", None, t)]
+    assert await guard.resolve(first.key, result=42) == "its result recorded"
+    with task(t):
+        assert await charge(5) == 42 and await charge_elsewhere(5) == 42  # settled: every call receives it
+    assert len(keys) == 1 and not [u for u in await guard.unknown() if u["key"] == first.key]
+
+    # The other ways to settle: run it again (released: the next call runs the body), or give it up.
+    for how in ("retry", "abandon"):
+        t2 = tid()
+        with task(t2), pytest.raises(ResultNotStoredError) as info:
+            await charge(6)
+        await guard.resolve(info.value.key, **{how: True})
+        with task(t2):
+            if how == "retry":
+                with pytest.raises(ResultNotStoredError):  # it ran again (and again could not be stored)
+                    await charge(6)
+            else:
+                with pytest.raises(OutcomeUnknownError, match="abandoned"):
+                    await charge_elsewhere(6)
+    assert len(keys) == 4
+
+
+class Unequal(dict):  # type: ignore[type-arg]
+    """A dict whose comparison with a plain dict raises, as some user types' ``__eq__`` do."""
+
+    def __eq__(self, other: object) -> bool:
+        raise AttributeError("no comparing me")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Unreadable(dict):  # type: ignore[type-arg]
+    """A dict whose items cannot be read: both the fingerprint and the codec walk them."""
+
+    def items(self) -> Any:
+        raise RuntimeError("items() is broken")
+
+
+async def test_user_code_raising_inside_the_guards_own_checks_never_strands_a_claim(
+    make_guard: Callable[..., Guard], kind: Any
+) -> None:
+    """Issue 29, item 8. A result whose ``__eq__`` raises kept a sync tool's claim on its heartbeat for as long as
+    the process lived (every retry: InProgressError) and let the raw AttributeError out of an async tool; an
+    argument whose ``items()`` raises let a raw RuntimeError out. Now each is a documented outcome and the claim
+    is recorded, never left renewing."""
+    guard = make_guard(lease=0.5)
+    runs: list[str] = []
+
+    def tool_impl(what: str, value: Any = None) -> Any:
+        runs.append(what)
+        if what == "unequal":
+            return Unequal(a=1)
+        if what == "unreadable":
+            return Unreadable(a=1)
+        if what == "notes":
+            current_audit()["who"] = object()  # a note with no stored form: the outcome is kept without it
+        return what
+
+    tool = kind.once(guard, operation="tool", key="what")(tool_impl)
+    with task(tid()):
+        # Compared by the codec's shortcut, which could not tell: stored through the general path, as a dict.
+        assert await tool("unequal") == {"a": 1}
+        assert await tool("unequal") == {"a": 1}  # replayed, not InProgressError
+        with pytest.raises(ResultNotStoredError, match="items"):
+            await tool("unreadable")
+        with pytest.raises(ResultNotStoredError):
+            await tool("unreadable")  # recorded: not InProgressError, not run again
+        assert await tool("notes") == "notes"
+        assert await tool("notes") == "notes"
+        with pytest.raises(TypeError, match=r"argument 'value' cannot be fingerprinted: .*RuntimeError.*items"):
+            await tool("argument", Unreadable(a=1))
+    assert runs == ["unequal", "unreadable", "notes"]
+    record = [r for r in await guard.records() if r.operation.startswith("tool")]
+    assert {r.state for r in record} == {"succeeded", "failed"}  # nothing left running
+    (notes,) = [r for r in record if r.audit and "agentguard" in r.audit]
+    assert "could not be stored" in notes.audit["agentguard"]
 
 
 class SweptAfterAMiss(SQLStore):

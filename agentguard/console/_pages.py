@@ -95,11 +95,18 @@ def page(title: str, body: str, frame: Frame) -> str:
             f'<span class="who">{_e(who)}</span></header><main><h1>{_e(title)}</h1>{notes}{body}</main></body></html>')
 
 
+# What is held, when it is not a step (``Guard.unknown``'s ``held``).
+_HELD_BODY = {"body": "the body (its worker went away inside it)", "not_stored": "the body (its result could not "
+              "be stored)"}
+
+
 def _held_row(h: dict[str, object]) -> str:
-    scope, key, step, task_id = (str(h[k]) for k in ("scope", "key", "step", "task_id"))
+    scope, key, task_id = (str(h[k]) for k in ("scope", "key", "task_id"))
+    step = None if h["step"] is None else str(h["step"])
+    what = f"<code>{_e(step)}</code>" if step is not None else _e(_HELD_BODY.get(str(h.get("held")), "the body"))
     return (f"<tr><td>{_e(scope)}</td><td><a href=\"{_e(task_href(scope, task_id))}\">{_e(task_id)}</a></td>"
-            f"<td>{_e(h['operation'])}</td><td><code>{_e(step)}</code></td>"
-            f"<td class=\"key\">{_e(sub_key(key, step))}</td><td>{_e(h['attempts'])}</td>"
+            f"<td>{_e(h['operation'])}</td><td>{what}</td>"
+            f"<td class=\"key\">{_e(key if step is None else sub_key(key, step))}</td><td>{_e(h['attempts'])}</td>"
             f"<td>{_e(_ago(float(str(h['age']))))}</td>"
             f"<td><a href=\"{_e(record_href(scope, key))}\" title=\"{_e(key)}\">settle</a></td></tr>")
 
@@ -178,13 +185,19 @@ def _settle_forms(frame: Frame, r: RecordRow, draft: str) -> str:
                 f'<button type="submit">{_e(button)}</button></fieldset></form>')
 
     out = []
-    if r.held:
-        step = next(s.name for s in r.steps if s.state == "started")
+    step = next((s.name for s in r.steps if s.state == "started"), None)
+    if r.held and step is not None:
         out.append(form("result", f"Record the real outcome of step {step!r}",
                         '<label for="result">the step\'s result, as JSON (e.g. the provider\'s charge)</label>'
                         f'<textarea id="result" name="result" rows="5" required>{_e(draft)}</textarea>',
                         "record result"))
         out.append(form("retry", f"Run step {step!r} again on the next attempt (same sub-key)", "", "retry step"))
+    elif r.held:  # held on its body: its worker went away inside it, or its result could not be stored
+        out.append(form("result", "Record the real outcome of the operation (every later call receives it)",
+                        '<label for="result">its result, as JSON (e.g. the provider\'s charge)</label>'
+                        f'<textarea id="result" name="result" rows="5" required>{_e(draft)}</textarea>',
+                        "record result"))
+        out.append(form("retry", "Run it again on the next call (same key)", "", "retry operation"))
     out.append(form("abandon", "Give the operation up (every later call errors)", "", "abandon operation"))
     return "<h2>Settle</h2>" + "".join(out)
 

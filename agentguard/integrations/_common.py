@@ -11,12 +11,13 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, ParamSpec, Protocol, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, NoReturn, ParamSpec, Protocol, TypedDict, TypeVar, Unpack
 
 from .._context import DEFAULT_SCOPE, MAX_SCOPE, TaskInfo, check_id, check_task_id, current_task, task
 from .._errors import GuardError, MissingTaskError
 from .._frameworks import made_by
 from .._guard import Guard
+from .._operation import Reconcile
 from .._refusals import refusal
 
 T = TypeVar("T")
@@ -235,6 +236,8 @@ class AdapterOptions(TypedDict, total=False):
     cache_errors: tuple[type[BaseException], ...]
     inject: str | None
     scope: str | None
+    on_unknown: Literal["retry", "reconcile", "hold"]
+    reconcile: Reconcile | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +298,7 @@ def adapt(
     core: Any = guard.once(
         operation=options.get("operation"), key=options.get("key"), ignore=[*ignore, *context_names],
         cache_errors=options.get("cache_errors", ()), inject=options.get("inject", "idempotency_key"),
+        on_unknown=options.get("on_unknown", "hold"), reconcile=options.get("reconcile"),
     )(fn)
     sig = inspect.signature(core)
     tool: str = core.__agentguard__.tool

@@ -23,6 +23,7 @@ import mcp_types as types
 from pydantic import ValidationError
 
 from .._engine import current_audit
+from .._errors import NotStarted
 from ._config import ToolConfig
 from ._exchange import Context, Exchange, can_ask
 from ._results import not_confirmed
@@ -39,9 +40,9 @@ _SCHEMA: Final[dict[str, Any]] = {
 }
 
 
-class NotConfirmed(Exception):
-    """The user did not confirm the call: nothing ran, and the claim is released. The message is the text the
-    model reads."""
+class NotConfirmed(NotStarted):
+    """The user did not confirm the call: nothing ran, and the claim is released without binding its arguments
+    (a corrected call runs with its own). The message is the text the model reads."""
 
 
 def question(tool: str, arguments: dict[str, Any], task_id: str) -> types.ElicitRequest:

@@ -149,6 +149,7 @@ class GuardedCall:
                 key={k: arguments.get(k) for k in cfg.key} or None, task_id=task_id, scope=self.config.store.scope,
                 cache_errors=(_FinalError, _HeldUnknown), on_conflict=on_conflict,
                 wait_timeout=cfg.wait_timeout or self.config.proxy.wait_timeout, audit=self.audit,
+                on_unknown=cfg.unknown_policy,  # (a proxy killed mid-call: taken over only if the key goes upstream)
             )
         except _RetryableError as exc:
             # Not final: the claim was released, so a retry goes upstream again with the same key.

@@ -20,6 +20,7 @@ from mcp.server import MCPServer, Server
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED
 
+from .._errors import NotStarted
 from ._config import Config
 
 UpstreamTarget = Server[Any] | MCPServer | StdioServerParameters | str
@@ -32,8 +33,8 @@ class _OutcomeUnknown(Exception):
     """The upstream call was sent but no answer came back (the upstream died or timed out)."""
 
 
-class _Unavailable(Exception):
-    """The upstream could not be reached: the call was certainly not sent."""
+class _Unavailable(NotStarted):
+    """The upstream could not be reached: the call was certainly not sent (so it binds no arguments)."""
 
 
 class _Unreachable(_Unavailable):
@@ -41,7 +42,7 @@ class _Unreachable(_Unavailable):
     at once, or it does not answer. Retrying does not help until a person fixes the proxy's configuration."""
 
 
-class _NotGuarded(Exception):
+class _NotGuarded(NotStarted):
     """The upstream does not offer a guarded tool as configured (any more): the call is refused, not sent."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -73,7 +73,8 @@ class ClaimStore(Protocol):
         ``audit``: if given, replaces what is kept beside the record for a person (``Listing.audit``)."""
         ...
 
-    async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None) -> bool:
+    async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None, *,
+                      raised: str | None = None, bound: bool = True) -> bool:
         ...
 
     async def release_owned(self, scope: str, key: str, owner: str, retention: float) -> bool:
@@ -152,8 +153,19 @@ class AdminStore(Protocol):
     ) -> Sequence[Listing]: ...
 
     async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[tuple[Any, ...]]:
-        """(scope, key, task_id, operation, step, attempts, age) of operations with a started step and no
-        live lease."""
+        """(scope, key, task_id, operation, step, attempts, age, held) of operations held for a person: ``held``
+        says how (``_schema.HELD_KINDS``: a worker died inside a step, named by ``step``, or inside the body; or
+        the body's result could not be stored)."""
+        ...
+
+    async def hold(self, scope: str, key: str, fence: int) -> bool:
+        """Mark a running record whose lease ran out (under ``fence``) as held on its body, for a person; nothing
+        else changes (its worker, if only stalled, may still renew it). False if it changed meanwhile."""
+        ...
+
+    async def settle(self, scope: str, key: str, result: str | None, retention: float) -> bool:
+        """Settle an operation held on its body: record ``result`` (an encoded value) as its outcome, or (None)
+        release it so that its next call runs it again. False if it is not held so."""
         ...
 
     async def resolve_step(self, scope: str, key: str, name: str, state: str | None, result: str | None) -> bool:

@@ -32,6 +32,8 @@ TABLE = "agentguard_calls"
 STEPS = "agentguard_steps"
 
 RUNNING, SUCCEEDED, FAILED, RELEASED = "running", "succeeded", "failed", "released"
+# The fingerprint of a released record whose body never started: it binds no arguments (no fingerprint is empty).
+UNBOUND = ""
 STARTED, DONE = "started", "done"  # step states
 
 metadata = MetaData()
@@ -131,6 +133,51 @@ record_of = cast(Callable[[Iterable[Any]], Record], functools.partial(tuple.__ne
 def live_sql(now: str, c: str = "") -> str:
     """SQL: the record is running and its lease has not expired (``c``: the table alias and a dot, or "")."""
     return f"({c}state = '{RUNNING}' AND {c}lease_until > {now})"
+
+
+# A record whose outcome is held for a person (``agentguard ls --unknown``, ``resolve``, the console's "held"),
+# in one of three ways (``HELD_KINDS``): its worker died inside a step (a started step of its current origin); its
+# worker died inside the body and a caller whose key cannot reach the provider found it so (``HELD_LEASE``: the
+# caller marks the lease so, and leaves the record otherwise as it was, so that a worker only stalled may still
+# renew it and record its outcome); or the body ran and its result could not be stored (recorded as that error:
+# ``agentguard.ResultNotStoredError``). A tool whose key reaches the provider takes a dead worker's record over
+# on its next call, and never marks it.
+HELD_STEP, HELD_BODY, HELD_NOT_STORED = "step", "body", "not_stored"
+HELD_KINDS = (HELD_STEP, HELD_BODY, HELD_NOT_STORED)
+HELD_LEASE = 0  # the lease_until of a running record held on its body: no claim's lease (now + lease) is ever 0
+# The stored error's text starts so (``_codec.encode_error``); each "_" of a LIKE pattern matches any one
+# character, the ":" included, which SQLAlchemy's text() would read as a parameter.
+NOT_STORED_PREFIX = '{"type": "agentguard._errors:ResultNotStoredError"'
+_NOT_STORED_LIKE = NOT_STORED_PREFIX.replace(":", "_") + "%"
+
+
+def started_step_sql(c: str = "") -> str:
+    """SQL: a step of the record's current origin started and never recorded its outcome."""
+    return (f"EXISTS (SELECT 1 FROM {STEPS} s WHERE s.scope = {c}scope AND s.key = {c}key"
+            f" AND s.origin = {c}origin AND s.state = '{STARTED}')")
+
+
+def not_stored_sql(c: str = "") -> str:
+    """SQL: the body ran and its result could not be stored (the error recorded in its place)."""
+    return f"({c}state = '{FAILED}' AND {c}result LIKE '{_NOT_STORED_LIKE}')"
+
+
+def held_body_sql(c: str = "") -> str:
+    """SQL: a caller whose key cannot reach the provider found the record's worker gone inside the body."""
+    return f"({c}state = '{RUNNING}' AND {c}lease_until = {HELD_LEASE})"
+
+
+def held_kind_sql(now: str, c: str = "") -> str:
+    """SQL: how the record is held (one of ``HELD_KINDS``), or NULL if it is not."""
+    dead = f"NOT {live_sql(now, c)}"
+    return (f"CASE WHEN {not_stored_sql(c)} THEN '{HELD_NOT_STORED}'"
+            f" WHEN {c}state IN ('{RUNNING}', '{RELEASED}') AND {dead} AND {started_step_sql(c)} THEN '{HELD_STEP}'"
+            f" WHEN {held_body_sql(c)} THEN '{HELD_BODY}' END")
+
+
+def held_sql(now: str, c: str = "") -> str:
+    """SQL: the record is held for a person, in any of the three ways."""
+    return f"({held_kind_sql(now, c)} IS NOT NULL)"
 
 
 class Col(NamedTuple):

@@ -13,7 +13,26 @@ from typing import Any
 
 from sqlalchemy import TextClause, text
 
-from ._schema import FAILED, RELEASED, ROW, RUNNING, STARTED, STEPS, TABLE, column_sql, live_sql, select_list
+from ._schema import (
+    FAILED,
+    HELD_BODY,
+    HELD_LEASE,
+    HELD_NOT_STORED,
+    HELD_STEP,
+    RELEASED,
+    ROW,
+    RUNNING,
+    STARTED,
+    STEPS,
+    SUCCEEDED,
+    TABLE,
+    UNBOUND,
+    column_sql,
+    held_kind_sql,
+    live_sql,
+    not_stored_sql,
+    select_list,
+)
 
 # The claim's parameters, in the function's argument order, with their Postgres types.
 CLAIM_PARAMS = (
@@ -209,10 +228,13 @@ class Statements:
             f" ELSE state IN ('{RUNNING}', '{RELEASED}') END"
             " RETURNING fence, origin" + (f", {UNSYNCED}" if unsynced_claim else "")
         )
+        # A released record keeps binding its arguments (a body that ran and raised: the provider may have seen
+        # them), unless its body never started (UNBOUND: a claim undone while it was made, a body that said so):
+        # then the next call runs with its own. ``result`` keeps what the body raised, for the refusal's text.
         self.release_owned = text(
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
-            f" expires_at = {now} + :retention WHERE scope = :scope AND key = :key AND owner = :owner"
-            f" AND state = '{RUNNING}' RETURNING fence"
+            f" expires_at = {now} + :retention, fingerprint = '{UNBOUND}' WHERE scope = :scope AND key = :key"
+            f" AND owner = :owner AND state = '{RUNNING}' RETURNING fence"
         )
         self.renew = text(
             f"UPDATE {TABLE} SET lease_until = {now} + :lease, updated_at = {now}"
@@ -227,7 +249,8 @@ class Statements:
         )
         release = (
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
-            f" expires_at = {now} + :retention, audit = COALESCE(:audit, audit) WHERE {where_fenced}"
+            f" expires_at = {now} + :retention, audit = COALESCE(:audit, audit), result = :raised,"
+            f" fingerprint = CASE WHEN :bound = 1 THEN fingerprint ELSE '{UNBOUND}' END WHERE {where_fenced}"
             f" AND state IN ('{RUNNING}', '{RELEASED}') RETURNING fence"
         )
         self.watch: TextClause | None = None
@@ -274,14 +297,36 @@ class Statements:
             f"DELETE FROM {STEPS} WHERE NOT EXISTS (SELECT 1 FROM {TABLE} c WHERE c.scope = {STEPS}.scope"
             f" AND c.key = {STEPS}.key AND c.origin = {STEPS}.origin)"
         )
-        # -- an operator's view and settling of operations whose worker died inside a step
-        # Operations whose worker died inside a step: a started step, and nobody holds a live lease.
+        # -- an operator's view and settling of operations held for a person (``_schema.held_kind_sql``): a
+        #    worker died inside a step or the body, or the body's result could not be stored.
+        # The started step's name, for one held on a step (none otherwise).
+        step_name = (f"(SELECT MIN(s.name) FROM {STEPS} s WHERE s.scope = c.scope AND s.key = c.key"
+                     f" AND s.origin = c.origin AND s.state = '{STARTED}')")
+        kind = held_kind_sql(now, "c.")
         self.unknown = text(
-            f"SELECT c.scope, c.key, c.task_id, c.operation, s.name, c.attempts, {now} - c.created_at"
-            f" FROM {TABLE} c JOIN {STEPS} s ON s.scope = c.scope AND s.key = c.key AND s.origin = c.origin"
-            f" WHERE s.state = '{STARTED}' AND c.state IN ('{RUNNING}', '{RELEASED}')"
-            f" AND NOT (c.state = '{RUNNING}' AND c.lease_until > {now})"
-            " AND (CAST(:scope AS VARCHAR) IS NULL OR c.scope = :scope) ORDER BY c.updated_at DESC LIMIT :limit"
+            f"SELECT scope, key, task_id, operation, CASE WHEN kind = '{HELD_STEP}' THEN step END, attempts, age, kind"
+            f" FROM (SELECT c.scope, c.key, c.task_id, c.operation, {step_name} AS step, c.attempts,"
+            f" {now} - c.created_at AS age, {kind} AS kind, c.updated_at FROM {TABLE} c"
+            " WHERE (CAST(:scope AS VARCHAR) IS NULL OR c.scope = :scope)) AS h"
+            " WHERE kind IS NOT NULL ORDER BY updated_at DESC LIMIT :limit"
+        )
+        # A caller whose key cannot reach the provider found the record's worker gone inside the body: marked so
+        # for a person (``_schema.HELD_LEASE``), nothing else changed — the fence stays, so a worker that was only
+        # stalled may renew its lease and record its outcome.
+        self.hold = text(
+            f"UPDATE {TABLE} SET lease_until = {HELD_LEASE} WHERE {where_fenced} AND state = '{RUNNING}'"
+            f" AND lease_until <= {now} RETURNING fence"
+        )
+        # A record held on its body (its worker died inside it, or its result could not be stored), settled as a
+        # person says: a result recorded in its place, or released so that its next call runs it again.
+        body_held = f"scope = :scope AND key = :key AND {held_kind_sql(now)} IN ('{HELD_BODY}', '{HELD_NOT_STORED}')"
+        self.settle = text(
+            f"UPDATE {TABLE} SET state = '{SUCCEEDED}', result = :result, lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE {body_held} RETURNING fence"
+        )
+        self.release_held = text(
+            f"UPDATE {TABLE} SET state = '{RELEASED}', result = NULL, lease_until = NULL, updated_at = {now},"
+            f" expires_at = {now} + :retention WHERE {body_held} RETURNING fence"
         )
         # A started step of the record's current origin: recorded done (held by nobody), or cleared so the
         # next attempt runs it again.
@@ -297,8 +342,8 @@ class Statements:
         )
         self.abandon = text(
             f"UPDATE {TABLE} SET state = '{FAILED}', result = :result, lease_until = NULL, updated_at = {now},"
-            f" expires_at = {now} + :retention WHERE scope = :scope AND key = :key AND NOT {live}"
-            f" AND state IN ('{RUNNING}', '{RELEASED}') RETURNING fence"
+            f" expires_at = {now} + :retention WHERE scope = :scope AND key = :key AND ((NOT {live}"
+            f" AND state IN ('{RUNNING}', '{RELEASED}')) OR {not_stored_sql()}) RETURNING fence"
         )
         self.stalled = text(
             f"SELECT scope, key, task_id, tool, arguments FROM {TABLE} WHERE arguments IS NOT NULL"

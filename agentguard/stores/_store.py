@@ -172,8 +172,10 @@ class SQLStore(AttemptVerbs):
         params = {"scope": scope, "key": key, "owner": owner, "retention": retention}
         return await self._one("releasing the claim", self.sql.release_owned, params, body_ran=None) is not None
 
-    async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None) -> bool:
-        params = {"scope": scope, "key": key, "fence": fence, "retention": retention, "audit": audit}
+    async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None, *,
+                      raised: str | None = None, bound: bool = True) -> bool:
+        params = {"scope": scope, "key": key, "fence": fence, "retention": retention, "audit": audit,
+                  "raised": raised, "bound": 1 if bound else 0}
         return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
 
     # -- waiting on another process's claim (where the store ``announces``) ------------------------------
@@ -272,6 +274,18 @@ class SQLStore(AttemptVerbs):
             return [(r[0], r[1], r[2], r[3], r[4]) for r in await conn.execute(self.sql.stalled, {"limit": limit})]
 
         return await self._executor.run("listing stalled operations", run, body_ran=None)
+
+    async def hold(self, scope: str, key: str, fence: int) -> bool:
+        params = {"scope": scope, "key": key, "fence": fence}
+        return await self._one("marking the operation held", self.sql.hold, params, body_ran=None) is not None
+
+    async def settle(self, scope: str, key: str, result: str | None, retention: float) -> bool:
+        params = {"scope": scope, "key": key, "retention": retention}
+        if result is None:
+            return await self._one("releasing the held operation", self.sql.release_held, params,
+                                   body_ran=None) is not None
+        params["result"] = result
+        return await self._one("settling the held operation", self.sql.settle, params, body_ran=None) is not None
 
     async def abandon(self, scope: str, key: str, result: str, retention: float) -> bool:
         params = {"scope": scope, "key": key, "result": result, "retention": retention}

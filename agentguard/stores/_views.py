@@ -4,8 +4,8 @@ Read-only statements, off the hot path, through the executor's general path (so 
 that says what failed). Times are seconds since the epoch by the database's clock (the clock that decides
 leases), and each answer carries that clock's ``now`` so ages and live leases are computed against it.
 
-A record is *held* when its worker died inside a step (a started step of its current origin, and no live
-lease): ``agentguard resolve`` settles it. The same condition as the ``unknown`` statement's.
+A record is *held* when a person must settle it (``agentguard resolve``): its worker died inside a step or the
+body, or its result could not be stored — ``_schema.held_sql``, the condition of the ``unknown`` statement too.
 """
 
 from __future__ import annotations
@@ -16,18 +16,25 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._schema import FAILED, RELEASED, RUNNING, STARTED, STEPS, SUCCEEDED, TABLE, live_sql
+from ._schema import (
+    FAILED,
+    RELEASED,
+    RUNNING,
+    STARTED,
+    STEPS,
+    SUCCEEDED,
+    TABLE,
+    held_body_sql,
+    held_sql,
+    live_sql,
+    not_stored_sql,
+)
 
 if TYPE_CHECKING:
     from ._store import SQLStore
 
-HELD = "held"  # not a record state: a record held on a step of unknown outcome
+HELD = "held"  # not a record state: a record held for a person on an unknown outcome
 STATES = (RUNNING, SUCCEEDED, FAILED, RELEASED, HELD)
-
-
-def _held_sql(now: str, c: str) -> str:
-    return (f"({c}state IN ('{RUNNING}', '{RELEASED}') AND NOT {live_sql(now, c)} AND EXISTS (SELECT 1 FROM {STEPS} s"
-            f" WHERE s.scope = {c}scope AND s.key = {c}key AND s.origin = {c}origin AND s.state = '{STARTED}'))")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +85,14 @@ async def tasks(
     """The tasks, most recently changed first: those with a record in ``state`` (``held``, or a state of the
     records not held) and one whose operation starts with ``operation``, if given."""
     # The clock read once (Postgres' clock_timestamp() is volatile: per row it would be read per row), and the
-    # held records found once, from the few started steps, then joined: not a subquery per record.
+    # held records found once — those held on a step from the few started steps, the others by a plain
+    # predicate — then joined: not a subquery per record. (``_schema.held_kind_sql``, written as a join.)
     clock = f"clock AS (SELECT {store.dialect.now} AS now)"
     held_keys = (
-        f"held AS (SELECT DISTINCT c.scope, c.key FROM {TABLE} c JOIN {STEPS} s ON s.scope = c.scope"
+        f"held AS (SELECT c.scope, c.key FROM {TABLE} c JOIN {STEPS} s ON s.scope = c.scope"
         f" AND s.key = c.key AND s.origin = c.origin CROSS JOIN clock WHERE s.state = '{STARTED}'"
-        f" AND c.state IN ('{RUNNING}', '{RELEASED}') AND NOT {live_sql('clock.now', 'c.')})"
+        f" AND c.state IN ('{RUNNING}', '{RELEASED}') AND NOT {live_sql('clock.now', 'c.')}"
+        f" UNION SELECT c.scope, c.key FROM {TABLE} c WHERE {not_stored_sql('c.')} OR {held_body_sql('c.')})"
     )
     is_held = "h.key IS NOT NULL"
     # a held record counts as held, not as running or released
@@ -136,7 +145,7 @@ async def task(store: SQLStore, scope: str, task_id: str) -> tuple[float, list[R
     now = store.dialect.now
     records = text(
         f"SELECT {_RECORD_COLUMNS}, CASE WHEN {live_sql(now, 'c.')} THEN 1 ELSE 0 END,"
-        f" CASE WHEN {_held_sql(now, 'c.')} THEN 1 ELSE 0 END, c.origin, {now}"
+        f" CASE WHEN {held_sql(now, 'c.')} THEN 1 ELSE 0 END, c.origin, {now}"
         f" FROM {TABLE} c WHERE c.scope = :scope AND c.task_id = :task_id ORDER BY c.created_at, c.key"
     )
     steps = text(
@@ -162,7 +171,7 @@ async def record(store: SQLStore, scope: str, key: str) -> tuple[float, RecordRo
     now = store.dialect.now
     one = text(
         f"SELECT {_RECORD_COLUMNS}, CASE WHEN {live_sql(now, 'c.')} THEN 1 ELSE 0 END,"
-        f" CASE WHEN {_held_sql(now, 'c.')} THEN 1 ELSE 0 END, c.origin, {now}, c.result, c.arguments, c.audit"
+        f" CASE WHEN {held_sql(now, 'c.')} THEN 1 ELSE 0 END, c.origin, {now}, c.result, c.arguments, c.audit"
         f" FROM {TABLE} c WHERE c.scope = :scope AND c.key = :key"
     )
     steps = text(
