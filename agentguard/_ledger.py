@@ -3,9 +3,11 @@
 A caller appends one small tuple to a bounded queue and goes on: no statement, no commit, no lock, no await on
 its path. A writer on the guard's portal loop takes up to ``BATCH`` entries at a time and inserts them in one
 transaction. When the queue is full (the store is slower than the callers) an entry is dropped and counted,
-never waited for; a batch the store refuses is dropped and counted too. The count is visible
-(``Guard.ledger_dropped``, a ``dropped`` entry once the store keeps up again, the ``agentguard.ledger.dropped``
-counter) and logged. ``Guard.close()`` / ``aclose()`` flush what is queued.
+never waited for; a batch the store fails to write is dropped and counted too. An entry the store refuses for
+its own value costs only itself: every text is written as every store can hold it (``stores._attempts``), and
+a batch the database refuses anyway is written again entry by entry, the refused ones dropped and counted. The
+count is visible (``Guard.ledger_dropped``, a ``dropped`` entry once the store keeps up again, the
+``agentguard.ledger.dropped`` counter) and logged. ``Guard.close()`` / ``aclose()`` flush what is queued.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Ledger:
         self.queue: collections.deque[Entry] = collections.deque()
         self.dropped = 0  # entries dropped since the guard was made
         self._unreported = 0  # dropped and not yet written as a ``dropped`` entry
+        self._unreported_refused = 0  # ... of those, refused by the store for their own values
         self._writing = False
         self._task: asyncio.Task[None] | None = None  # the writer, on the portal loop
         self._wake: asyncio.Event | None = None  # set to end the writer's gathering at once (a flush)
@@ -89,13 +92,15 @@ class Ledger:
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._task = loop.create_task(self._write_soon())
 
-    def _drop(self, n: int) -> None:
+    def _drop(self, n: int, refused: bool = False) -> None:
         self.dropped += n
         self._unreported += n
+        if refused:
+            self._unreported_refused += n
         if self._on_drop is not None:
             self._on_drop(n)
         now = time.monotonic()
-        if now - self._warned > 60:
+        if not refused and now - self._warned > 60:  # (the store logs each refusal itself)
             self._warned = now
             log.warning("the attempt ledger dropped %d entr%s so far: the store is not keeping up (the calls "
                         "themselves are unaffected)", self.dropped, "y" if self.dropped == 1 else "ies")
@@ -119,26 +124,32 @@ class Ledger:
             raise
 
     async def write_batch(self) -> int:
-        """Write up to ``BATCH`` queued entries (and the count of those dropped): how many were written, or
-        minus how many were dropped because the store refused them."""
+        """Write up to ``BATCH`` queued entries (and the count of those dropped): how many were written (0: the
+        store refused each of them), or minus how many were dropped because the store failed."""
         queue = self.queue
         rows: list[Entry] = []
         while queue and len(rows) < BATCH:
             rows.append(queue.popleft())
         if self._unreported:
             at = time.time()
-            n, self._unreported = self._unreported, 0
-            rows.append(("", "", "", "", "", DROPPED, f"{n} entries dropped (the store was not keeping up)", 0,
-                         None, process(), at, None, None, at + self.retention))
+            refused = self._unreported_refused
+            slow = self._unreported - refused
+            self._unreported = self._unreported_refused = 0
+            for n, why in ((slow, "the store was not keeping up"), (refused, "the store refused them")):
+                if n:
+                    rows.append(("", "", "", "", "", DROPPED, f"{n} entries dropped ({why})", 0, None, process(), at,
+                                 None, None, at + self.retention))
         if not rows:
             return 0
         try:
-            await self.store.write_attempts(rows)
+            left_out = await self.store.write_attempts(rows)
         except Exception as exc:  # the store is down or slow: the entries are lost, counted
             self._drop(len(rows))
             log.debug("writing the attempt ledger failed: %s", exc)
             return -len(rows)
-        return len(rows)
+        if left_out:  # refused by the store, each on its own: the others were written
+            self._drop(left_out, refused=True)
+        return len(rows) - (left_out or 0)
 
     async def flush(self) -> None:
         """Write everything queued now (on the portal loop; ``Guard.close`` calls it). A write the store
@@ -149,7 +160,7 @@ class Ledger:
                 self._wake.set()  # the writer stops gathering, writes what is queued and ends
             with contextlib.suppress(Exception):
                 await writer
-        while self.queue and await self.write_batch() > 0:
+        while self.queue and await self.write_batch() >= 0:
             pass
         if self.queue:
             self._drop(len(self.queue))

@@ -23,7 +23,7 @@ from ._errors import (
     StoreError,
 )
 from ._ledger import Ledger
-from .stores._attempts import LEASE_LOST, NOT_STORED, RAN, REFUSED, REPLAYED, TOOK_OVER, UNKNOWN
+from .stores._attempts import CALL_ID_MAX, LEASE_LOST, NOT_STORED, RAN, REFUSED, REPLAYED, TOOK_OVER, UNKNOWN
 
 # Host ids of an invocation, in the order one is picked for ``call_id`` (the audit the adapters store).
 _CALL_IDS = ("tool_call_id", "claudecode/toolUseId", "callId", "itemId", "request_id")
@@ -53,13 +53,9 @@ class Note:
         self.detail = detail if self.took is None else f"{detail} (after a {self.took} claim)"
 
 
-CALL_ID_MAX = 255  # characters of a host's id of an invocation the ledger keeps
-
-
 def call_id(audit: str | None) -> str | None:
-    """The host's id of this invocation, from the audit (a JSON object), as every store can hold it: a NUL or
-    a lone surrogate (which JSON can carry) replaced by U+FFFD, at most ``CALL_ID_MAX`` characters. An entry a
-    store refused would take its whole batch with it."""
+    """The host's id of this invocation, from the audit (a JSON object), at most ``CALL_ID_MAX`` characters
+    (the store keeps it as every store can hold it: ``stores._attempts.storable``)."""
     if not audit:
         return None
     try:
@@ -69,12 +65,7 @@ def call_id(audit: str | None) -> str | None:
     if isinstance(ids, dict):
         for name in _CALL_IDS:
             if isinstance(ids.get(name), str | int):
-                text = str(ids[name])[:CALL_ID_MAX]
-                if "\x00" in text:
-                    text = text.replace("\x00", "\ufffd")
-                if not text.isascii():
-                    text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-                return text
+                return str(ids[name])[:CALL_ID_MAX]
     return None
 
 

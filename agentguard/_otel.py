@@ -16,7 +16,8 @@ What is recorded (never argument values):
 - ``agentguard.calls`` (counter; attributes ``agentguard.tool`` and ``agentguard.outcome``);
 - ``agentguard.guard.duration`` (histogram, seconds: the guard's own time in a call, excluding the body and
   waiting) and ``agentguard.wait.duration`` (histogram, seconds: waiting for another caller of the key);
-- ``agentguard.ledger.dropped`` (counter: ledger entries dropped because the store did not keep up).
+- ``agentguard.ledger.dropped`` (counter: ledger entries dropped because the store did not keep up or refused
+  them).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Telemetry:
             "agentguard.wait.duration", unit="s", description="time a call waited for another caller of its key")
         self.dropped = meter.create_counter(
             "agentguard.ledger.dropped", unit="{entry}",
-            description="attempt-ledger entries dropped because the store did not keep up")
+            description="attempt-ledger entries dropped because the store did not keep up or refused them")
         self.error = trace.StatusCode.ERROR
 
     def start(self, tool: str) -> tuple[Any, Any]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._errors import GuardError
+from ._errors import GuardError, StoreError
 from .stores import RUNNING, Attempt, LedgerStore, RecordDetail
 from .stores._attempts import DROPPED, FORGOTTEN, REFUSED, REPLAYED, RESOLVED, TOOK_OVER
 
@@ -45,7 +45,8 @@ class Views:
 
     @property
     def ledger_dropped(self) -> int:
-        """Ledger entries this guard dropped because the store did not keep up (the calls were unaffected)."""
+        """Ledger entries this guard dropped because the store did not keep up or refused them (the calls were
+        unaffected)."""
         return 0 if self._ledger is None else self._ledger.dropped
 
     async def flush_ledger(self) -> None:
@@ -117,7 +118,8 @@ class Views:
         at = time.time()
         entry = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail, rec.attempts, None,
                  process(), at, None, None, at + self._retention)
-        await self._call(self._store.write_attempts([entry]))
+        if await self._call(self._store.write_attempts([entry])):
+            raise StoreError(f"the store refused the ledger's entry of {kind} {rec.key!r} (see the log)", key=rec.key)
 
     async def stats(self, *, since: float | None = None, scope: str | None = None,
                     limit: int = 1_000_000) -> list[dict[str, Any]]:

@@ -308,30 +308,36 @@ SHAPES = [
 ]
 
 
-async def test_a_copied_batch_stores_what_the_inserts_store_all_or_none(store_url: str) -> None:
+async def test_a_copied_batch_stores_what_the_inserts_store_but_a_refused_entry(store_url: str) -> None:
     """The ledger's batches go to the driver whole (``Dialect.copies``: Postgres' COPY; on SQLite one hop to
     aiosqlite's thread, where sqlite3 binds the rows), a shortcut beside the general path's executemany of
-    INSERTs through SQLAlchemy: both store the same entries, and a batch with a bad entry stores none of its
-    entries either way and says so as a ``StoreError``."""
+    INSERTs through SQLAlchemy: both store the same entries; a batch with an entry the database refuses stores
+    its other entries either way (written again one by one) and says how many it left out; a store that cannot
+    write at all (its table gone) says so as a ``StoreError``, trying no entry on its own."""
     store = SQLStore(store_url)
     dialect = store._executor.dialect
     assert dialect.copies
     stored: dict[bool, list[dict[str, Any]]] = {}
+    kept = (*SHAPES[0][:6], "kept beside a refused entry", *SHAPES[0][7:])
     try:
         for copies in (True, False):
             dialect.copies = copies
-            await store.write_attempts(SHAPES)
-            bad = [SHAPES[0], (*SHAPES[1][:2], None, *SHAPES[1][3:])]  # a task id missing
-            with pytest.raises(StoreError, match="writing the attempt ledger"):
-                await store.write_attempts(bad)
+            assert await store.write_attempts(SHAPES) == 0
+            bad = [kept, (*SHAPES[1][:2], None, *SHAPES[1][3:])]  # a task id missing
+            assert await store.write_attempts(bad) == 1
             entries = await store.read_attempts()
             stored[copies] = [{k: v for k, v in e.as_dict().items() if k != "id"} for e in entries]
             await raw_exec(store_url, "DELETE FROM agentguard_attempts")
+        await raw_exec(store_url, "DROP TABLE agentguard_attempts")
+        for copies in (True, False):
+            dialect.copies = copies
+            with pytest.raises(StoreError, match="writing the attempt ledger"):
+                await store.write_attempts(SHAPES)
     finally:
         await store.dispose()
     assert stored[True] == stored[False]
     assert [tuple(e.values()) for e in stored[True]] == [
-        (*row[:10], float(row[10]), row[11], row[12]) for row in SHAPES
+        (*row[:10], float(row[10]), row[11], row[12]) for row in (SHAPES[0], kept, *SHAPES[1:])
     ]
 
 
@@ -395,4 +401,62 @@ async def test_an_entry_with_a_host_id_no_store_holds_does_not_take_its_batch_wi
     assert g.ledger_dropped == 0
     assert [(e.kind, e.call_id) for e in await g.attempts(task_id=t)] == [("ran", "a\ufffdb"), ("ran", "ok-1")]
     refused = [e for e in await g.attempts() if e.detail == "missing task"]
-    assert [e.call_id for e in refused] == ["x\ufffd\ufffd\ufffdy"]
+    assert [e.call_id for e in refused] == ["x\ufffdy"]
+
+
+async def test_a_key_reuse_naming_an_argument_no_store_holds_costs_the_ledger_nothing_else(
+    make_guard: Callable[..., Guard],
+) -> None:
+    """An MCP host may name an argument ``"a\\x00b"`` (JSON carries a NUL) and the proxy fingerprints every
+    argument, so a key reuse names it in its entry's detail. Postgres' text holds no NUL (no store holds a lone
+    surrogate, which other texts may carry): that one entry made the store refuse its whole batch, the other
+    calls' entries with it. Every text of an entry is kept with U+FFFD in their place, and cut to what its
+    column holds (a scope's 255 characters, any other text's 4000)."""
+    g = make_guard()
+    t = tid()
+
+    async def body(key: str) -> str:
+        return "done"
+
+    odd = "a\x00b"
+    await g.run("charge", body, task_id=t, key="o-odd", arguments={odd: 1})
+    for n in range(9):  # other calls, in the same batch
+        await g.run("charge", body, task_id=t, key=f"o-{n}", arguments={"n": n})
+    with pytest.raises(KeyReuseError):
+        await g.run("charge", body, task_id=t, key="o-odd", arguments={odd: 2})
+    # An entry with every text odd (how the ledger is told of a call: the writer's own door).
+    g._ledger.add("s" * 300, "k", t, "op\x00", "tool\ud800", "refused", "x" * 10_000, 0, "id\x00", None, None)
+    await g.flush_ledger()
+    assert g.ledger_dropped == 0
+    entries = await g.timeline(t)
+    assert [(e.kind, e.detail) for e in entries][:11] == [
+        ("ran", "succeeded"), *[("ran", "succeeded")] * 9, ("refused", "reuse (differing: a\ufffdb)")
+    ]
+    last = entries[11]
+    assert (last.scope, last.operation, last.tool, last.call_id) == ("s" * 255, "op\ufffd", "tool\ufffd", "id\ufffd")
+    assert last.detail == "x" * 4000
+    assert len(entries) == 12
+
+
+async def test_an_entry_the_store_refuses_costs_only_itself(make_guard: Callable[..., Guard]) -> None:
+    """A batch the store refuses for one entry's value (here a task id missing: a NOT NULL column, refused by the
+    database itself) is written again entry by entry: the others are kept, the refused one is dropped and
+    counted like any other drop, and said so in the ledger."""
+    g = make_guard()
+    t = tid()
+
+    async def body(key: str) -> str:
+        return "done"
+
+    for n in range(5):
+        await g.run("charge", body, task_id=t, key=f"o-{n}")
+        if n == 2:
+            g._ledger.add("default", "k", None, "charge", "charge", "ran", "succeeded", 1,  # type: ignore[arg-type]
+                          None, None, None)
+    await g.flush_ledger()
+    assert g.ledger_dropped == 1
+    assert [e.kind for e in await g.timeline(t)] == ["ran"] * 5
+    await g.run("charge", body, task_id=t, key="o-5")  # the next batch reports the drop
+    await g.flush_ledger()
+    notes = [e.detail for e in await g.attempts() if e.kind == "dropped"]
+    assert notes == ["1 entries dropped (the store refused them)"]

@@ -7,20 +7,24 @@ payments are counted in the upstream's log."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import full_upstream
 import mcp_types as types
 import pytest
-from mcp import Client, MCPError
+from mcp import Client, MCPError, StdioServerParameters
 
 from agentguard import Guard
 from agentguard.mcp import META_REPLAYED, GuardingProxy, parse_config
 
 pytestmark = pytest.mark.anyio
 
+ROOT = Path(__file__).resolve().parent.parent
 CONFIRMED = '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\nconfirm = true\n'
 PAY = {"order_id": "o-1", "amount_cents": 4900, "task_id": "ticket-7"}
 META_CONFIRMATION = "dev.agentguard/confirmation"
@@ -170,3 +174,107 @@ async def test_a_client_without_elicitation_is_refused_unless_the_config_says_ru
     assert not ran.is_error and len(paid(log)) == 1
     assert ran.meta and ran.meta[META_CONFIRMATION]["confirmed"] is False
     assert "elicitation" in ran.meta[META_CONFIRMATION]["ran_unconfirmed"]
+
+
+class Released(logging.Handler):
+    """Set when the guard released a claim because the call was not confirmed (its ``released`` event, logged
+    once the proxy gave up on the answer): from then on, an answer is late."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.args and record.args[0] == "released" and record.args[-1] == "NotConfirmed":
+            self.seen.set()
+
+
+@pytest.fixture
+def released() -> Iterator[Released]:
+    handler = Released()
+    logger = logging.getLogger("agentguard")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+TIMEOUT = 0.2
+
+
+@pytest.mark.parametrize("late", ["soon", "after-the-window"])
+async def test_a_confirmation_answered_late_is_refused_once_never_asked_again(
+    proxied: Callable[..., Any], log: Path, released: Released, late: str, store_url: str
+) -> None:
+    """The user answers yes after ``input_timeout``: the question has expired, its claim was released, and
+    the call is refused with that said (nothing was executed), never asked again. In the handshake era the
+    host's request gets the refusal at the expiry (and the host is told the question is cancelled: this client
+    answers anyway); on 2026-07-28 the host's retry carries the late yes and gets the refusal, also after the
+    proxy's window for a retry (twice ``input_timeout``), after which the retry was once served as a new call,
+    asked again, answered late again, round after round until the client gave up. A later call asks again and
+    runs, once."""
+    asked: list[str] = []
+
+    async def answer_late(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        if len(asked) > 1:  # (a later call, answered in time)
+            return YES
+        with anyio.CancelScope(shield=True):  # (a handshake-era host is told to cancel: this one answers anyway)
+            await released.seen.wait()
+            if late == "after-the-window":
+                await anyio.sleep(2 * TIMEOUT)
+        return YES
+
+    async with proxied(elicitation_callback=answer_late, proxy=f"input_timeout = {TIMEOUT}") as client:
+        with anyio.fail_after(30):
+            refused = await client.call_tool("pay", PAY)
+        assert refused.is_error and "the question expired" in text(refused), text(refused)
+        assert text(refused).endswith("Nothing was executed.") and "within 0.2 s" in text(refused)
+        assert len(asked) == 1 and paid(log) == []
+        async with Guard(store_url) as guard:  # released, the expiry kept beside it for a person
+            (record,) = await guard.records()
+        assert record.state == "released" and record.audit
+        assert record.audit["confirmation"]["answer"] == "expired"
+        later = await client.call_tool("pay", PAY)  # the model retries: asked again, answered in time
+    assert not later.is_error and later.meta and later.meta[META_REPLAYED] is False
+    assert len(asked) == 2 and len(paid(log)) == 1
+
+
+@pytest.mark.slow
+async def test_over_stdio_a_confirmation_answered_late_is_refused_not_asked_round_after_round(
+    tmp_path: Path, log: Path, host: str, store_url: str
+) -> None:
+    """As a host runs it: ``agentguard mcp-proxy`` as a subprocess over stdio. The user answers yes after the
+    question expired and after the proxy's window for a retry: the call is refused with that said, asked once
+    (it was asked round after round until the client gave up after ten), and nothing is paid."""
+    config = tmp_path / "agentguard.toml"
+    config.write_text(
+        f'[store]\nurl = "{store_url}"\n\n'
+        f'[upstream]\ncommand = ["python", "{ROOT / "tests" / "full_upstream.py"}"]\nenv = {{ FULL_LOG = "{log}" }}\n\n'
+        f"[proxy]\ninput_timeout = {TIMEOUT}\n\n{CONFIRMED}")
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "agentguard.cli", "mcp-proxy", "--config", str(config)],
+        env={"PYTHONPATH": str(ROOT)}, cwd=str(tmp_path))
+    asked = 0
+
+    async def answer_late(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        nonlocal asked
+        asked += 1
+        with anyio.CancelScope(shield=True):
+            async with Guard(store_url) as guard:
+                # Polled: the claim is released by another process, and no event crosses that boundary.
+                while [r.state for r in await guard.records()] != ["released"]:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            await anyio.sleep(2 * TIMEOUT)  # past the window in which the proxy keeps a question's exchange
+        return YES
+
+    async with Client(params, mode=host, elicitation_callback=answer_late) as client:
+        with anyio.fail_after(60):
+            refused = await client.call_tool("pay", PAY)
+    assert refused.is_error and "the question expired" in text(refused), text(refused)
+    assert text(refused).endswith("Nothing was executed.")
+    assert asked == 1 and paid(log) == []

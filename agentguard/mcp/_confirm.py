@@ -7,6 +7,13 @@ a no, or a host that goes away refuses it (nothing was executed) and releases th
 confirmed call can run. A host that cannot ask its user (no elicitation capability) is refused, unless the
 tool's config says ``confirm_without_elicitation = "run"``.
 
+A question not answered within ``input_timeout`` expires: the call is refused, saying so, and its claim
+released at once (a call waiting behind it goes on); an answer that comes later is not used. In the handshake
+era the host's request gets the refusal then, and the host is told the question is cancelled. On 2026-07-28 the
+host's retry brings the late answer and gets the refusal, never the question again (it was asked again, round
+after round, until the host gave up). Honouring a late yes would run the call on a claim that is no longer the
+asker's, after other calls may have come and gone; the model's retry asks again.
+
 Who confirmed (the client and its request), when, and the answer are kept with the recorded result
 (``_meta["dev.agentguard/confirmation"]``) and logged.
 """
@@ -64,8 +71,13 @@ async def confirm(ex: Exchange, cfg: ToolConfig, tool: str, arguments: dict[str,
                         "config says to run it then", tool, task_id)
             return {**record, "confirmed": False, "ran_unconfirmed": "the client does not support elicitation"}
         raise NotConfirmed(not_confirmed("unsupported", tool, task_id))
-    answer = await ex.ask(request)
+    answer = await ex.answer_to(request)
     record["at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    if answer is None:
+        log.warning("%s in task %r was not run: the question expired (no answer within %g s)", tool, task_id,
+                    ex.timeout)
+        current_audit()["confirmation"] = {**record, "confirmed": False, "answer": "expired"}
+        raise NotConfirmed(not_confirmed("expired", tool, task_id, ex.timeout))
     if isinstance(answer, types.ElicitResult) and answer.action == "accept" and (answer.content or {}).get(
             "confirm") is True:
         log.info("%s in task %r confirmed by the user of %s", tool, task_id, record.get("by", "the client"))

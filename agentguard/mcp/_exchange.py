@@ -30,7 +30,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.connection import NotifyOnlyOutbound
 from mcp.shared.exceptions import NoBackChannelError
 from mcp.shared.message import ServerMessageMetadata
-from mcp_types import INVALID_PARAMS, INVALID_REQUEST
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST, REQUEST_TIMEOUT
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
@@ -42,6 +42,9 @@ Ask = Callable[[types.InputRequest], Awaitable[Answer]]
 Context = ServerRequestContext[Any, Any]
 
 _MAX_ROUNDS = 10
+# Exchanges that ended after a question of theirs expired, kept past the parking window for a late retry (its
+# answer would otherwise start the request anew and be asked again, round after round): the latest this many.
+_EXPIRED_KEPT = 256
 
 
 def connection_of(ctx: Context) -> Any:
@@ -136,6 +139,8 @@ class Exchange:
     """The host's request this exchange answers now; None between rounds, and once the host went away."""
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     abandoned: bool = False
+    expired: bool = False
+    """A question of this exchange got no answer within the timeout (a late answer is not used)."""
     upstream_calls: int = 0
     _questions: dict[str, _Question] = field(default_factory=dict)
     _asked: int = 0
@@ -154,22 +159,35 @@ class Exchange:
     async def ask(self, request: types.InputRequest) -> Answer:
         """Put a question to the host: on its request now (handshake era), or in the next ``input_required``
         (2026-07-28). A host that cannot be asked, went away or does not answer in time answers "cancel"."""
+        answer = await self.answer_to(request)
+        return unanswered(request, "no answer in time") if answer is None else answer
+
+    async def answer_to(self, request: types.InputRequest) -> Answer | None:
+        """:meth:`ask`, but None when no answer came within the timeout: the question expired (and
+        :attr:`expired` is set). An answer that comes later is not used: in the handshake era the host is told
+        the question is cancelled; on 2026-07-28 its retry gets the outcome this exchange came to without it."""
         ctx = self.ctx
         if self.abandoned:
             return unanswered(request, "the client went away")
         if ctx is not None and not can_ask(ctx, request):
             return _unsupported(request)
         if ctx is not None and ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
-            return await self._ask_now(ctx, request)
-        self._asked += 1
-        question = self._questions[f"q{self._asked}"] = _Question(request)
-        self._changed()
-        with anyio.move_on_after(self.timeout):
-            await question.answered.wait()
-        self._questions = {k: q for k, q in self._questions.items() if q is not question}
-        return question.answer if question.answer is not None else unanswered(request, "no answer in time")
+            answer = await self._ask_now(ctx, request)
+        else:
+            self._asked += 1
+            question = self._questions[f"q{self._asked}"] = _Question(request)
+            self._changed()
+            with anyio.move_on_after(self.timeout):
+                await question.answered.wait()
+            self._questions = {k: q for k, q in self._questions.items() if q is not question}
+            answer = question.answer
+        if answer is None:
+            self.expired = True
+            log.info("%s: the client did not answer %s within %g s (input_timeout): the question expired", self.what,
+                     request.method, self.timeout)
+        return answer
 
-    async def _ask_now(self, ctx: Context, request: types.InputRequest) -> Answer:
+    async def _ask_now(self, ctx: Context, request: types.InputRequest) -> Answer | None:
         scope = anyio.CancelScope()
         self._asking.add(scope)
         with scope:
@@ -178,6 +196,8 @@ class Exchange:
                     request, _result_type(request), request_read_timeout_seconds=self.timeout,
                     metadata=ServerMessageMetadata(related_request_id=ctx.request_id))
             except MCPError as exc:
+                if exc.error.code == REQUEST_TIMEOUT:  # (the SDK tells the host it is cancelled)
+                    return None
                 return exc.error
             except ValidationError:
                 return types.ErrorData(code=INVALID_PARAMS, message=f"the client's answer to {request.method} is "
@@ -201,6 +221,8 @@ class Exchange:
             if question is not None and question.answer is None:
                 question.answer = typed_answer(question.request, raw)
                 question.answered.set()
+            elif question is None and self.expired:
+                log.info("%s: an answer (%s) came after its question expired: not used", self.what, key)
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """The upstream's progress, to the host's request now answered (none between rounds, none replayed)."""
@@ -251,6 +273,7 @@ class Exchanges:
         self._tg: anyio.abc.TaskGroup | None = None
         self._live: dict[Exchange, None] = {}  # in order of arrival
         self._parked: dict[str, Exchange] = {}
+        self._expired: dict[str, Exchange] = {}  # parked past the window after a question expired; in that order
 
     def bind(self, tg: anyio.abc.TaskGroup | None) -> None:
         """The task group exchanges run in (the proxy's, while it serves)."""
@@ -296,16 +319,21 @@ class Exchanges:
 
     def _resume(self, token: str | None, key: str, responses: types.InputResponses | None) -> Exchange | None:
         now = anyio.current_time()
-        for stale in [t for t, ex in self._parked.items() if now - ex.parked_at > 2 * self.timeout]:
-            self._parked.pop(stale)
+        for stale in [t for t, parked in self._parked.items() if now - parked.parked_at > 2 * self.timeout]:
+            gone = self._parked.pop(stale)
+            if gone.expired:  # its outcome stays for a late retry, which must not start it anew
+                self._expired[stale] = gone
+                if len(self._expired) > _EXPIRED_KEPT:
+                    del self._expired[next(iter(self._expired))]
         if token is None:
             return None
-        ex = self._parked.get(token)
+        ex = self._parked.get(token) or self._expired.get(token)
         if ex is None or ex.digest != key:
             log.info("a retry's requestState names no exchange of this proxy for that request (expired, or from "
                      "before a restart): served as a new request, its answers unused")
             return None
-        del self._parked[token]
+        self._parked.pop(token, None)
+        self._expired.pop(token, None)
         ex.answer(responses)
         return ex
 

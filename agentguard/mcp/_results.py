@@ -140,12 +140,16 @@ _UNCONFIRMED = {
     "unanswered": "Not run by agentguard: the user did not confirm {tool} for task {task!r} (the question was "
                   "dismissed, not answered, or answered with something other than yes or no), so it was not "
                   "run. Retry the same call if the user still wants it: they will be asked again.",
+    "expired": "Not run by agentguard: the question expired. The user did not answer the confirmation of {tool} "
+               "for task {task!r} within {seconds:g} s, so it was not run, and an answer given after that is not "
+               "used. Retry the same call if the user still wants it: they will be asked again.",
 }
 
 
-def not_confirmed(why: str, tool: str, task_id: str) -> str:
-    """``why``: ``unsupported`` (a host without elicitation), ``declined`` or ``unanswered``."""
-    return nothing_executed(_UNCONFIRMED[why].format(tool=tool, task=task_id))
+def not_confirmed(why: str, tool: str, task_id: str, seconds: float = 0.0) -> str:
+    """``why``: ``unsupported`` (a host without elicitation), ``declined``, ``unanswered`` or ``expired`` (no
+    answer within ``seconds``)."""
+    return nothing_executed(_UNCONFIRMED[why].format(tool=tool, task=task_id, seconds=seconds))
 
 
 def failed_unexpectedly(tool: str) -> str:

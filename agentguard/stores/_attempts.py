@@ -9,6 +9,7 @@ Its rows carry their own ``expires_at`` (the guard's retention) and are swept wi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,11 +17,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import BigInteger, Column, Double, Index, Integer, String, Table, Text, func, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._errors import StoreError
 from ._schema import RUNNING, STEPS, TABLE, metadata
 from ._sweep import paced
 
 if TYPE_CHECKING:
     from ._executor import Executor
+
+log = logging.getLogger("agentguard")
 
 ATTEMPTS = "agentguard_attempts"
 
@@ -66,6 +70,65 @@ Index(f"{ATTEMPTS}_key_prefix_idx", func.substr(attempts.c.key, 1, KEY_PREFIX), 
 COLUMNS = ("scope", "key", "task_id", "operation", "tool", "kind", "detail", "attempt", "call_id", "process", "at",
            "guard_ms", "wait_ms")
 WRITTEN = (*COLUMNS, "expires_at")  # an entry as it is written: its values, then when it expires
+
+CALL_ID_MAX = 255  # characters of a host's id of an invocation the ledger keeps
+TEXT_MAX = 4000  # characters of any other text column's value (an entry is a line for a person)
+# (position in WRITTEN, characters kept) of each text column: a VARCHAR's length, else the above.
+_TEXTS = tuple(
+    (i, CALL_ID_MAX if name == "call_id" else attempts.c[name].type.length or TEXT_MAX)  # type: ignore[attr-defined]
+    for i, name in enumerate(WRITTEN) if isinstance(attempts.c[name].type, String)
+)
+# A NUL (Postgres' text holds none) and every surrogate (in a str, always a lone one, which no store can encode).
+_UNHELD = dict.fromkeys([0, *range(0xD800, 0xE000)], "\ufffd")
+
+
+def storable(value: str, limit: int) -> str:
+    """``value`` as every store holds it: a NUL or a lone surrogate (JSON can carry both) replaced by U+FFFD, at
+    most ``limit`` characters."""
+    if "\x00" in value or not value.isascii():
+        value = value.translate(_UNHELD)
+    return value[:limit]
+
+
+def _held(rows: Sequence[Sequence[Any]]) -> bool:
+    """Whether every text of ``rows`` is held by every store as it is (a column at a time: the ledger's writer
+    pays this for every entry)."""
+    for i, limit in _TEXTS:
+        col = [row[i] for row in rows]
+        try:
+            joined = "".join(col)
+        except TypeError:  # (a None: no call id)
+            col = [v for v in col if type(v) is str]
+            joined = "".join(col)
+        if ("\x00" in joined or (not joined.isascii() and not _encodes(joined))
+                or (len(joined) > limit and max(map(len, col)) > limit)):
+            return False
+    return True
+
+
+def _encodes(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable_rows(rows: Sequence[Sequence[Any]]) -> Sequence[Sequence[Any]]:
+    """``rows`` (values of ``WRITTEN``) with every text as every store holds it (:func:`storable`): one entry
+    the store refused would take its whole batch with it."""
+    if _held(rows):
+        return rows
+    out = []
+    for row in rows:
+        if not _held((row,)):
+            cleaned = list(row)
+            for i, limit in _TEXTS:
+                if type(cleaned[i]) is str:
+                    cleaned[i] = storable(cleaned[i], limit)
+            row = tuple(cleaned)
+        out.append(row)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,10 +252,41 @@ class AttemptVerbs:
             self._attempt_sql = AttemptStatements(self._executor.dialect.now)
         return self._attempt_sql
 
-    async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> None:
-        """Insert ledger entries (each the values of ``WRITTEN``, in order), all or none."""
+    async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> int:
+        """Insert ledger entries (each the values of ``WRITTEN``, in order), every text as every store holds it
+        (:func:`storable`). If the database refuses the batch for an entry's value, the entries go again one by
+        one, so that only the refused ones are lost: returns how many were left out (0: all written). Raises
+        ``StoreError`` when the store failed (down, or unusable), nothing written."""
         if not rows:
-            return
+            return 0
+        rows = storable_rows(rows)
+        refuses_row = self._executor.dialect.refuses_row
+        try:
+            await self._write_attempts(rows)
+            return 0
+        except StoreError as exc:
+            if not refuses_row(exc):
+                raise
+            if len(rows) == 1:
+                log.warning("the store refused an entry of the attempt ledger: %s", exc)
+                return 1
+        left_out, why = 0, None
+        for n, row in enumerate(rows):
+            try:
+                await self._write_attempts([row])
+            except StoreError as exc:
+                if not refuses_row(exc):  # the store failed meanwhile: the rest is not written either
+                    log.warning("writing the attempt ledger's entries one by one stopped: %s", exc)
+                    return left_out + len(rows) - n
+                left_out += 1
+                why = why or exc
+        if why is not None:
+            log.warning("the store refused %d of %d entries of the attempt ledger (the others were written): %s",
+                        left_out, len(rows), why)
+        return left_out
+
+    async def _write_attempts(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Insert ``rows``, all or none."""
         executor = self._executor
         dialect = executor.dialect
         if dialect.copies:  # the batch to the driver whole (Postgres' COPY; SQLite: one hop, bound by sqlite3)

@@ -46,6 +46,10 @@ from ._schema import TABLE
 # a retry resolves.
 _TRANSIENT_CLASSES = frozenset({"08", "57", "53"})
 _TRANSIENT_STATES = frozenset({"40001", "40P01"})
+# SQLSTATE classes of a row's value refused: data exception (a NUL in text, a string too long, a number out of
+# range), integrity constraint violation (a NULL where none may be).
+_ROW_CLASSES = frozenset({"22", "23"})
+_AIOSQLITE_CLOSED = ("no active connection", "Connection closed")  # aiosqlite's ValueErrors of a closed connection
 
 _ACCEPTED = "sqlite+aiosqlite:///path/to/file.db, sqlite+aiosqlite:// (in memory) or postgresql+asyncpg://user:password@host:5432/db"
 
@@ -178,6 +182,28 @@ class Dialect:
     def _transient_here(self, e: BaseException) -> bool:
         return False
 
+    def refuses_row(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the database (or its driver) refusing a value of the rows written — a constraint,
+        a number out of range, text it cannot encode — so that the rows written one by one would keep all but
+        that one; not an outage, not a store that cannot work (a missing table)."""
+        if self.transient(exc):
+            return False
+        seen: set[int] = set()
+        stack: list[BaseException | None] = [exc]
+        while stack:
+            e = stack.pop()
+            if e is None or id(e) in seen:
+                continue
+            seen.add(id(e))
+            # The driver's own, before anything was sent (asyncpg's codecs; sqlite3's binding).
+            if isinstance(e, TypeError | ValueError | OverflowError | sqlite3.IntegrityError | sqlite3.DataError):
+                return True
+            state = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+            if isinstance(state, str) and state[:2] in _ROW_CLASSES:
+                return True
+            stack.extend((getattr(e, "orig", None), e.__cause__))
+        return False
+
 
 class SQLite(Dialect):
     name = "sqlite"
@@ -268,13 +294,14 @@ class SQLite(Dialect):
         return aiosqlite_rows(drv, sql, rows, unsynced=self.claim_unsynced)  # type: ignore[no-any-return]
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
-        return isinstance(exc, ValueError)  # aiosqlite: "no active connection"
+        # aiosqlite's own, never a value sqlite3 refused (UnicodeEncodeError is a ValueError too)
+        return isinstance(exc, ValueError) and str(exc) in _AIOSQLITE_CLOSED
 
     def _transient_here(self, e: BaseException) -> bool:
         if isinstance(e, sqlite3.OperationalError) and any(w in str(e) for w in ("locked", "busy")):
             return True
         # aiosqlite's, for a connection closed under us
-        return isinstance(e, ValueError) and str(e) in ("no active connection", "Connection closed")
+        return isinstance(e, ValueError) and str(e) in _AIOSQLITE_CLOSED
 
 
 class Postgres(Dialect):

@@ -187,8 +187,9 @@ class LedgerStore(Protocol):
     """The ledger of attempts (``stores/_attempts.py``) and an operator's look at one record. A store without
     these verbs (a stand-in) works; its guard keeps no ledger."""
 
-    async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> None:
-        """Insert entries (each the values of ``_attempts.WRITTEN``, in order), all or none."""
+    async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> int:
+        """Insert entries (each the values of ``_attempts.WRITTEN``, in order): how many the store refused for
+        their own values and left out (the others were written); ``StoreError`` if none could be written."""
         ...
 
     async def read_attempts(
