@@ -23,6 +23,7 @@ from ._engine import Engine
 from ._errors import MissingTaskError
 from ._flat import FlatSignature
 from ._frameworks import made_by
+from ._names import check_arguments
 from ._operation import Operation, Reconcile
 from ._steps import ClaimSteps
 from .stores import RUNNING
@@ -80,8 +81,8 @@ class Spec:
         self.on_unknown, self.reconcile = on_unknown, reconcile
         self.full_sig = sig = inspect.signature(fn)
         params = sig.parameters
-        if inject is not None and inject not in params and inject != "idempotency_key":
-            raise TypeError(f"{self.tool}: inject={inject!r} names no parameter of the function")
+        if inject is not None and inject != "idempotency_key":  # the default: injected only if it is there
+            check_arguments(self.tool, params, {"inject": [inject]})
         self.inject = inject if inject in params else None
         self.resumable = resumable
         try:
@@ -112,9 +113,7 @@ class Spec:
             self.key_fn = key
         elif key is not None:
             self.key_fields = (key,) if isinstance(key, str) else tuple(key)
-            for n in self.key_fields:
-                if n not in names:
-                    raise TypeError(f"{self.tool}: key names {n!r}, which is not a parameter")
+            check_arguments(self.tool, names, {"key": self.key_fields})
         # The one-pass identity of the common call (every argument str/int/bool/None); not for key callables
         # or key fields left out of the fingerprint, which take the general path.
         fp_names = [n for n in self.binder.all_names if n not in self.excluded]
@@ -139,9 +138,7 @@ class Spec:
     ) -> set[str]:
         if isinstance(ignore, str):
             ignore = (ignore,)
-        for n in ignore:
-            if n not in names:
-                raise TypeError(f"{self.tool}: ignore names {n!r}, which is not a parameter")
+        check_arguments(self.tool, names, {"ignore": ignore})
         excluded = set(ignore)
         first = next(iter(params), None)
         if first in ("self", "cls"):

@@ -149,3 +149,18 @@ async def test_once_on_top_of_tool_says_which_way_round(guard: Guard) -> None:
 
     with pytest.raises(TypeError, match=r"placed on top of a FunctionTool made by AG2's @tool; put it underneath"):
         once(guard, key="order_id")(charge)
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @tool
+        @once(guard, key="orderid")
+        async def charge(order_id: str, amount_cents: int, context: Context) -> dict[str, Any]:
+            return ledger.charge(order_id, amount_cents, current_key())
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, context, order_id")
+    assert ledger.charges == []

@@ -207,3 +207,18 @@ async def test_guard_tool_error_is_agnos_run_exception() -> None:
     from agno.exceptions import AgentRunException
 
     assert issubclass(GuardToolError, AgentRunException)
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @tool
+        @once(guard, key="orderid")
+        async def charge(run_context: RunContext, order_id: str, amount_cents: int) -> Any:
+            return ledger.charge(order_id, amount_cents, "")
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, order_id, run_context")
+    assert ledger.charges == []

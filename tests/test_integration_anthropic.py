@@ -154,3 +154,19 @@ async def test_once_on_top_of_beta_tool_says_which_way_round(guard: Guard) -> No
 
     with pytest.raises(TypeError, match=r"placed on top of a BetaFunctionTool made by the Anthropic SDK's @beta_tool"):
         once(guard, key="order_id")(beta_tool(charge))
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @beta_async_tool
+        @once(guard, key="orderid")
+        async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> str:
+            """Charge an order."""
+            return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, order_id")
+    assert ledger.charges == []

@@ -56,8 +56,11 @@ def charge_args(amount: int = 500) -> dict[str, Any]:
     return {"order_id": "o-1", "amount_cents": amount}
 
 
-def charge_tool(guard: Guard, ledger: Ledger, **options: Any) -> SdkMcpTool[Any]:
-    @tool("charge", "Charge an order", {"order_id": str, "amount_cents": int})
+SCHEMA: dict[str, Any] = {"order_id": str, "amount_cents": int}
+
+
+def charge_tool(guard: Guard, ledger: Ledger, schema: dict[str, Any] = SCHEMA, **options: Any) -> SdkMcpTool[Any]:
+    @tool("charge", "Charge an order", schema)
     @once(guard, key="order_id", **options)
     async def charge(args: dict[str, Any]) -> dict[str, Any]:
         text = ledger.charge(args["order_id"], args["amount_cents"], current_key())
@@ -127,7 +130,9 @@ async def test_other_arguments_reach_the_model_as_a_tool_error(guard: Guard, tmp
 
 async def test_task_id_from_the_arguments_and_none_refused(guard: Guard, tmp_path: Path) -> None:
     ledger = Ledger()
-    tool_ = charge_tool(guard, ledger, task_id=lambda args: args.get("ticket"), ignore="ticket")
+    schema = {"type": "object", "required": ["order_id", "amount_cents"], "properties": {
+        "order_id": {"type": "string"}, "amount_cents": {"type": "integer"}, "ticket": {"type": "string"}}}
+    tool_ = charge_tool(guard, ledger, schema, task_id=lambda args: args.get("ticket"), ignore="ticket")
     turns = ([{**charge_args(), "ticket": "T-9"}], [{**charge_args(), "ticket": "T-9"}], [charge_args()])
     with FakeMessagesAPI(script(*turns)) as api:
         await run(api, tool_, tmp_path)
@@ -198,3 +203,25 @@ async def test_once_on_top_of_tool_says_which_way_round(guard: Guard) -> None:
         once(guard, key="order_id")(charge)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="needs an async handler"):
         once(guard)(lambda args: {})  # type: ignore[arg-type,return-value]
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_before_the_handler_ever_runs(guard: Guard, tmp_path: Path) -> None:
+    """The handler sits under ``@tool(...)``, so its schema is found on its first call, before it runs: a key
+    field the schema lacks reaches the model as a tool error, every time, and nothing is charged."""
+    ledger = Ledger()
+
+    @tool("charge", "Charge an order", {"order_id": str, "amount_cents": int})
+    @once(guard, key="orderid")
+    async def charge(args: dict[str, Any]) -> dict[str, Any]:
+        text = ledger.charge(args["order_id"], args["amount_cents"], current_key())
+        return {"content": [{"type": "text", "text": text}]}
+
+    with FakeMessagesAPI(script([charge_args()], [charge_args(700)])) as api, task("ticket-typo"):
+        await run(api, charge, tmp_path)
+    out = final_results(api)
+    for call_id in ("toolu_0_0", "toolu_1_0"):
+        assert out[call_id].get("is_error") is True
+        assert text_of(out[call_id]) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); "
+                                         "its arguments are: amount_cents, order_id")
+    assert ledger.charges == []

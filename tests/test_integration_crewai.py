@@ -256,3 +256,19 @@ async def test_the_schema_the_model_sees_has_only_the_model_arguments(guard: Gua
         return order_id
 
     assert set(charge.args_schema.model_json_schema()["properties"]) == {"order_id", "amount_cents"}
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @tool("charge")
+        @once(guard, key="orderid")
+        def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> str:
+            """Charge an order."""
+            return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, order_id")
+    assert ledger.charges == []

@@ -124,5 +124,20 @@ async def test_dbos_outside_a_workflow_refuses(make_guard: Callable[..., Guard])
     assert runs == ["o-1"]
 
 
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(make_guard: Callable[..., Guard]) -> None:
+    runs: list[str] = []
+    with pytest.raises(TypeError) as info:
+
+        @dbos_adapter.once(make_guard(), key="orderid")
+        async def charge(order_id: str, amount_cents: int) -> str:
+            runs.append(order_id)
+            return "ok"
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, order_id")
+    assert runs == []
+
+
 if __name__ == "__main__":
     worker(*sys.argv[1:6])

@@ -181,3 +181,17 @@ async def test_once_on_a_function_tool_says_which_way_round(guard: Guard) -> Non
 
     with pytest.raises(TypeError, match=r"placed on top of a FunctionTool made by Google ADK's FunctionTool"):
         once(guard, key="order_id")(FunctionTool(charge))
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @once(guard, key="orderid")
+        async def charge(order_id: str, amount_cents: int, tool_context: ToolContext) -> dict[str, Any]:
+            return ledger.charge(order_id, amount_cents, current_key())
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, order_id, tool_context")
+    assert ledger.charges == []

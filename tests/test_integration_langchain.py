@@ -317,3 +317,64 @@ async def test_middleware_does_not_store_a_handled_tool_error(guard: Guard) -> N
 async def test_guard_on_top_of_tool_is_a_type_error(guard: Guard) -> None:
     with pytest.raises(TypeError, match="put it underneath"):
         guard.once(plain_charge(Ledger()))  # type: ignore[call-overload]
+
+
+TYPOS = [
+    pytest.param({"chargee": "order_id"}, "the agent offers no tool named 'chargee' (did you mean 'charge'?); it "
+                 "offers: charge", id="tool"),
+    pytest.param({"charge": "orderid"}, "key='orderid' is not an argument of charge (did you mean 'order_id'?); its "
+                 "arguments are: amount_cents, order_id", id="key"),
+]
+
+
+@pytest.mark.storeless
+@pytest.mark.parametrize(("tools", "refusal"), TYPOS)
+async def test_create_agent_refuses_a_name_the_agent_lacks_before_any_tool_runs(
+    guard: Guard, middleware_model: Callable[..., ToolCallingFake], tools: dict[str, Any], refusal: str
+) -> None:
+    ledger = Ledger()
+    agent = create_agent(middleware_model([[call("call_1")], [call("call_2")]]), tools=[plain_charge(ledger)],
+                         middleware=[ToolGuard(guard, tools)], checkpointer=InMemorySaver())
+    with pytest.raises(ValueError) as info:
+        agent.invoke({"messages": [HumanMessage("go")]}, thread("t-typo"))
+    assert str(info.value) == f"ToolGuard: {refusal}"
+    with pytest.raises(ValueError) as info:
+        await agent.ainvoke({"messages": [HumanMessage("go")]}, thread("t-typo-async"))
+    assert str(info.value) == f"ToolGuard: {refusal}"
+    assert ledger.attempts == []
+
+
+@pytest.mark.storeless
+@pytest.mark.parametrize(("tools", "refusal"), TYPOS)
+async def test_tool_node_is_built_only_when_every_name_is_there(
+    guard: Guard, tools: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        ToolGuard(guard, tools).tool_node([plain_charge(Ledger())])
+    assert str(info.value) == "ToolGuard: " + refusal.replace("the agent", "the ToolNode")
+
+
+@pytest.mark.storeless
+async def test_a_hand_built_tool_node_refuses_a_misspelt_key_before_the_tool_runs(guard: Guard) -> None:
+    ledger = Ledger()
+    tg = ToolGuard(guard, {"charge": "orderid"})
+    app = graph([plain_charge(ledger)], fake_model([[call("call_1")]]), wrap_tool_call=tg.wrap_tool_call)
+    with pytest.raises(ValueError, match=r"key='orderid' is not an argument of charge \(did you mean 'order_id'\?\)"):
+        app.invoke({"messages": [HumanMessage("go")]}, thread())
+    assert ledger.attempts == []
+
+
+@pytest.mark.storeless
+async def test_decorator_refuses_a_misspelt_key_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @tool
+        @once(guard, key="orderid")
+        def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+            """Charge an order."""
+            return ledger.charge(order_id, amount_cents, current_key())
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, order_id")
+    assert ledger.attempts == []

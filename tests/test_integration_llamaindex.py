@@ -213,3 +213,17 @@ async def test_a_workflow_step_retried_after_a_timeout_replays_the_charge(guard:
     assert len(receipts) == 2 and receipts[0] == receipts[1] == result
     assert len(ledger.charges) == 1
     assert [r.task_id for r in await guard.records()] == ["order-5"]
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @once(guard, key="orderid")
+        async def charge(ctx: Context, order_id: str, amount_cents: int) -> dict[str, Any]:
+            return ledger.charge(order_id, amount_cents, "")
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, ctx, order_id")
+    assert ledger.charges == []

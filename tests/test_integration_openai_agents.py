@@ -206,3 +206,40 @@ async def test_guard_tool_rejects_non_tools_and_double_guarding(guard: Guard) ->
 async def test_guard_on_top_of_function_tool_is_a_type_error(guard: Guard) -> None:
     with pytest.raises(TypeError, match="put it underneath"):
         guard.once(plain_tool(Ledger()))  # type: ignore[call-overload]
+
+
+@pytest.mark.storeless
+async def test_guard_tool_refuses_a_key_field_the_tool_does_not_take(guard: Guard) -> None:
+    """Keyed on a field the tool lacks, every call would be keyed on null: a second refund of another charge
+    would be refused as a reuse of the first. Refused when the tool is guarded, before any call."""
+    refunds: list[str] = []
+
+    @function_tool
+    def refund(charge_id: str, amount_cents: int) -> str:
+        """Refund a charge."""
+        refunds.append(charge_id)
+        return "refunded"
+
+    with pytest.raises(TypeError) as info:
+        guard_tool(refund, guard, key="order_id")
+    assert str(info.value) == "key='order_id' is not an argument of refund; its arguments are: amount_cents, charge_id"
+    with pytest.raises(TypeError) as info:
+        guard_tool(plain_tool(Ledger()), guard, key="order_id", ignore=["amount"])
+    assert str(info.value) == ("ignore='amount' is not an argument of charge (did you mean 'amount_cents'?); its "
+                               "arguments are: amount_cents, order_id")
+    assert refunds == []
+
+
+@pytest.mark.storeless
+async def test_decorator_refuses_a_misspelt_key_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @function_tool
+        @once(guard, key="orderid")
+        def charge(ctx: RunContextWrapper[Ctx], order_id: str, amount_cents: int) -> dict[str, Any]:
+            return ledger.charge(order_id, amount_cents, current_key())
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, ctx, order_id")
+    assert ledger.charges == []

@@ -212,3 +212,68 @@ async def test_capability_replays_a_typed_result_as_its_type(guard: Guard) -> No
     await agent.run("go")
     assert len(ledger.charges) == 1
     assert script.content("call_1_0") == script.content("call_0_0") == Receipt(charge_id="ch_1", amount_cents=500)
+
+
+@pytest.mark.storeless
+@pytest.mark.parametrize(("tools", "refusal"), [
+    pytest.param({"chargee": "order_id"}, "GuardTools: the agent offers no tool named 'chargee' (did you mean "
+                 "'charge'?); it offers: charge, lookup", id="tool"),
+    pytest.param({"charge": ToolSpec(key="orderid")}, "GuardTools: key='orderid' is not an argument of charge "
+                 "(did you mean 'order_id'?); its arguments are: amount_cents, order_id", id="key"),
+])
+async def test_capability_refuses_a_name_the_agent_lacks_before_any_tool_runs(
+    guard: Guard, tools: dict[str, Any], refusal: str
+) -> None:
+    """A misspelt tool would leave the real one unguarded (it ran twice for one operation); a misspelt key
+    field would key every call on null. The run fails when its tools are prepared, before the model is asked."""
+    ledger, script = Ledger(), Script([[charge_args()], [charge_args()]])
+    agent = Agent(FunctionModel(script), deps_type=Deps, capabilities=[GuardTools(guard, tools)])
+
+    @agent.tool_plain
+    def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        return ledger.charge(order_id, amount_cents, "")
+
+    @agent.tool_plain
+    def lookup(order_id: str) -> str:
+        return "open"
+
+    with pytest.raises(ValueError) as info:
+        await agent.run("go", deps=Deps("task-typo"))
+    assert str(info.value) == refusal
+    assert ledger.charges == [] and script.results == {} and script.tools == []  # the model was never asked
+
+
+@pytest.mark.storeless
+async def test_decorator_refuses_a_misspelt_key_at_decoration(guard: Guard) -> None:
+    agent = Agent(FunctionModel(Script([])), deps_type=Deps)
+    with pytest.raises(TypeError) as info:
+
+        @agent.tool
+        @once(guard, key="orderid")
+        async def charge(ctx: RunContext[Deps], order_id: str, amount_cents: int) -> None: ...
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, ctx, order_id")
+
+
+class ChargeRequest(BaseModel):
+    order_id: str
+    amount_cents: int
+
+
+@pytest.mark.storeless
+async def test_capability_refuses_a_key_the_tool_is_not_handed_before_it_runs(guard: Guard) -> None:
+    """A tool taking one pydantic model shows the model's fields in its schema but is handed the model itself:
+    a key on one of the fields would read null. Refused on the call, before the tool runs."""
+    ledger, script = Ledger(), Script([[charge_args()]])
+    capability = GuardTools(guard, {"charge": "order_id"}, task_id=lambda _: "t")
+    agent = Agent(FunctionModel(script), capabilities=[capability])
+
+    @agent.tool_plain
+    def charge(req: ChargeRequest) -> dict[str, Any]:
+        return ledger.charge(req.order_id, req.amount_cents, current_key())
+
+    with pytest.raises(ValueError) as info:
+        await agent.run("go")
+    assert str(info.value) == "GuardTools: key='order_id' is not an argument of charge; its arguments are: req"
+    assert ledger.charges == [] and {t.name for t in script.tools} == {"charge"}

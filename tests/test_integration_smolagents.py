@@ -198,3 +198,27 @@ async def test_a_tool_error_releases_and_the_retry_charges(guard: Guard) -> None
     run(agent, "task-3")
     assert len(ledger.charges) == 1
     assert "card network down" in str(agent.memory.steps[1].error)  # smolagents' own report of the error
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_by_guard_tool_and_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    refusal = ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments are: "
+               "amount_cents, order_id")
+    with pytest.raises(TypeError) as info:
+        guard_tool(charge_tool(ledger), guard, key="orderid")
+    assert str(info.value) == refusal
+
+    def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much, in cents
+        """
+        return ledger.charge(order_id, amount_cents, current_key())
+
+    with pytest.raises(TypeError) as info:
+        tool(once(guard, key="orderid")(charge))
+    assert str(info.value) == refusal
+    assert ledger.charges == []

@@ -224,3 +224,19 @@ async def test_once_on_top_of_tool_says_which_way_round(guard: Guard) -> None:
     with pytest.raises(TypeError, match=r"strands\.once\(\.\.\.\) was placed on top of a DecoratedFunctionTool made "
                                         r"by the Strands Agents SDK's @tool; put it underneath"):
         once(guard, key="order_id")(charge)
+
+
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
+    ledger = Ledger()
+    with pytest.raises(TypeError) as info:
+
+        @tool(context=True)
+        @once(guard, key="orderid")
+        async def charge(order_id: str, amount_cents: int, tool_context: ToolContext) -> Any:
+            """Charge an order."""
+            return ledger.charge(order_id, amount_cents, "")
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, order_id, tool_context")
+    assert ledger.charges == []

@@ -82,6 +82,21 @@ async def test_a_retried_activity_replays_under_real_activity_info(make_guard: C
     assert len(keys) == 3
 
 
+@pytest.mark.storeless
+async def test_a_misspelt_key_is_refused_at_decoration(make_guard: Callable[..., Guard]) -> None:
+    keys: list[str] = []
+    with pytest.raises(TypeError) as info:
+
+        @activity.defn
+        @temporal_adapter.once(make_guard(), key="orderid")
+        async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> None:
+            keys.append(idempotency_key)
+
+    assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
+                               "are: amount_cents, order_id")
+    assert keys == []
+
+
 def test_a_sync_activity_and_a_task_id_from_the_info(store_url: str) -> None:
     guard = Guard(store_url)
     runs: list[int] = []

@@ -180,3 +180,22 @@ async def test_an_absent_task_id_falls_back_to_the_environment(
     # The schema still asks for a string, with no default: what an absent one means is agentguard's rule.
     prop = tools["create_charge"].input_schema["properties"]["task_id"]
     assert prop["type"] == "string" and "default" not in prop and "reuse" in prop["description"].lower()
+
+
+@pytest.mark.storeless
+@pytest.mark.anyio
+async def test_a_misspelt_name_is_refused_before_the_tool_is_registered(guard: Guard) -> None:
+    server = MCPServer("payments")
+    for options, refusal in (
+        ({"key": "orderid"}, "key='orderid' is not an argument of create_charge (did you mean 'order_id'?)"),
+        ({"inject": "idempotency"}, "inject='idempotency' is not an argument of create_charge (did you mean "
+                                    "'idempotency_key'?)"),
+    ):
+        with pytest.raises(TypeError) as info:
+
+            @guarded_tool(server, guard, **options)  # type: ignore[arg-type]
+            async def create_charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> str:
+                return order_id
+
+        assert str(info.value).startswith(refusal)
+    assert await server.list_tools() == []

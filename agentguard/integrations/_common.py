@@ -17,6 +17,7 @@ from .._context import DEFAULT_SCOPE, MAX_SCOPE, TaskInfo, check_id, check_task_
 from .._errors import GuardError, MissingTaskError
 from .._frameworks import made_by
 from .._guard import Guard
+from .._names import check_arguments, check_tools
 from .._operation import Reconcile
 from .._refusals import refusal
 
@@ -51,6 +52,11 @@ class ToolSpec:
             return ()
         return (self.key,) if isinstance(self.key, str) else tuple(self.key)
 
+    def names(self) -> dict[str, tuple[str, ...]]:
+        """The argument names this spec was given, by option, for the one check of names."""
+        ignore = (self.ignore,) if isinstance(self.ignore, str) else tuple(self.ignore)
+        return {"key": self.key_fields(), "ignore": ignore}
+
     def key_values(self, arguments: Mapping[str, Any]) -> dict[str, Any] | None:
         fields = self.key_fields()
         return {n: arguments.get(n) for n in fields} if fields else None
@@ -81,6 +87,23 @@ def tool_specs(tools: ToolsArg) -> dict[str, ToolSpec]:
     if not out:
         raise ValueError("no tools to guard: name at least one")
     return out
+
+
+def check_specs(
+    specs: Mapping[str, ToolSpec], offered: Mapping[str, Iterable[str]], *, where: str, offered_by: str
+) -> None:
+    """Refuse (``ValueError``) a guarded tool that ``offered`` (tool name -> its arguments) lacks, or a key or
+    ignored field its tool does not take: agentguard's one check of names, ``agentguard._names``."""
+    check_tools({name: spec.names() for name, spec in specs.items()}, offered, where=where, offered_by=offered_by)
+
+
+def check_spec(
+    spec: ToolSpec, tool: str, arguments: Iterable[str], *, where: str | None = None,
+    error: type[Exception] = TypeError,
+) -> None:
+    """Refuse a key or ignored field that is not one of ``tool``'s ``arguments`` (a ``TypeError``: the names
+    were given to a function, unless ``error`` says otherwise)."""
+    check_arguments(tool, arguments, spec.names(), where=where, error=error)
 
 
 # -- task id: one rule, everywhere ------------------------------------------------------------------------

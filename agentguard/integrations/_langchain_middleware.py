@@ -4,20 +4,22 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from langchain.agents.middleware import AgentMiddleware
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 from pydantic import BaseModel, ValidationError
 
 from .._errors import GuardError
 from .._guard import Guard
-from ._common import ToolsArg, ToolSpec, call_ids, resolve_task, run_sync, tool_specs
+from .._names import argument_names
+from ._common import ToolsArg, ToolSpec, call_ids, check_spec, check_specs, resolve_task, run_sync, tool_specs
 from ._langchain_run import HINT, _exception_class, current_config, thread_id
 
 Result = ToolMessage | Command[Any]
@@ -41,6 +43,14 @@ def _stored(result: Any) -> Any:
     return result
 
 
+def tool_arguments(tool: BaseTool) -> list[str]:
+    """The arguments the model sends a tool: its ``tool_call_schema`` (injected arguments left out)."""
+    schema = tool.tool_call_schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return list(schema.model_fields)
+    return argument_names(schema if isinstance(schema, Mapping) else None)
+
+
 class ToolGuard(AgentMiddleware[Any, Any, Any]):
     """Guards the named tools of a ``create_agent`` agent or a ``ToolNode``; answers refusals in LangChain's
     convention, ``ToolMessage(status="error")``, with the current ``tool_call_id``.
@@ -49,6 +59,11 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
     turn the refusals of ``once``-guarded tools into messages. The model's raw arguments are validated
     against the tool's schema before they are fingerprinted. Inside the tool, ``agentguard.current_key()``
     is the downstream key. Do not also put ``once`` on a tool guarded here: one guard per tool.
+
+    Every name is checked before a tool runs: in ``create_agent``, against the tools of each model request
+    (a guarded tool the agent lacks, or a key field its tool does not take, fails the run before the model is
+    asked); in a graph you build, :meth:`tool_node` checks them against the node's tools, and a guarded tool's
+    key fields are checked on its call, before it runs.
     """
 
     def __init__(
@@ -68,7 +83,19 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
     def __repr__(self) -> str:
         return f"ToolGuard(tools={sorted(self.guarded)!r})"
 
+    def tool_node(self, tools: Sequence[BaseTool | Callable[..., Any]], **kwargs: Any) -> ToolNode:
+        """A ``ToolNode`` of ``tools`` under this guard, built once every guarded name is found among them."""
+        node = ToolNode(list(tools), wrap_tool_call=self.wrap_tool_call, awrap_tool_call=self.awrap_tool_call,
+                        **kwargs)
+        self._check(node.tools_by_name.values(), offered_by="the ToolNode")
+        return node
+
     # -- pieces shared by the sync and async paths ---------------------------------------------------------
+
+    def _check(self, tools: Iterable[BaseTool | Mapping[str, Any]], *, offered_by: str = "the agent") -> None:
+        # A provider's built-in tool (a dict) never runs here: only the agent's own tools can be guarded.
+        offered = {t.name: tool_arguments(t) for t in tools if isinstance(t, BaseTool)}
+        check_specs(self.guarded, offered, where="ToolGuard", offered_by=offered_by)
 
     def _arguments(self, request: ToolCallRequest) -> dict[str, Any]:
         args: dict[str, Any] = dict(request.tool_call.get("args") or {})
@@ -103,6 +130,8 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
         spec = self.guarded.get(request.tool_call["name"])
         if spec is None:
             return None
+        if isinstance(request.tool, BaseTool):  # a graph's ToolNode shows the guard no tool list: check this one
+            check_spec(spec, request.tool.name, tool_arguments(request.tool), where="ToolGuard", error=ValueError)
         args = self._arguments(request)
         info = resolve_task(
             request.tool_call["name"], explicit=self.task_id, context=self._config(request), fallback=thread_id,
@@ -114,6 +143,20 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
         return _exception_class()(exc)
 
     # -- the middleware hooks ----------------------------------------------------------------------------
+
+    def wrap_model_call(
+        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
+    ) -> Any:
+        # Every model request shows the agent's tools before the model can call one of them: a guarded name
+        # the agent lacks (its real tool would run unguarded) or a key field its tool does not take fails here.
+        self._check(request.tools)
+        return handler(request)
+
+    async def awrap_model_call(
+        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
+    ) -> Any:
+        self._check(request.tools)
+        return await handler(request)
 
     @contextlib.contextmanager
     def _answering(self, request: ToolCallRequest) -> Iterator[list[Result]]:

@@ -13,7 +13,8 @@ from pydantic_ai.tools import ToolDefinition
 
 from .._errors import GuardError
 from .._guard import Guard
-from ._common import ToolsArg, ToolSpec, call_ids, resolve_task, tool_specs
+from .._names import argument_names
+from ._common import ToolsArg, ToolSpec, call_ids, check_spec, check_specs, resolve_task, tool_specs
 from ._pydantic_ai_run import HINT, deps_task_id, refuse
 
 
@@ -42,6 +43,14 @@ class GuardTools(AbstractCapability[Any]):
     def __repr__(self) -> str:
         return f"GuardTools(tools={sorted(self.tools)!r})"
 
+    async def prepare_tools(self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        # Each step's tools are prepared before the model sees them, so before any of them can run: a guarded
+        # name the agent does not offer (its real tool would run unguarded) or a key field the tool does not
+        # take (every call keyed on null) fails the run here.
+        offered = {t.name: argument_names(t.parameters_json_schema) for t in tool_defs}
+        check_specs(self.tools, offered, where="GuardTools", offered_by="the agent")
+        return tool_defs
+
     async def wrap_tool_execute(
         self,
         ctx: RunContext[Any],
@@ -54,6 +63,10 @@ class GuardTools(AbstractCapability[Any]):
         spec = self.tools.get(tool_def.name)
         if spec is None:
             return await handler(args)
+        if not set(args) <= set(argument_names(tool_def.parameters_json_schema)):
+            # The schema checked in prepare_tools does not name what the tool is handed (a tool taking one
+            # pydantic model gets {"req": Req(...)} for the model's fields): check against what it is handed.
+            check_spec(spec, tool_def.name, args, where="GuardTools", error=ValueError)
 
         async def body(_key: str) -> Any:
             return await handler(args)

@@ -29,7 +29,9 @@ the claim (a retry runs it again with the same downstream key) and reaches the m
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
+import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,7 +39,8 @@ from .._context import MAX_SCOPE, check_id
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
-from ._common import ToolSpec, check_function, refusal_message, resolve_task
+from .._names import argument_names
+from ._common import ToolSpec, check_function, check_spec, refusal_message, resolve_task
 
 require("claude_agent_sdk", extra="claude-agent-sdk", by=__name__)
 
@@ -56,6 +59,36 @@ def replay_result(stored: Mapping[str, Any], operation: str, task_id: str) -> di
 
     note = {"type": "text", "text": replay_note(operation, task_id)}
     return {**stored, "content": [note, *stored.get("content", [])]}
+
+
+def schema_arguments(input_schema: Any) -> list[str]:
+    """The arguments an ``SdkMcpTool``'s ``input_schema`` declares, in each of the SDK's three forms: a JSON
+    schema, a dict of names to types, a ``TypedDict``."""
+    if isinstance(input_schema, Mapping):
+        if isinstance(input_schema.get("type"), str) and "properties" in input_schema:
+            return argument_names(input_schema)
+        return [str(n) for n in input_schema]
+    if typing.is_typeddict(input_schema):
+        return list(typing.get_type_hints(input_schema))
+    return []
+
+
+def holding_tools(handler: Handler) -> list[tuple[str, Any]]:
+    """``(name, input_schema)`` of each ``SdkMcpTool`` holding ``handler``.
+
+    ``@tool(...)`` sits on top of the guard, so the guard never sees the schema it is given: the tool object
+    refers to the handler, and is found among the handler's referrers (one search of the process's objects,
+    on the handler's first call).
+    """
+    from claude_agent_sdk import SdkMcpTool
+
+    found = []
+    for ref in gc.get_referrers(handler):
+        if isinstance(ref, SdkMcpTool) and ref.handler is handler:
+            found.append((ref.name, ref.input_schema))
+        elif isinstance(ref, dict) and ref.get("handler") is handler and "input_schema" in ref:  # its __dict__
+            found.append((str(ref.get("name")), ref["input_schema"]))
+    return found
 
 
 def once(
@@ -80,9 +113,17 @@ def once(
         if not inspect.iscoroutinefunction(handler):
             raise TypeError(f"{__name__}.once(...) needs an async handler (the SDK awaits it), got a plain function")
         name = operation or handler.__name__
+        checked: list[bool] = []
 
         @functools.wraps(handler)
         async def guarded(args: dict[str, Any]) -> dict[str, Any]:
+            if not checked:
+                # The first call, before the handler runs: a key or ignored field the tool's schema lacks
+                # would key every call on null. Raised, the SDK hands the model a tool error; nothing ran.
+                for tool_name, schema in holding_tools(guarded):
+                    check_spec(spec, tool_name, schema_arguments(schema))
+                checked.append(True)
+
             async def body(_key: str) -> dict[str, Any]:
                 return await handler(args)
 

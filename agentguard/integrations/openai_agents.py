@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
+from .._names import argument_names
 from ._common import (
     AdapterOptions,
     Framework,
     ToolSpec,
     attribute_task_id,
     call_ids,
+    check_spec,
     context_params,
     refusal_message,
     resolve_task,
@@ -102,6 +104,8 @@ def guard_tool(
     if getattr(tool.on_invoke_tool, "__agentguard__", None) is not None:
         raise TypeError(f"the tool {tool.name!r} is already guarded")
     spec = ToolSpec(key=key, returns=returns, cache_errors=cache_errors, ignore=ignore)
+    # A key field the tool does not take would key every call on null: refused here, before any call.
+    check_spec(spec, tool.name, argument_names(tool.params_json_schema))
     original = tool.on_invoke_tool
     # The SDK's invoker turns the tool's exceptions into strings for the model; a string would be stored as
     # a success and replayed forever. Run the inner implementation so errors stay errors, and format them

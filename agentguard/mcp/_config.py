@@ -9,7 +9,6 @@ same whichever directory a host starts it from.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
@@ -29,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from .. import _names
 from .._storeconfig import DEFAULT_URL, ENV_URL, absolute_sqlite
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -239,15 +239,6 @@ def _line_of(text: str, loc: Sequence[str | int]) -> int | None:
     return best
 
 
-def _closest(name: str, offered: Sequence[str]) -> str:
-    match = difflib.get_close_matches(name, offered, n=1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
-
-
-def _listing(names: Sequence[str]) -> str:
-    return ", ".join(sorted(names)) if names else "none"
-
-
 def tool_problems(config: Config, tools: Mapping[str, Any]) -> dict[str, list[str]]:
     """Each ``[tools.NAME]`` that does not match the upstream's tools (NAME -> its input schema), with every
     mismatch worded as a config problem: the field, its line, what the upstream offers and the closest name.
@@ -255,27 +246,18 @@ def tool_problems(config: Config, tools: Mapping[str, Any]) -> dict[str, list[st
     A guarded tool must be offered, and every name in ``key``, ``ignore`` and ``forward_key_to`` must be a
     property of its input schema: a misspelt tool would pass through unguarded, a misspelt key field would
     key every call on ``null``, and a misspelt ``forward_key_to`` would show ``idempotency_key`` to the model.
+    The check is agentguard's one check of names (``agentguard._names``), as in the decorator and the adapters.
     """
+    wanted = {
+        name: {"key": cfg.key, "ignore": cfg.ignore,
+               "forward_key_to": [cfg.forward_key_to] if cfg.forward_key_to is not None else []}
+        for name, cfg in config.tools.items()
+    }
+    offered = {name: _names.argument_names(s if isinstance(s, Mapping) else None) for name, s in tools.items()}
     out: dict[str, list[str]] = {}
-    offered = sorted(tools)
-    for name, cfg in config.tools.items():
-        if name not in tools:
-            out[name] = [f"{config.where('tools', name)}: the upstream offers no tool named {name!r}"
-                         f"{_closest(name, offered)}; it offers: {_listing(offered)}"]
-            continue
-        schema = tools[name]
-        props = schema.get("properties") if isinstance(schema, Mapping) else None
-        args = sorted(props) if isinstance(props, Mapping) else []
-        problems = []
-        fields = (("key", cfg.key), ("ignore", cfg.ignore),
-                  ("forward_key_to", [cfg.forward_key_to] if cfg.forward_key_to is not None else []))
-        for field, names in fields:
-            for arg in names:
-                if arg not in args:
-                    problems.append(f"{config.where('tools', name, field)}: {arg!r} is not an argument of {name}"
-                                    f"{_closest(arg, args)}; its arguments are: {_listing(args)}")
-        if problems:
-            out[name] = problems
+    for p in _names.tool_problems(wanted, offered, offered_by="the upstream", say_field=False):
+        where = config.where("tools", p.tool) if p.field is None else config.where("tools", p.tool, p.field)
+        out.setdefault(p.tool, []).append(f"{where}: {p.text}")
     return out
 
 
