@@ -1,14 +1,15 @@
 """A worker process for the multi-process tests: one guarded charge against a shared store.
 
     python tests/proc_worker.py URL TASK EFFECTS MODE [--lease S] [--on-conflict wait|raise] [--sleep S]
-        [--keyless] [--sync] [--on-unknown hold|retry|reconcile]
+        [--keyless] [--sync] [--run] [--on-unknown hold|retry|reconcile]
 
 It prints ``ready`` once its store is warm and waits for a line on stdin (the barrier), then calls the
 tool and prints one JSON line with what happened. The tool body appends its downstream key to EFFECTS
 (one line per side effect) and, in MODE ``hang``, announces ``started`` and sleeps for ``--sleep``
 seconds, so the parent can SIGKILL or SIGSTOP it mid-call. ``--keyless``: the tool takes no injected key
 (it reads ``current_key()``), so its key cannot reach the provider; ``--sync``: a sync tool; ``--on-unknown
-reconcile``: its reconcile answers that the provider has a charge under the key (``{"reconciled": key}``).
+reconcile``: its reconcile answers that the provider has a charge under the key (``{"reconciled": key}``);
+``--run``: the body guarded with ``Guard.run`` (``--on-unknown`` hold or retry), as adapters guard a tool object.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=0.3)
     p.add_argument("--keyless", action="store_true")
     p.add_argument("--sync", action="store_true")
+    p.add_argument("--run", action="store_true")
     p.add_argument("--on-unknown", default="hold", choices=["hold", "retry", "reconcile"])
     args = p.parse_args()
     asyncio.run(run(args))
@@ -56,14 +58,27 @@ async def run(args: argparse.Namespace) -> None:
         options: dict[str, Any] = {"key": ["order_id"], "operation": "charge", "on_unknown": args.on_unknown}
         if args.on_unknown == "reconcile":
             options["reconcile"] = reconcile
-        if args.keyless and args.sync:
+        if args.run:  # Guard.run, as the adapters that guard a framework's tool object call it
+
+            async def charge_run(order_id: str, amount_cents: int) -> Any:
+                async def body(key: str) -> dict[str, object]:
+                    done = effect(key)
+                    await asyncio.sleep(args.sleep)
+                    return done
+
+                on_unknown = "retry" if args.on_unknown == "retry" else "hold"
+                return (await guard.run("charge", body, arguments={"order_id": order_id, "amount_cents": amount_cents},
+                                        key={"order_id": order_id}, on_unknown=on_unknown)).value
+
+            charge: Any = charge_run
+        elif args.keyless and args.sync:
 
             def charge_sync(order_id: str, amount_cents: int) -> dict[str, object]:
                 done = effect(current_key())
                 time.sleep(args.sleep)
                 return done
 
-            charge: Any = guard.once(**options)(charge_sync)
+            charge = guard.once(**options)(charge_sync)
         elif args.keyless:
 
             async def charge_async(order_id: str, amount_cents: int) -> dict[str, object]:

@@ -177,6 +177,24 @@ async def test_sigkill_mid_body_of_a_tool_whose_key_cannot_reach_the_provider_is
     assert len(effects_of(effects)) == 1
 
 
+@pytest.mark.parametrize("on_unknown", ["hold", "retry"])
+def test_sigkill_mid_body_under_guard_run_follows_its_on_unknown(
+    store_url: str, tmp_path: Path, on_unknown: str
+) -> None:
+    """``Guard.run`` (the adapters that guard a framework's tool object): held by default, retried with the
+    same key when the caller says the key reaches the provider."""
+    effects = tmp_path / "effects"
+    t = "t-" + uuid.uuid4().hex[:10]
+    opts: dict[str, Any] = {"run": True, "on_unknown": on_unknown}
+    killed_mid_body(store_url, t, effects, **opts)
+    out = survive(store_url, t, effects, **opts)
+    keys = effects_of(effects)
+    if on_unknown == "hold":
+        assert out["error"] == "OutcomeUnknownError" and len(keys) == 1
+    else:
+        assert len(keys) == 2 and keys[0] == keys[1] == out["ok"]["key"]
+
+
 @pytest.mark.parametrize("tool", ["async", "sync"])
 @pytest.mark.parametrize("how", ["injected key", "on_unknown=retry", "on_unknown=reconcile"])
 def test_sigkill_mid_body_is_taken_over_where_the_key_reaches_the_provider(

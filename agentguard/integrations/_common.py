@@ -39,13 +39,21 @@ class ToolSpec:
     ``key``: argument names whose values tell operations apart within a task (``"order_id"``); none means
     one operation per tool per task. ``returns``: the result type, so a pydantic model or a dataclass
     replays as itself (results are otherwise stored as tagged JSON). ``cache_errors``: exception classes
-    stored and replayed like results. ``ignore``: arguments left out of the fingerprint.
+    stored and replayed like results. ``ignore``: arguments left out of the fingerprint. ``on_unknown``: when
+    the worker of an earlier call died inside the tool, ``"hold"`` (the default) leaves the operation for a
+    person (``OutcomeUnknownError`` until ``agentguard resolve``); ``"retry"`` runs it again with the same key —
+    say so only where the tool forwards that key to the provider (``current_key()``, ``downstream``).
     """
 
     key: Sequence[str] | str | None = None
     returns: Any = Any
     cache_errors: tuple[type[BaseException], ...] = ()
     ignore: Sequence[str] = ()
+    on_unknown: Literal["retry", "hold"] = "hold"
+
+    def __post_init__(self) -> None:
+        if self.on_unknown not in ("retry", "hold"):
+            raise ValueError(f"ToolSpec(on_unknown=...) must be 'retry' or 'hold', got {self.on_unknown!r}")
 
     def key_fields(self) -> tuple[str, ...]:
         if self.key is None:
@@ -62,7 +70,8 @@ class ToolSpec:
         return {n: arguments.get(n) for n in fields} if fields else None
 
     def fingerprinted(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in arguments.items() if k not in self.ignore}
+        ignored = self.names()["ignore"]  # (a str is one name, never a set of its substrings)
+        return {k: v for k, v in arguments.items() if k not in ignored}
 
 
 ToolsArg = Mapping[str, "ToolSpec | Sequence[str] | str | None"] | Iterable[str]
@@ -377,11 +386,12 @@ def run_sync(
     scope: str,
     returns: Any,
     cache_errors: tuple[type[BaseException], ...],
+    on_unknown: Literal["retry", "hold"] = "hold",
 ) -> tuple[T, bool]:
     """:meth:`Guard.run_sync` as (value, replayed), for adapters called on a worker thread."""
     out = guard.run_sync(
         operation, body, arguments=arguments, key=key, task_id=task_id, scope=scope, returns=returns,
-        cache_errors=cache_errors,
+        cache_errors=cache_errors, on_unknown=on_unknown,
     )
     return out.value, out.replayed
 

@@ -181,7 +181,7 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
             value, _ = run_sync(
                 self.guard, name, lambda _key: _stored(handler(request)), arguments=spec.fingerprinted(args),
                 key=spec.key_values(args), task_id=task_id, scope=scope, returns=Any,
-                cache_errors=spec.cache_errors,
+                cache_errors=spec.cache_errors, on_unknown=spec.on_unknown,
             )
             answer.append(self._message(request, name, value))
         return answer[0]
@@ -202,6 +202,7 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
             outcome = await self.guard.run(
                 name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args), task_id=task_id,
                 scope=scope, returns=Any, cache_errors=spec.cache_errors, audit=call_ids(request.tool_call.get("id")),
+                on_unknown=spec.on_unknown,
             )
             answer.append(self._message(request, name, outcome.value))
         return answer[0]

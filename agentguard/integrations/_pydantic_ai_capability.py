@@ -79,7 +79,7 @@ class GuardTools(AbstractCapability[Any]):
             outcome = await self.guard.run(
                 tool_def.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
                 task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
-                audit=call_ids(getattr(ctx, "tool_call_id", None)),
+                audit=call_ids(getattr(ctx, "tool_call_id", None)), on_unknown=spec.on_unknown,
             )
         except GuardError as exc:
             refuse(exc)

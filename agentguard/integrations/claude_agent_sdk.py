@@ -33,7 +33,7 @@ import gc
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .._context import MAX_SCOPE, check_id
 from .._errors import GuardError
@@ -100,11 +100,13 @@ def once(
     ignore: Sequence[str] = (),
     cache_errors: tuple[type[BaseException], ...] = (),
     scope: str | None = None,
+    on_unknown: Literal["retry", "hold"] = "hold",
 ) -> Callable[[Handler], Handler]:
     """``guard.run`` around a Claude Agent SDK tool handler (``async def handler(args: dict) -> dict``); place it
     under ``@tool(...)``. ``operation`` defaults to the handler's name; ``key`` and ``ignore`` name entries of
-    the arguments dict."""
-    spec = ToolSpec(key=key, cache_errors=cache_errors, ignore=(ignore,) if isinstance(ignore, str) else ignore)
+    the arguments dict; ``on_unknown`` as for ``ToolSpec`` (a worker that died inside the handler)."""
+    spec = ToolSpec(key=key, cache_errors=cache_errors, ignore=(ignore,) if isinstance(ignore, str) else ignore,
+                    on_unknown=on_unknown)
     if scope is not None:
         check_id(scope, "scope", MAX_SCOPE)
 
@@ -131,7 +133,7 @@ def once(
                 info = resolve_task(name, explicit=task_id, context=args, fallback=None, scope=scope, hint=HINT)
                 outcome = await guard.run(
                     name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
-                    task_id=info.task_id, scope=info.scope, cache_errors=spec.cache_errors,
+                    task_id=info.task_id, scope=info.scope, cache_errors=spec.cache_errors, on_unknown=spec.on_unknown,
                 )
             except GuardError as exc:
                 return refusal_result(exc)

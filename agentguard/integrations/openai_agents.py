@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, Unpack
 
 from .._errors import GuardError
 from .._extras import require
@@ -88,13 +88,16 @@ def guard_tool(
     ignore: Sequence[str] = (),
     task_id: Callable[[ToolContext[Any]], str] | None = None,
     scope: str | None = None,
+    on_unknown: Literal["retry", "hold"] = "hold",
 ) -> FunctionTool:
     """A copy of ``tool`` whose ``on_invoke_tool`` is guarded; the original is left as it was.
 
     The raw JSON arguments are parsed and canonicalised (key order, ``1.0`` vs ``1``) before they are
     fingerprinted. Inside the tool, ``agentguard.current_key()`` is the downstream key. An exception of the
     tool releases the claim (a later call runs it again with the same downstream key) and reaches the model
-    through the tool's ``failure_error_function``, as it would unguarded.
+    through the tool's ``failure_error_function``, as it would unguarded. ``on_unknown``: what a call does when
+    the worker of an earlier one died inside the tool (``ToolSpec``): hold it for a person, or retry it with the
+    same key where the tool forwards ``current_key()`` to the provider.
     """
     from agents import FunctionTool
     from agents.tool import maybe_invoke_function_tool_failure_error_function
@@ -103,7 +106,7 @@ def guard_tool(
         raise TypeError(f"guard_tool needs an agents.FunctionTool, got {type(tool).__name__}")
     if getattr(tool.on_invoke_tool, "__agentguard__", None) is not None:
         raise TypeError(f"the tool {tool.name!r} is already guarded")
-    spec = ToolSpec(key=key, returns=returns, cache_errors=cache_errors, ignore=ignore)
+    spec = ToolSpec(key=key, returns=returns, cache_errors=cache_errors, ignore=ignore, on_unknown=on_unknown)
     # A key field the tool does not take would key every call on null: refused here, before any call.
     check_spec(spec, tool.name, argument_names(tool.params_json_schema))
     original = tool.on_invoke_tool
@@ -130,7 +133,7 @@ def guard_tool(
             outcome = await guard.run(
                 tool.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
                 task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
-                audit=call_ids(getattr(ctx, "tool_call_id", None)),
+                audit=call_ids(getattr(ctx, "tool_call_id", None)), on_unknown=spec.on_unknown,
             )
         except GuardError as exc:
             return refusal_message(exc)
