@@ -24,6 +24,7 @@ from ._errors import MissingTaskError
 from ._flat import FlatSignature
 from ._frameworks import made_by
 from ._operation import Operation, Reconcile
+from ._shapes import KeyShape
 from ._steps import ClaimSteps
 
 KeyOption = Sequence[str] | str | Callable[[Mapping[str, Any]], str] | None
@@ -68,6 +69,7 @@ class Spec:
         on_unknown: str = "hold",
         reconcile: Reconcile | None = None,
         resumable: bool = False,
+        key_shape: KeyShape | None = None,
     ) -> None:
         reject_framework_tool(fn)
         self.engine, self.codec_for, self.fn = engine, codec_for, fn
@@ -82,6 +84,10 @@ class Spec:
         if inject is not None and inject not in params and inject != "idempotency_key":
             raise TypeError(f"{self.tool}: inject={inject!r} names no parameter of the function")
         self.inject = inject if inject in params else None
+        if key_shape is not None and self.inject is None:
+            raise TypeError(f"{self.tool}: key_shape shapes the injected key, but the function takes no parameter "
+                            f"{inject!r}; shape the key you forward with current_key(shape=...)")
+        self.key_shape = None if key_shape is None or key_shape.keeps_the_key else key_shape
         try:
             hints = typing.get_type_hints(fn)
         except NameError:
@@ -184,6 +190,8 @@ class Spec:
         inject, op_param = self.inject, self.op_param
         if inject is None and op_param is None:
             return self.fn(*args, **kwargs)
+        if self.key_shape is not None:
+            key = self.key_shape(key)
         if self.fast_inject:
             assert inject is not None
             return self.fn(*args, **kwargs, **{inject: key})

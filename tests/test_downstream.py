@@ -430,3 +430,58 @@ def test_importing_agentguard_and_its_adapters_imports_no_framework(python: str)
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- key shapes on the httpx hook ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("family", ["httpx", "httpx2"])
+async def test_install_with_a_shape_stamps_keys_the_provider_takes(guard: Guard, family: str, is_async: bool) -> None:
+    seen: list[Any] = []
+    client = recording_client(family, is_async, seen)
+    downstream.install(client, shape="square")
+    downstream.install(client, shape=45)  # the same shape: once only
+    assert len(client.event_hooks["request"]) == 1
+    with pytest.raises(TypeError, match=r"already stamps keys square, not as they are: one key shape per client"):
+        downstream.install(client)
+
+    if is_async:
+
+        @guard.once(key="order_id")
+        async def charge(order_id: str) -> str:
+            for method, path, options in REQUESTS:
+                await client.request(method, path, **options)
+            return current_key()
+
+        with task(tid()):
+            key = await charge("o-1")
+        await client.aclose()
+    else:
+
+        @guard.once(key="order_id")
+        def sync_charge(order_id: str) -> str:
+            for method, path, options in REQUESTS:
+                client.request(method, path, **options)
+            return current_key()
+
+        with task(tid()):
+            key = sync_charge("o-1")
+        client.close()
+
+    square = [downstream.shape_key(key, "square"), downstream.shape_key(sub_key(key, "fee"), "square")]
+    assert [r.headers.get("Idempotency-Key") for r in seen] == [square[0], square[1], "mine", None, square[0]]
+    assert all(len(k) <= 45 for k in square)
+
+
+@pytest.mark.parametrize("family", ["httpx", "httpx2"])
+def test_install_refuses_the_wrong_flavour_of_a_shaped_hook(family: str) -> None:
+    http = importlib.import_module(family)
+    client = http.AsyncClient()
+    downstream.install(client, shape="square")
+    sync_client = http.Client(event_hooks={"request": client.event_hooks["request"]})
+    with pytest.raises(TypeError, match=r"has downstream\.async_idempotency_hook \(keys shaped square\) among its "
+                                        r"request hooks; it needs downstream\.idempotency_hook \(keys shaped square\)"):
+        downstream.install(sync_client, shape="square")
+    with pytest.raises(ValueError, match="did you mean 'square'"):
+        downstream.install(client, shape="squar")

@@ -22,6 +22,11 @@ def send(to: str) -> bool:
     return bool(current_key())
 
 
+@guard.once(key="order_id", key_shape="square")
+def pay(order_id: str, idempotency_key: str = "") -> str:
+    return current_key(45) + downstream.key("fee", shape=downstream.KeyShape(32, prefix="")) + idempotency_key
+
+
 async def body(key: str) -> dict[str, str]:
     return {"key": key}
 
@@ -39,3 +44,7 @@ def forwarding(modern: httpx2.AsyncClient, legacy: httpx.Client) -> None:
     downstream.install(legacy)
     downstream.stamp(httpx2.Request("POST", "https://provider.test", extensions=downstream.named("fee")))
     downstream.stamp(httpx.Request("POST", "https://provider.test"))
+    downstream.install(legacy, shape="square")
+    downstream.stamp(httpx.Request("POST", "https://provider.test"), shape=40)
+    shaped: str = downstream.shape_key("ag_" + "0" * 48, downstream.SQUARE)
+    print(shaped)

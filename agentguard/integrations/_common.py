@@ -18,6 +18,7 @@ from .._errors import GuardError, MissingTaskError
 from .._frameworks import made_by
 from .._guard import Guard
 from .._refusals import refusal
+from .._shapes import Shape
 
 T = TypeVar("T")
 _P = ParamSpec("_P")
@@ -234,6 +235,7 @@ class AdapterOptions(TypedDict, total=False):
     ignore: Sequence[str]
     cache_errors: tuple[type[BaseException], ...]
     inject: str | None
+    key_shape: Shape
     scope: str | None
 
 
@@ -295,6 +297,7 @@ def adapt(
     core: Any = guard.once(
         operation=options.get("operation"), key=options.get("key"), ignore=[*ignore, *context_names],
         cache_errors=options.get("cache_errors", ()), inject=options.get("inject", "idempotency_key"),
+        key_shape=options.get("key_shape"),
     )(fn)
     sig = inspect.signature(core)
     tool: str = core.__agentguard__.tool
