@@ -16,7 +16,9 @@ httpx and httpx2 (a request event hook; adds the header only inside a guarded ca
 
 Stripe (the official ``stripe`` package, ``StripeClient`` API)::
 
-    client.v1.payment_intents.create(params={...}, options=downstream.stripe_options())
+    client = stripe.StripeClient(api_key, http_client=downstream.stripe_http_client(), max_network_retries=2)
+    client.v1.payment_intents.create(params={...})                                  # the operation's key
+    client.v1.refunds.create(params={...}, options=downstream.stripe_options("refund"))   # a sub-key
 
 A provider that takes shorter keys (Square: 45 characters)::
 
@@ -40,12 +42,14 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ._context import _key, current_key
+from ._extras import require
 from ._keys import sub_key
 from ._shapes import ADYEN, SHAPES, SQUARE, STRIPE, KeyShape, Shape, key_shape, shape_key, shaping
 
 if TYPE_CHECKING:
     import httpx
     import httpx2
+    from stripe import HTTPClient as StripeHTTPClient
     from stripe import RequestOptions
 
     Request: TypeAlias = httpx.Request | httpx2.Request
@@ -218,6 +222,22 @@ def install(client: HttpClient, *, shape: Shape = None) -> None:
         client.event_hooks = hooks
 
 
+def stripe_http_client(client: StripeHTTPClient | None = None) -> StripeHTTPClient:
+    """An HTTP client for ``stripe.StripeClient(..., http_client=...)`` that, inside a guarded call, puts the
+    guard's key on each request stripe-python makes, in place of the random one it makes up for a POST
+    without ``idempotency_key``, and so on every automatic retry of that request (``max_network_retries``).
+
+    ``client``: the stripe HTTP client to send through (default: the one ``StripeClient`` builds). A key you
+    pass yourself is kept — ``stripe_options("fee")``, which each further call in one operation needs —
+    unless it has the form of stripe-python's made-up ones (a random UUID). Outside a guarded call nothing
+    changes.
+    """
+    require("stripe", extra="stripe", by="agentguard.downstream.stripe_http_client")
+    from ._stripe import KeyedHTTPClient
+
+    return KeyedHTTPClient(client)
+
+
 __all__ = [
     "ADYEN",
     "HEADER",
@@ -235,5 +255,6 @@ __all__ = [
     "named",
     "shape_key",
     "stamp",
+    "stripe_http_client",
     "stripe_options",
 ]

@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import httpx
 import httpx2
+import stripe
 
 from agentguard import Guard, Outcome, current_key, downstream, task
 
@@ -47,4 +48,5 @@ def forwarding(modern: httpx2.AsyncClient, legacy: httpx.Client) -> None:
     downstream.install(legacy, shape="square")
     downstream.stamp(httpx.Request("POST", "https://provider.test"), shape=40)
     shaped: str = downstream.shape_key("ag_" + "0" * 48, downstream.SQUARE)
-    print(shaped)
+    client = stripe.StripeClient("sk_test", http_client=downstream.stripe_http_client(), max_network_retries=2)
+    print(shaped, client)
