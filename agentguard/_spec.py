@@ -102,6 +102,10 @@ class Spec:
             raise TypeError(f"{self.tool}: a multi-step tool (with an Operation parameter) must be async")
         hidden = {self.inject, self.op_param}
         self.public_sig = sig.replace(parameters=[p for n, p in params.items() if n not in hidden])
+        # The guard fills these in: a value a caller (a model) sends for one through **kwargs is dropped, never
+        # handed to the body in their place nor fingerprinted. (Without **kwargs, the signature refuses it.)
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in self.public_sig.parameters.values())
+        self.dropped = tuple(n for n in (self.inject, self.op_param) if n is not None) if takes_any else ()
         self.binder = Binder(self.public_sig)
         names = set(self.public_sig.parameters)
         self.excluded = self._excluded(ignore, names, params, resumable)
@@ -162,6 +166,9 @@ class Spec:
         return {n: self.arg_codecs[n].decode(v) for n, v in json.loads(text).items()}
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Call, Mapping[str, Any]]:
+        if self.dropped and kwargs:
+            for n in self.dropped:
+                kwargs.pop(n, None)  # (the wrapper's own dict, which invoke() gets too)
         arguments = self.binder.bind(args, kwargs)
         excluded = self.excluded
         fp_args = {k: v for k, v in arguments.items() if k not in excluded} if excluded else arguments

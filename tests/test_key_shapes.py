@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentguard import Guard, GuardError, Operation, current_key, downstream, sub_key, task
+from agentguard import Guard, GuardError, KeyReuseError, Operation, current_key, downstream, sub_key, task
 from agentguard._keys import derive_key
 from agentguard.downstream import ADYEN, SHAPES, SQUARE, STRIPE, KeyShape, key_shape, shape_key
 from tests.conftest import ToolKind, tid
@@ -276,3 +276,74 @@ async def test_a_takeover_after_a_crash_gets_the_same_shaped_keys(store_url: str
     assert "takeover" in events and record.attempts == 2
     assert dead == taker == [key, shape_key(sub_key(record.key, "fee"), "square")]
     assert key == shape_key(record.key, "square")
+
+
+# -- a value sent for the injected parameter never reaches the body ---------------------------------------------
+
+
+async def test_a_key_sent_through_kwargs_is_replaced_by_the_guards(
+    make_guard: Callable[..., Guard], kind: ToolKind
+) -> None:
+    """A tool that takes ``**kwargs`` would take a model's ``idempotency_key`` there: the guard drops it, and the
+    body receives the guard's key; the dropped value is not fingerprinted either (another one replays)."""
+    guard = make_guard()
+    received: list[tuple[str, dict[str, Any]]] = []
+
+    @kind.once(guard, key=["order_id"])
+    def charge(order_id: str, idempotency_key: str = "", **extra: Any) -> str:
+        received.append((idempotency_key, extra))
+        return idempotency_key
+
+    @kind.once(guard, key=["order_id"], key_shape="square")
+    def keyword_only(order_id: str, *, idempotency_key: str = "", **extra: Any) -> str:
+        received.append((idempotency_key, extra))
+        return idempotency_key
+
+    with task(tid()):
+        key = await charge("o-1", idempotency_key="forged", memo="x")
+        assert await charge("o-1", idempotency_key="forged-again", memo="x") == key  # replayed, not a reuse
+        with pytest.raises(KeyReuseError):
+            await charge("o-1", memo="y")  # what is fingerprinted still counts
+        square = await keyword_only("o-2", idempotency_key="forged")
+    records = {r.operation: r.key for r in await guard.records()}
+    assert received == [(key, {"memo": "x"}), (square, {})]
+    assert key == records['charge[order_id="o-1"]'] and square == shape_key(records['keyword_only[order_id="o-2"]'], 45)
+
+
+async def test_a_multi_step_tools_injected_parameters_cannot_be_sent_either(make_guard: Callable[..., Guard]) -> None:
+    # Here the key went through inspect.BoundArguments, where **kwargs' values used to overwrite the guard's.
+    guard = make_guard()
+    received: list[tuple[str, Any, dict[str, Any]]] = []
+
+    @guard.once(key=["order_id"])
+    async def checkout(order_id: str, op: Operation, *, idempotency_key: str = "", **extra: Any) -> str:
+        received.append((idempotency_key, op, extra))
+        return idempotency_key
+
+    t = tid()
+    with task(t):
+        key = await checkout("o-1", idempotency_key="forged", note="n")
+    (record,) = await guard.records()
+    assert key == record.key and [(k, type(op), extra) for k, op, extra in received] == [
+        (record.key, Operation, {"note": "n"})
+    ]
+    with task(t):
+        await checkout("o-2", op="forged-op")
+    assert isinstance(received[-1][1], Operation)
+
+
+async def test_without_kwargs_the_signature_refuses_a_sent_key_before_anything_runs(
+    make_guard: Callable[..., Guard]
+) -> None:
+    guard = make_guard()
+    runs: list[str] = []
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str, idempotency_key: str = "") -> str:
+        runs.append(idempotency_key)
+        return idempotency_key
+
+    with task(tid()), pytest.raises(TypeError, match="idempotency_key"):
+        await charge("o-1", idempotency_key="forged")  # type: ignore[call-arg]
+    assert runs == [] and await guard.records() == []
+
