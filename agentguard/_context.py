@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import NamedTuple
 
 from ._errors import GuardError, MissingTaskError
+from ._shapes import Shape, shaping
 
 DEFAULT_SCOPE = "default"
 
@@ -126,12 +127,17 @@ def current_task() -> TaskInfo | None:
     return _task.get()
 
 
-def current_key() -> str:
+def current_key(shape: Shape = None) -> str:
     """The downstream key of the innermost guarded call in progress.
 
-    Forward it to the provider (Stripe's ``idempotency_key``, an ``Idempotency-Key`` header).
+    Forward it to the provider (Stripe's ``idempotency_key``, an ``Idempotency-Key`` header). ``shape``
+    writes it for a provider that takes shorter keys: ``current_key("square")``, ``current_key(40)`` (see
+    ``agentguard.downstream.KeyShape``); by default it is the key as it is, which Stripe and Adyen take.
     """
     key = _key.get()
     if key is None:
         raise GuardError("current_key() was called outside a guarded call")
-    return key
+    if shape is None:
+        return key
+    shaped = shaping(shape)
+    return key if shaped is None else shaped(key)

@@ -25,6 +25,8 @@ from ._ledger import Ledger
 from ._observe import Observer
 from ._operation import Reconcile
 from ._portal import Portal
+from ._shapes import Shape
+from ._shapes import key_shape as shape_of
 from ._spec import KeyOption, Spec
 from ._storeconfig import DEFAULT_URL, ENV_URL
 from ._views import Views
@@ -68,6 +70,7 @@ class OnceOptions(TypedDict, total=False):
     ignore: Sequence[str]
     cache_errors: tuple[type[BaseException], ...]
     inject: str | None
+    key_shape: Shape
     on_unknown: Literal["retry", "reconcile", "hold"]
     reconcile: Reconcile | None
     resumable: bool
@@ -316,7 +319,9 @@ class Guard(Views):
         tell operations apart within a task (none: one operation per task), or a callable of the bound
         arguments returning a string. ``ignore``: arguments left out of the fingerprint. ``cache_errors``:
         exception classes stored and replayed like results. ``inject`` (default ``"idempotency_key"``): a
-        parameter that receives the downstream key, hidden from the wrapper's signature. Multi-step tools (a
+        parameter that receives the downstream key, hidden from the wrapper's signature; ``key_shape``
+        writes that key for a provider that takes shorter ones (``"square"``, a maximum length, a
+        ``downstream.KeyShape``; default: as it is, which Stripe and Adyen take). Multi-step tools (a
         parameter annotated ``Operation``): ``on_unknown`` (default ``"hold"``) says what a takeover does with a
         step whose worker died inside it — ``"retry"`` it with the same sub-key, ``"reconcile"`` it through
         ``reconcile(op, step, sub_key)`` (the provider's result, or None for "did not happen"), or ``"hold"``
@@ -339,11 +344,13 @@ class Guard(Views):
         if (on_unknown == "reconcile") != (reconcile is not None):
             raise TypeError("on_unknown='reconcile' needs reconcile=<async fn(op, step, sub_key)>, and only it")
         errors = check_errors(options.get("cache_errors", ()))
+        key_shape = None if options.get("key_shape") is None else shape_of(options.get("key_shape"))
 
         def decorate(f: Callable[P, R]) -> Callable[P, R]:
             spec = Spec(self._engine, self._codec_for, f, operation=operation, key=options.get("key"),
                         ignore=options.get("ignore", ()), cache_errors=errors,
-                        inject=options.get("inject", "idempotency_key"), on_conflict=self._on_conflict,
+                        inject=options.get("inject", "idempotency_key"), key_shape=key_shape,
+                        on_conflict=self._on_conflict,
                         wait_timeout=self._wait_timeout, on_unknown=on_unknown, reconcile=reconcile,
                         resumable=resumable)
             wrapped: Callable[P, R] = spec.wrapper()

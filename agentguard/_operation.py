@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ._codec import Codec
 from ._errors import GuardError, OutcomeUnknownError, StepOrderError
 from ._keys import sub_key
+from ._shapes import Shape, shape_key
 from ._storeconfig import resolve_command
 from .stores import DONE, STARTED
 
@@ -118,10 +119,12 @@ class Operation:
         """1 on the first claim, one more on each takeover."""
         return self._steps.identity.attempt
 
-    def key(self, name: str) -> str:
+    def key(self, name: str, *, shape: Shape = None) -> str:
         """A sub-key for the foreign call of step ``name``: per step, per operation, per task; identical on
-        every attempt and takeover."""
-        return sub_key(self._steps.identity.key, name)
+        every attempt and takeover. ``shape``: written for a provider that takes shorter keys (``"square"``,
+        a maximum length, a ``downstream.KeyShape``)."""
+        key = sub_key(self._steps.identity.key, name)
+        return key if shape is None else shape_key(key, shape)
 
     def __repr__(self) -> str:
         return f"Operation({self.operation!r}, task={self.task_id!r}, attempt={self.attempt})"

@@ -25,6 +25,7 @@ from ._flat import FlatSignature
 from ._frameworks import made_by
 from ._names import check_arguments
 from ._operation import Operation, Reconcile
+from ._shapes import KeyShape
 from ._steps import ClaimSteps
 from .stores import RUNNING
 
@@ -70,6 +71,7 @@ class Spec:
         on_unknown: str = "hold",
         reconcile: Reconcile | None = None,
         resumable: bool = False,
+        key_shape: KeyShape | None = None,
     ) -> None:
         reject_framework_tool(fn)
         self.engine, self.codec_for, self.fn = engine, codec_for, fn
@@ -85,6 +87,10 @@ class Spec:
             check_arguments(self.tool, params, {"inject": [inject]})
         self.inject = inject if inject in params else None
         self.resumable = resumable
+        if key_shape is not None and self.inject is None:
+            raise TypeError(f"{self.tool}: key_shape shapes the injected key, but the function takes no parameter "
+                            f"{inject!r}; shape the key you forward with current_key(shape=...)")
+        self.key_shape = None if key_shape is None or key_shape.keeps_the_key else key_shape
         try:
             hints = typing.get_type_hints(fn)
         except NameError:
@@ -104,6 +110,10 @@ class Spec:
         self.body_on_unknown = "retry" if reaches else on_unknown
         hidden = {self.inject, self.op_param}
         self.public_sig = sig.replace(parameters=[p for n, p in params.items() if n not in hidden])
+        # The guard fills these in: a value a caller (a model) sends for one through **kwargs is dropped, never
+        # handed to the body in their place nor fingerprinted. (Without **kwargs, the signature refuses it.)
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in self.public_sig.parameters.values())
+        self.dropped = tuple(n for n in (self.inject, self.op_param) if n is not None) if takes_any else ()
         self.binder = Binder(self.public_sig)
         names = set(self.public_sig.parameters)
         self.excluded = self._excluded(ignore, names, params, resumable)
@@ -160,6 +170,9 @@ class Spec:
         return {n: self.arg_codecs[n].decode(v) for n, v in json.loads(text).items()}
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Call, Mapping[str, Any]]:
+        if self.dropped and kwargs:
+            for n in self.dropped:
+                kwargs.pop(n, None)  # (the wrapper's own dict, which invoke() gets too)
         arguments = self.binder.bind(args, kwargs)
         excluded = self.excluded
         fp_args = {k: v for k, v in arguments.items() if k not in excluded} if excluded else arguments
@@ -214,6 +227,8 @@ class Spec:
         inject, op_param = self.inject, self.op_param
         if inject is None and op_param is None:
             return self.fn(*args, **kwargs)
+        if self.key_shape is not None:
+            key = self.key_shape(key)
         if self.fast_inject:
             assert inject is not None
             return self.fn(*args, **kwargs, **{inject: key})

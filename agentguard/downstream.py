@@ -16,12 +16,23 @@ httpx and httpx2 (a request event hook; adds the header only inside a guarded ca
 
 Stripe (the official ``stripe`` package, ``StripeClient`` API)::
 
-    client.v1.payment_intents.create(params={...}, options=downstream.stripe_options())
+    client = stripe.StripeClient(api_key, http_client=downstream.stripe_http_client(), max_network_retries=2)
+    client.v1.payment_intents.create(params={...})                                  # the operation's key
+    client.v1.refunds.create(params={...}, options=downstream.stripe_options("refund"))   # a sub-key
 
-The key is an opaque hash (``ag_`` + 48 hex digits): no personal data, well under providers' length limits,
-and the same on every attempt of the operation. Several foreign calls in one operation each need their own
-key — a provider rejects one key reused with a different body — so give each a name: ``key("fee")`` is a
-sub-key derived from the operation's key, stable across attempts too.
+A provider that takes shorter keys (Square: 45 characters)::
+
+    downstream.install(square_http, shape="square")          # every request's key fits Square
+    square.payments.create(..., idempotency_key=downstream.key(shape="square"))
+    @guard.once(key="order_id", key_shape="square")          # the injected idempotency_key too
+
+The key is an opaque hash (``ag_`` + 48 hex digits): no personal data, and the same on every attempt and
+takeover of the operation. Stripe (keys of up to 255 characters) and Adyen (64) take it as it is; for a
+provider with a lower limit — Square's ``idempotency_key`` holds 45 — a shape writes the same digest shorter,
+never with fewer than 160 bits (:class:`KeyShape`: ``"square"``, or any limit as an int).
+Several foreign calls in one operation each need their own key — a provider rejects one key reused with a
+different body — so give each a name: ``key("fee")`` is a sub-key derived from the operation's key, stable
+across attempts too, and shaped like the key when asked (``key("fee", shape="square")``).
 """
 
 from __future__ import annotations
@@ -31,11 +42,14 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ._context import _key, current_key
+from ._extras import require
 from ._keys import sub_key
+from ._shapes import ADYEN, SHAPES, SQUARE, STRIPE, KeyShape, Shape, key_shape, shape_key, shaping
 
 if TYPE_CHECKING:
     import httpx
     import httpx2
+    from stripe import HTTPClient as StripeHTTPClient
     from stripe import RequestOptions
 
     Request: TypeAlias = httpx.Request | httpx2.Request
@@ -61,14 +75,16 @@ same across that SDK's own retries only; a re-run of the tool after a crash woul
 guarded call the guard's key replaces it."""
 
 
-def key(name: str | None = None) -> str:
-    """The downstream key of the guarded call in progress, or its sub-key ``name``.
+def key(name: str | None = None, *, shape: Shape = None) -> str:
+    """The downstream key of the guarded call in progress, or its sub-key ``name``; written in ``shape`` for
+    a provider that takes shorter keys (``"square"``, a maximum length, a :class:`KeyShape`).
 
     Raises :class:`agentguard.GuardError` outside a guarded call: a money-moving request without a key is
     exactly what this library exists to prevent.
     """
     base = current_key()
-    return base if name is None else sub_key(base, _check_name(name))
+    derived = base if name is None else sub_key(base, _check_name(name))
+    return derived if shape is None else shape_key(derived, shape)
 
 
 def _check_name(name: object) -> str:
@@ -90,16 +106,19 @@ def named(name: str) -> dict[str, Any]:
     return {NAME_EXTENSION: _check_name(name)}
 
 
-def stamp(request: Request, *, header: str = HEADER, methods: Collection[str] = UNSAFE_METHODS) -> None:
+def stamp(
+    request: Request, *, header: str = HEADER, methods: Collection[str] = UNSAFE_METHODS, shape: Shape = None
+) -> None:
     """Add ``header: <key>`` to ``request`` (an ``httpx.Request`` or an ``httpx2.Request``) if a guarded call is
-    in progress and the caller set no key of its own."""
+    in progress and the caller set no key of its own; the key written in ``shape`` if one is given."""
     base = _key.get()
     if base is None or request.method.upper() not in methods:
         return  # outside a guarded call, or a safe method: leave it alone
     if header in request.headers and not request.headers[header].startswith(_SDK_KEY_PREFIXES):
         return  # the caller's own key wins (an SDK's made-up random one does not)
     name = request.extensions.get(NAME_EXTENSION)
-    request.headers[header] = base if name is None else sub_key(base, _check_name(name))
+    derived = base if name is None else sub_key(base, _check_name(name))
+    request.headers[header] = derived if shape is None else shape_key(derived, shape)
 
 
 def idempotency_hook(request: Request) -> None:
@@ -110,6 +129,41 @@ def idempotency_hook(request: Request) -> None:
 async def async_idempotency_hook(request: Request) -> None:
     """A request event hook for ``httpx.AsyncClient`` and ``httpx2.AsyncClient``."""
     stamp(request)
+
+
+# The hooks install() adds: (shape or None for the key as it is, async?) by hook, and the pair by shape's form.
+_HOOKS: dict[Any, tuple[KeyShape | None, bool]] = {
+    idempotency_hook: (None, False), async_idempotency_hook: (None, True)
+}
+_PAIRS: dict[tuple[Any, ...], tuple[Any, Any]] = {(): (idempotency_hook, async_idempotency_hook)}
+
+
+def _hooks(shape: KeyShape | None) -> tuple[Any, Any]:
+    """The sync and the async hook that stamp keys of ``shape`` (the same functions for the same form)."""
+    form = () if shape is None else (shape.alphabet, shape.prefix, shape.chars)
+    pair = _PAIRS.get(form)
+    if pair is None:
+
+        def hook(request: Request) -> None:
+            stamp(request, shape=shape)
+
+        async def async_hook(request: Request) -> None:
+            stamp(request, shape=shape)
+
+        hook.__name__, async_hook.__name__ = "idempotency_hook", "async_idempotency_hook"
+        pair = _PAIRS.setdefault(form, (hook, async_hook))
+        _HOOKS.setdefault(pair[0], (shape, False))
+        _HOOKS.setdefault(pair[1], (shape, True))
+    return pair
+
+
+def _hook_name(hook: Any) -> str:
+    shape = _HOOKS[hook][0]
+    return f"downstream.{hook.__name__}" + ("" if shape is None else f" (keys shaped {_label(shape)})")
+
+
+def _label(shape: KeyShape | None) -> str:
+    return "as they are" if shape is None else shape.name or f"to at most {shape.max_length} characters"
 
 
 def _is_async_client(client: object) -> bool | None:
@@ -130,13 +184,15 @@ def _is_async_client(client: object) -> bool | None:
     return None
 
 
-def install(client: HttpClient) -> None:
+def install(client: HttpClient, *, shape: Shape = None) -> None:
     """Add the right hook to ``client`` (once), keeping its other request hooks.
 
     ``client`` is an ``httpx`` or ``httpx2`` ``Client`` / ``AsyncClient``. An SDK client (``openai.AsyncOpenAI``,
     ``anthropic.Anthropic``, ...) is not one: build the HTTP client, install the hook on it, and hand it to the
-    SDK as ``http_client=``.
+    SDK as ``http_client=``. ``shape``: the provider's key shape (``"square"``, a maximum length, a
+    :class:`KeyShape`), for every key the hook adds, sub-keys too; one shape per client.
     """
+    shaped = shaping(shape)
     is_async = _is_async_client(client)
     if is_async is None:
         kind = f"{type(client).__module__}.{type(client).__qualname__}"
@@ -144,30 +200,61 @@ def install(client: HttpClient) -> None:
             f"downstream.install needs an httpx or httpx2 Client or AsyncClient, got {kind}; for an SDK "
             "client, install the hook on the HTTP client you pass to it as http_client="
         )
-    hook: Any = async_idempotency_hook if is_async else idempotency_hook
-    wrong: Any = idempotency_hook if is_async else async_idempotency_hook
+    sync_hook, async_hook = _hooks(shaped)
+    hook: Any = async_hook if is_async else sync_hook
     hooks = client.event_hooks
-    if wrong in hooks["request"]:
-        # An async client awaits the sync hook's None and every request fails; a sync client calls the async
-        # hook without awaiting it, and no request is stamped: refuse both.
+    for present in (h for h in hooks["request"] if h in _HOOKS and h is not hook):
+        present_shape, present_async = _HOOKS[present]
+        if present_async != is_async:
+            # An async client awaits the sync hook's None and every request fails; a sync client calls the
+            # async hook without awaiting it, and no request is stamped: refuse both.
+            raise TypeError(
+                f"this {type(client).__name__} has {_hook_name(present)} among its request hooks; "
+                f"it needs {_hook_name(hook)}: remove the wrong one"
+            )
+        # Two shapes on one client: the first hook's key would stand, whatever the second was asked for.
         raise TypeError(
-            f"this {type(client).__name__} has downstream.{wrong.__name__} among its request hooks; "
-            f"it needs downstream.{hook.__name__}: remove the wrong one"
+            f"this {type(client).__name__} already stamps keys {_label(present_shape)}, not "
+            f"{_label(shaped)}: one key shape per client (remove its hook first)"
         )
     if hook not in hooks["request"]:
         hooks["request"] = [*hooks["request"], hook]
         client.event_hooks = hooks
 
 
+def stripe_http_client(client: StripeHTTPClient | None = None) -> StripeHTTPClient:
+    """An HTTP client for ``stripe.StripeClient(..., http_client=...)`` that, inside a guarded call, puts the
+    guard's key on each request stripe-python makes, in place of the random one it makes up for a POST
+    without ``idempotency_key``, and so on every automatic retry of that request (``max_network_retries``).
+
+    ``client``: the stripe HTTP client to send through (default: the one ``StripeClient`` builds). A key you
+    pass yourself is kept — ``stripe_options("fee")``, which each further call in one operation needs —
+    unless it has the form of stripe-python's made-up ones (a random UUID). Outside a guarded call nothing
+    changes.
+    """
+    require("stripe", extra="stripe", by="agentguard.downstream.stripe_http_client")
+    from ._stripe import KeyedHTTPClient
+
+    return KeyedHTTPClient(client)
+
+
 __all__ = [
+    "ADYEN",
     "HEADER",
     "NAME_EXTENSION",
+    "SHAPES",
+    "SQUARE",
+    "STRIPE",
     "UNSAFE_METHODS",
+    "KeyShape",
     "async_idempotency_hook",
     "idempotency_hook",
     "install",
     "key",
+    "key_shape",
     "named",
+    "shape_key",
     "stamp",
+    "stripe_http_client",
     "stripe_options",
 ]

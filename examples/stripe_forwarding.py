@@ -26,15 +26,17 @@ guard = Guard("sqlite+aiosqlite://")
 
 def main() -> None:
     with FakeProvider() as provider:
-        # In production: stripe.StripeClient(os.environ["STRIPE_API_KEY"]).
-        client = stripe.StripeClient("sk_test_fake", base_addresses={"api": provider.url}, max_network_retries=0)
+        # In production: stripe.StripeClient(os.environ["STRIPE_API_KEY"], http_client=..., max_network_retries=2).
+        # Inside a guarded call, stripe_http_client() puts the guard's key on every request (its retries too),
+        # in place of the random key stripe-python makes up; outside one it changes nothing.
+        client = stripe.StripeClient("sk_test_fake", base_addresses={"api": provider.url},
+                                     http_client=downstream.stripe_http_client(), max_network_retries=2)
         crashes = [TimeoutError("read timed out after Stripe charged")]
 
         @guard.once(key="order_id")
         def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
-            intent = client.v1.payment_intents.create(
+            intent = client.v1.payment_intents.create(  # Idempotency-Key: <the guard's downstream key>
                 params={"amount": amount_cents, "currency": "usd", "metadata": {"order_id": order_id}},
-                options=downstream.stripe_options(),  # {"idempotency_key": <the guard's downstream key>}
             )
             if crashes:
                 raise crashes.pop()

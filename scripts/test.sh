@@ -98,7 +98,7 @@ FLOOR_TESTS=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox
              tests/test_store_failures.py tests/test_operations.py tests/test_whitebox_cache.py tests/test_fingerprint_guarded.py
              tests/test_whitebox_fingerprint_property.py tests/test_read_first.py tests/test_whitebox_sqlite_hops.py
              tests/test_shutdown.py tests/test_downstream.py tests/test_load.py tests/test_waiters.py
-             tests/test_direct.py)
+             tests/test_direct.py tests/test_key_shapes.py)
 side_venvs_made
 if [ "$FLOORS" = 1 ]; then
   echo "== the core suite on the lowest versions pyproject.toml allows (SQLite)"

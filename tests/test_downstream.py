@@ -3,7 +3,10 @@ deduplicates like Stripe."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import importlib
+import json
 import re
 import subprocess
 import types
@@ -430,3 +433,186 @@ def test_importing_agentguard_and_its_adapters_imports_no_framework(python: str)
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- key shapes on the httpx hook ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("family", ["httpx", "httpx2"])
+async def test_install_with_a_shape_stamps_keys_the_provider_takes(guard: Guard, family: str, is_async: bool) -> None:
+    seen: list[Any] = []
+    client = recording_client(family, is_async, seen)
+    downstream.install(client, shape="square")
+    downstream.install(client, shape=45)  # the same shape: once only
+    assert len(client.event_hooks["request"]) == 1
+    with pytest.raises(TypeError, match=r"already stamps keys square, not as they are: one key shape per client"):
+        downstream.install(client)
+
+    if is_async:
+
+        @guard.once(key="order_id")
+        async def charge(order_id: str) -> str:
+            for method, path, options in REQUESTS:
+                await client.request(method, path, **options)
+            return current_key()
+
+        with task(tid()):
+            key = await charge("o-1")
+        await client.aclose()
+    else:
+
+        @guard.once(key="order_id")
+        def sync_charge(order_id: str) -> str:
+            for method, path, options in REQUESTS:
+                client.request(method, path, **options)
+            return current_key()
+
+        with task(tid()):
+            key = sync_charge("o-1")
+        client.close()
+
+    square = [downstream.shape_key(key, "square"), downstream.shape_key(sub_key(key, "fee"), "square")]
+    assert [r.headers.get("Idempotency-Key") for r in seen] == [square[0], square[1], "mine", None, square[0]]
+    assert all(len(k) <= 45 for k in square)
+
+
+@pytest.mark.parametrize("family", ["httpx", "httpx2"])
+def test_install_refuses_the_wrong_flavour_of_a_shaped_hook(family: str) -> None:
+    http = importlib.import_module(family)
+    client = http.AsyncClient()
+    downstream.install(client, shape="square")
+    sync_client = http.Client(event_hooks={"request": client.event_hooks["request"]})
+    with pytest.raises(TypeError, match=r"has downstream\.async_idempotency_hook \(keys shaped square\) among its "
+                                        r"request hooks; it needs downstream\.idempotency_hook \(keys shaped square\)"):
+        downstream.install(sync_client, shape="square")
+    with pytest.raises(ValueError, match="did you mean 'square'"):
+        downstream.install(client, shape="squar")
+
+
+# -- stripe-python's own client, its automatic retries included -------------------------------------------------
+
+
+class FlakyStripeHTTP(stripe.HTTPClient):
+    """A stripe HTTP client that answers from memory and fails every other attempt in a way stripe-python
+    retries (a dropped connection, or a 503 asking for a retry): each call needs the SDK's own retry."""
+
+    name = "flaky"
+
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+        self.sent: list[tuple[str, str, dict[str, str]]] = []
+
+    def _sleep_time_seconds(self, num_retries: int, *args: Any) -> float:
+        return 0.0  # the SDK's backoff between retries: not what is tested
+
+    def sleep_async(self, secs: float) -> Any:
+        return asyncio.sleep(0)
+
+    def request(self, method: str, url: str, headers: Any, post_data: Any = None, **kwargs: Any) -> Any:
+        self.sent.append((method, url, dict(headers or {})))
+        if len(self.sent) % 2:
+            if self.fail == "connection":
+                raise stripe.APIConnectionError("connection reset by peer", should_retry=True)
+            return json.dumps({"error": {"message": "try again"}}), 503, {"stripe-should-retry": "true"}
+        body = {"id": f"pi_{len(self.sent)}", "object": "payment_intent", "status": "succeeded"}
+        return json.dumps(body), 200, {"request-id": f"req_{len(self.sent)}"}
+
+    async def request_async(self, method: str, url: str, headers: Any, post_data: Any = None, **kwargs: Any) -> Any:
+        return self.request(method, url, headers, post_data)
+
+    def close(self) -> None:
+        pass
+
+    async def close_async(self) -> None:
+        pass
+
+    def keys(self) -> list[str | None]:
+        return [headers.get("Idempotency-Key") for _, _, headers in self.sent]
+
+
+def sdk_client(http: stripe.HTTPClient) -> stripe.StripeClient:
+    return stripe.StripeClient("sk_test_fake", http_client=http, max_network_retries=2)
+
+
+@pytest.mark.parametrize("fail", ["connection", "503"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_every_request_stripe_python_sends_and_retries_carries_the_guards_key(
+    guard: Guard, fail: str, is_async: bool
+) -> None:
+    """Through ``stripe_http_client()``, a ``StripeClient`` call without ``idempotency_key`` carries the guard's
+    key, not the random one stripe-python makes up, on its first attempt and on the SDK's own retry; a re-run
+    of the body (its claim released) sends it again; a key passed with ``stripe_options`` is kept."""
+    http = FlakyStripeHTTP(fail)
+    client = sdk_client(downstream.stripe_http_client(http))
+    crashes = [ConnectionError("the answer was lost after Stripe charged")]
+    params: dict[str, Any] = {"amount": 4900, "currency": "usd"}
+
+    if is_async:
+
+        @guard.once(key="order_id")
+        async def charge(order_id: str) -> str:
+            await client.v1.payment_intents.create_async(params=params)
+            await client.v1.payment_intents.create_async(params=params, options=downstream.stripe_options("fee"))
+            await client.v1.payment_intents.retrieve_async("pi_1")  # a GET: no key
+            if crashes:
+                raise crashes.pop()
+            return current_key()
+
+        await client.v1.payment_intents.create_async(params=params)  # outside a guarded call
+        with task(tid()):
+            with pytest.raises(ConnectionError):
+                await charge("o-1")
+            key = await charge("o-1")
+    else:
+
+        @guard.once(key="order_id")
+        def sync_charge(order_id: str) -> str:
+            client.v1.payment_intents.create(params=params)
+            client.v1.payment_intents.create(params=params, options=downstream.stripe_options("fee"))
+            client.v1.payment_intents.retrieve("pi_1")
+            if crashes:
+                raise crashes.pop()
+            return current_key()
+
+        client.v1.payment_intents.create(params=params)
+        with task(tid()):
+            with pytest.raises(ConnectionError):
+                sync_charge("o-1")
+            key = sync_charge("o-1")
+
+    (record,) = await guard.records()
+    assert key == record.key
+    outside, *inside = http.keys()
+    # outside a guarded call the SDK's own key is left alone (and kept across its retry)
+    assert outside is not None and re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", outside)
+    assert http.keys()[1] == outside
+    inside = inside[1:]
+    # two runs of the body x (charge, fee, retrieve), each sent twice (the failed attempt and the SDK's retry)
+    one_run = [key, key, sub_key(key, "fee"), sub_key(key, "fee"), None, None]
+    assert inside == one_run * 2
+    assert [method for method, _, _ in http.sent] == ["post"] * 2 + (["post"] * 4 + ["get"] * 2) * 2
+
+
+async def test_stripe_options_alone_carries_the_key_through_the_sdks_retries(guard: Guard) -> None:
+    http = FlakyStripeHTTP("connection")
+    client = sdk_client(http)  # no stripe_http_client: every call passes its key itself
+
+    @guard.once(key="order_id")
+    def charge(order_id: str) -> str:
+        client.v1.payment_intents.create(params={"amount": 1, "currency": "usd"}, options=downstream.stripe_options())
+        return current_key()
+
+    with task(tid()):
+        key = charge("o-1")
+    assert http.keys() == [key, key]
+
+
+def test_stripe_http_client_delegates_to_the_client_it_wraps_and_builds_stripes_default() -> None:
+    http = FlakyStripeHTTP("connection")
+    wrapped = downstream.stripe_http_client(http)
+    assert isinstance(wrapped, stripe.HTTPClient) and wrapped.name == "flaky"
+    default = downstream.stripe_http_client()
+    assert isinstance(default, stripe.HTTPClient) and default.name == stripe.new_default_http_client().name
+    copy.copy(wrapped)  # (a copy being made never recurses into the wrapped client)

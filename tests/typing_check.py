@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import httpx
 import httpx2
+import stripe
 
 from agentguard import Guard, Outcome, current_key, downstream, task
 
@@ -20,6 +21,11 @@ async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") ->
 @guard.once
 def send(to: str) -> bool:
     return bool(current_key())
+
+
+@guard.once(key="order_id", key_shape="square")
+def pay(order_id: str, idempotency_key: str = "") -> str:
+    return current_key(45) + downstream.key("fee", shape=downstream.KeyShape(32, prefix="")) + idempotency_key
 
 
 async def body(key: str) -> dict[str, str]:
@@ -39,3 +45,8 @@ def forwarding(modern: httpx2.AsyncClient, legacy: httpx.Client) -> None:
     downstream.install(legacy)
     downstream.stamp(httpx2.Request("POST", "https://provider.test", extensions=downstream.named("fee")))
     downstream.stamp(httpx.Request("POST", "https://provider.test"))
+    downstream.install(legacy, shape="square")
+    downstream.stamp(httpx.Request("POST", "https://provider.test"), shape=40)
+    shaped: str = downstream.shape_key("ag_" + "0" * 48, downstream.SQUARE)
+    client = stripe.StripeClient("sk_test", http_client=downstream.stripe_http_client(), max_network_retries=2)
+    print(shaped, client)

@@ -20,6 +20,7 @@ from .._guard import Guard
 from .._names import check_arguments, check_tools
 from .._operation import Reconcile
 from .._refusals import refusal
+from .._shapes import Shape
 
 T = TypeVar("T")
 _P = ParamSpec("_P")
@@ -267,6 +268,7 @@ class AdapterOptions(TypedDict, total=False):
     ignore: Sequence[str]
     cache_errors: tuple[type[BaseException], ...]
     inject: str | None
+    key_shape: Shape
     scope: str | None
     on_unknown: Literal["retry", "reconcile", "hold"]
     reconcile: Reconcile | None
@@ -331,6 +333,7 @@ def adapt(
         operation=options.get("operation"), key=options.get("key"), ignore=[*ignore, *context_names],
         cache_errors=options.get("cache_errors", ()), inject=options.get("inject", "idempotency_key"),
         on_unknown=options.get("on_unknown", "hold"), reconcile=options.get("reconcile"),
+        key_shape=options.get("key_shape"),
     )(fn)
     sig = inspect.signature(core)
     tool: str = core.__agentguard__.tool

@@ -23,12 +23,15 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictInt,
+    StrictStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from .. import _names
+from .._shapes import SHAPES, SHORTEST, key_shape, unknown_shape
 from .._storeconfig import DEFAULT_URL, ENV_URL, absolute_sqlite
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -44,6 +47,15 @@ def _url(*schemes: str, problem: str) -> AfterValidator:
         return v
 
     return AfterValidator(check)
+
+
+def _shape(v: str | int) -> str | int:
+    if isinstance(v, str) and v not in SHAPES:
+        raise ValueError(f"{unknown_shape(v)}; or give the provider's maximum key length (at least {SHORTEST})")
+    if isinstance(v, int) and v < SHORTEST:
+        raise ValueError(f"a key of at most {v} characters cannot hold 160 bits of the key; give at least {SHORTEST}")
+    key_shape(v)
+    return v
 
 
 class _Model(BaseModel):
@@ -101,6 +113,9 @@ class ToolConfig(_Model):
     """Arguments left out of the fingerprint (cosmetic: a memo, a description)."""
     forward_key_to: str | None = None
     """An upstream argument that receives the downstream key (``idempotency_key`` for Stripe-like servers)."""
+    forward_key_shape: Annotated[StrictStr | StrictInt, AfterValidator(_shape)] | None = None
+    """The forwarded key written for a provider that takes shorter keys: ``"square"`` (45 characters), a
+    maximum length; default: as it is (51 characters: Stripe, Adyen). ``_meta`` carries the key as it is."""
     errors_final: bool = False
     """Store an upstream error result and replay it; otherwise an error releases the claim for a retry."""
     on_unknown: Literal["retry", "hold"] | None = None
@@ -129,6 +144,12 @@ class ToolConfig(_Model):
             raise ValueError("`task_id` is added by the proxy; it cannot be a key, ignored or forwarded field")
         if self.confirm_without_elicitation is not None and not self.confirm:
             raise ValueError("`confirm_without_elicitation` applies only with `confirm = true`")
+        return self
+
+    @model_validator(mode="after")
+    def _shape_has_a_key(self) -> ToolConfig:
+        if self.forward_key_shape is not None and self.forward_key_to is None:
+            raise ValueError("`forward_key_shape` applies only with `forward_key_to`")
         return self
 
     @property

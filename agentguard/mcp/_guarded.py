@@ -21,6 +21,7 @@ from .._engine import current_audit
 from .._errors import GuardError, MissingTaskError
 from .._otel import inject as trace_into
 from .._refusals import refusal, unusable_arguments
+from .._shapes import shape_key
 from ._config import Config, ToolConfig
 from ._confirm import META_CONFIRMATION, NotConfirmed, confirm
 from ._exchange import Exchange
@@ -117,7 +118,8 @@ class GuardedCall:
             if given is not ABSENT and tool is not None and "task_id" in (tool.input_schema.get("properties") or {}):
                 send["task_id"] = task_id  # the upstream takes a task_id of its own: it gets the one sent
             if cfg.forward_key_to:
-                send[cfg.forward_key_to] = downstream_key
+                shape = cfg.forward_key_shape
+                send[cfg.forward_key_to] = downstream_key if shape is None else shape_key(downstream_key, shape)
             sent = downstream_key
             try:
                 meta = {**self.forward, META_KEY: downstream_key}

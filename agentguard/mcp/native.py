@@ -8,11 +8,12 @@
         return await provider.charge(order_id, amount_cents, idempotency_key=idempotency_key)
 
 ``guarded_tool`` applies ``guard.once`` with the options given (``key``, ``ignore``, ``cache_errors``,
-``inject``, ``operation``) and registers the tool, listed with ``idempotentHint: true`` (the ``annotations``
-given are kept otherwise). The tool schema gains a required ``task_id`` argument and never shows the injected
-key. The task id comes from that argument if it is sent, else ``_meta["dev.agentguard/task_id"]``, else
-``$AGENTGUARD_TASK_ID``; a value that is present but not a usable task id (a number, a list, ``""``) is
-refused, never replaced by the next source; without one the call is refused. A replay carries
+``inject``, ``key_shape``, ``operation``) and registers the tool, listed with ``idempotentHint: true`` (the
+``annotations`` given are kept otherwise). The tool schema gains a required ``task_id`` argument and never
+shows the injected key (a value sent for it anyway is dropped: the tool gets the guard's key). The task id
+comes from that argument if it is sent, else ``_meta["dev.agentguard/task_id"]``, else ``$AGENTGUARD_TASK_ID``;
+a value that is present but not a usable task id (a number, a list, ``""``) is refused, never replaced by the
+next source; without one the call is refused. A replay carries
 ``_meta["dev.agentguard/replayed"] = true`` and a leading text line saying it is a replay. Refusals are tool
 errors whose text says that nothing was executed.
 """
@@ -38,6 +39,7 @@ from .._context import DEFAULT_SCOPE, current_key, task
 from .._errors import GuardError, MissingTaskError
 from .._guard import Guard
 from .._refusals import refusal
+from .._shapes import Shape
 from ._meta import ABSENT, META_KEY, META_REPLAYED, TASK_ID_DESCRIPTION, TASK_ID_FIX, replay_note, resolve_task_id
 
 P = ParamSpec("P")
@@ -76,6 +78,7 @@ def guarded_tool(
     ignore: Sequence[str] = (),
     cache_errors: tuple[type[BaseException], ...] = (),
     inject: str | None = "idempotency_key",
+    key_shape: Shape = None,
     operation: str | None = None,
     scope: str = DEFAULT_SCOPE,
     name: str | None = None,
@@ -124,7 +127,8 @@ def guarded_tool(
 
         ignored = (*ignore, ctx_param) if ctx_param else tuple(ignore)
         guarded: Callable[..., Any] = guard.once(
-            operation=operation or tool_name, key=key, ignore=ignored, cache_errors=cache_errors, inject=inject
+            operation=operation or tool_name, key=key, ignore=ignored, cache_errors=cache_errors, inject=inject,
+            key_shape=key_shape,
         )(marked)
 
         public = inspect.signature(guarded)
