@@ -8,7 +8,9 @@ hold a claim while its lease expires, another take it over, the first wake and t
 
 Every call's answer is the one ``Protocol`` (tests/test_stateful_store.py) predicts for the record it met:
 claim, take over, restart past retention (then the body runs, with the operation's one downstream key), replay
-(the stored value, or the stored error), refuse (InProgressError: a live claim); and every ending: stored, or
+(the stored value, or the stored error), refuse (InProgressError: a live claim), held (OutcomeUnknownError: a
+running record whose lease ran out, for a tool whose key cannot reach the provider — the machine runs once with
+each policy); and every ending: stored, or
 LeaseLostError for a worker whose claim was taken over, or released. After every step the table is the model's.
 The lease and the retention are long in real time (the heartbeat never fires within a test: renewals are the
 store machine's business) and the database clock jumps across them.
@@ -34,7 +36,7 @@ from hypothesis.stateful import (
 )
 from test_stateful_store import CLOCK, SCOPE, Bench, Protocol, Row
 
-from agentguard import Guard, InProgressError, LeaseLostError, Outcome
+from agentguard import Guard, InProgressError, LeaseLostError, Outcome, OutcomeUnknownError
 from agentguard.stores import FAILED, RUNNING, SUCCEEDED, SQLStore
 
 LEASE, RETENTION = 1000.0, 10000.0  # seconds of the database clock; in real time, far beyond a test
@@ -65,6 +67,9 @@ class InFlight:
 class EngineMachine(RuleBasedStateMachine):
     bench: Bench
     guards: list[Guard]
+    # What a caller does with a record whose worker went away inside the body (running, its lease run out):
+    # "retry" takes it over (a tool whose key reaches the provider), "hold" leaves it for a person.
+    on_unknown: str = "retry"
 
     def __init__(self) -> None:
         super().__init__()
@@ -98,7 +103,9 @@ class EngineMachine(RuleBasedStateMachine):
             return "refuse"
         if self.model.expired(row):
             return "restart"  # past retention: a new operation
-        return "replay" if row.state in (SUCCEEDED, FAILED) else "take over"
+        if row.state in (SUCCEEDED, FAILED):
+            return "replay"
+        return "held" if row.state == RUNNING and self.on_unknown == "hold" else "take over"
 
     @rule(w=st.sampled_from(WORKERS), k=st.sampled_from(KEYS))
     def call(self, w: int, k: str) -> None:
@@ -122,7 +129,7 @@ class EngineMachine(RuleBasedStateMachine):
                 return flight.value
 
             task = asyncio.ensure_future(guard.run("op", body, task_id="t", key={"k": k}, scope=SCOPE, returns=str,
-                                                   cache_errors=(Cached,)))
+                                                   cache_errors=(Cached,), on_unknown=self.on_unknown))
             flight = InFlight(task)
             began = asyncio.ensure_future(flight.started.wait())
             await asyncio.wait([task, began], return_when=asyncio.FIRST_COMPLETED)
@@ -133,10 +140,12 @@ class EngineMachine(RuleBasedStateMachine):
 
         flight = self.bench.run(start())
         if flight.task.done():  # answered without running the body
-            assert expect in ("replay", "refuse"), (expect, flight.task)
+            assert expect in ("replay", "refuse", "held"), (expect, flight.task)
             assert row is not None
             if expect == "refuse":
                 assert isinstance(flight.task.exception(), InProgressError)
+            elif expect == "held":  # nothing changes: its worker, if only stalled, may still record its outcome
+                assert isinstance(flight.task.exception(), OutcomeUnknownError)
             elif row.state == FAILED:
                 exc = flight.task.exception()
                 assert isinstance(exc, Cached) and str(exc) == row.result
@@ -255,10 +264,11 @@ def _guards(bench: Bench, url: str) -> list[Guard]:
     ]
 
 
-def test_guarded_calls_answer_as_the_protocol_says(bench: Bench, store_url: str) -> None:
+@pytest.mark.parametrize("on_unknown", ["retry", "hold"])
+def test_guarded_calls_answer_as_the_protocol_says(bench: Bench, store_url: str, on_unknown: str) -> None:
     guards = _guards(bench, store_url)
     try:
-        machine = type("Machine", (EngineMachine,), {"bench": bench, "guards": guards})
+        machine = type("Machine", (EngineMachine,), {"bench": bench, "guards": guards, "on_unknown": on_unknown})
         run_state_machine_as_test(machine, settings=settings(
             max_examples=EXAMPLES[bench.store.backend], stateful_step_count=30, derandomize=True, database=None,
             deadline=None, suppress_health_check=list(HealthCheck), print_blob=False,
