@@ -58,6 +58,10 @@ class ReplayCache:
             while len(entries) > self.maxsize:
                 entries.popitem(last=False)
 
+    def after_fork(self) -> None:
+        """In a forked child: the records stay valid; the lock may have been held by a thread not forked."""
+        self._lock = threading.Lock()
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

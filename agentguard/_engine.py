@@ -37,6 +37,7 @@ from ._errors import (
     StoreError,
 )
 from ._events import Events
+from ._fork import on_fork
 from ._here import PendingBeats
 from ._lease import Heartbeats, new_fence, new_owner
 from ._observe import Observer
@@ -101,6 +102,15 @@ class Engine(Drivers):
         # The store announces outcomes to waiting processes (Postgres); a stand-in store may not.
         self.announced = bool(getattr(store, "announces", False)) and callable(getattr(store, "watch", None))
         self.replaying = Replaying(store.read_is_cheaper)
+        on_fork(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: no claim of the parent's is renewed here and none of its callers waits here; this
+        process's claims get heartbeats of their own, on its own loops (``_fork``)."""
+        self.beats = Heartbeats(self.lease, self.renew)
+        self.watches = Watches()
+        self.pending = PendingBeats(self)
+        self.cache.after_fork()
 
     async def store_call(self, coro: Coroutine[Any, Any, T]) -> T:
         # An in-memory SQLite database lives on one connection, so it lives on the portal loop.

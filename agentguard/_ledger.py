@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._fork import abandon, on_fork
 from ._portal import Portal
 from .stores import LedgerStore
 from .stores._attempts import DROPPED
@@ -70,6 +71,17 @@ class Ledger:
         self._wake: asyncio.Event | None = None  # set to end the writer's gathering at once (a flush)
         self._on_drop = on_drop
         self._warned = 0.0
+        on_fork(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the entries queued before the fork are the parent's to write (its writer does);
+        this process's writer starts on its own portal loop with its first entry."""
+        if self._task is not None:
+            abandon(self._task)  # (a task of the parent's loop: never run here, never collected pending)
+        self.queue.clear()
+        self._unreported = 0
+        self._writing = False
+        self._task = self._wake = None
 
     def add(self, scope: str, key: str, task_id: str, operation: str, tool: str, kind: str, detail: str,
             attempt: int, call_id: str | None, guard_ms: float | None, wait_ms: float | None) -> None:

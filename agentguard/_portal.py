@@ -1,7 +1,8 @@
 """One background event loop per Guard, for sync tools and in-memory stores.
 
 A sync tool runs in its caller's thread; its store calls are sent here instead of starting a new
-``asyncio.run`` per call (which would build and tear down an engine every time).
+``asyncio.run`` per call (which would build and tear down an engine every time). A forked child starts a loop
+of its own on first use: the parent's has no thread there (``_fork``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from ._errors import GuardError
+from ._fork import abandon, on_fork
 
 T = TypeVar("T")
 
@@ -23,6 +25,15 @@ class Portal:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        on_fork(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's loop runs nowhere here (its thread was not forked); a new one starts on
+        first use. The old one is abandoned, never closed: its selector and self-pipe are the parent's too."""
+        if self._loop is not None:
+            abandon(self._loop)
+        self._lock = threading.Lock()  # (a lock held by another thread at the fork stays held in the child)
+        self._loop = self._thread = None
 
     @property
     def started(self) -> bool:

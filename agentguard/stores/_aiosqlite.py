@@ -119,6 +119,11 @@ class Waiters:
         self._lock = threading.Lock()
         self.count = 0
 
+    def after_fork(self) -> None:
+        """In a forked child: the writes that waited were the parent's threads'."""
+        self._lock = threading.Lock()
+        self.count = 0
+
     def __enter__(self) -> Waiters:
         with self._lock:
             self.count += 1

@@ -40,6 +40,7 @@ from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
 from sqlalchemy.engine import make_url
 
 from .._errors import StoreError
+from .._fork import abandon
 from ._aiosqlite import HANDOFF_MAX, Waiters, busy, read_or_claim, written
 from ._schema import Record, record_from_row
 from ._statements import Statements
@@ -119,10 +120,8 @@ class DirectSQLite:
         held: sqlite3.Connection | None = getattr(self._local, role, None)
         if held is not None and self._pid == os.getpid():
             return held
-        if self._pid != os.getpid():  # a forked child: never use (or close) a connection opened before the fork
-            self._pid, self._local, self._conns = os.getpid(), threading.local(), {}
-            self._checkpointing, self._restarting, self._paused = False, False, []
-            self._lock = threading.Lock()  # (a lock held by another thread at the fork stays held in the child)
+        if self._pid != os.getpid():  # (forked by a way that ran no at-fork hook)
+            self.after_fork()
         # check_same_thread off only so that close() may close them all; each is used by its own thread.
         connect: Any = sqlite3.connect  # (its typed overloads do not take the dialect's parameters as a dict)
         conn: sqlite3.Connection = connect(*self._cargs, **{**self._cparams, "isolation_level": None, "timeout": 0})
@@ -141,6 +140,20 @@ class DirectSQLite:
                 self._conns.pop(key).close()
             self._conns[(threading.current_thread(), role)] = conn
         return conn
+
+    def connected(self) -> bool:
+        """Whether any thread has a connection open here."""
+        return bool(self._conns)
+
+    def after_fork(self) -> None:
+        """In a forked child: the connections opened before the fork are neither used nor closed (SQLite's rule:
+        closing one here may clean up under the parent), only abandoned (``_fork``); each thread opens its own."""
+        abandon(self._conns, self._local)
+        self._pid, self._local, self._conns = os.getpid(), threading.local(), {}
+        self._checkpointing, self._restarting, self._paused = False, False, []
+        self._lock = threading.Lock()  # (a lock held by another thread at the fork stays held in the child)
+        self._lines = weakref.WeakKeyDictionary()
+        self.commits_now = 0
 
     def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
         """What ``SQLStore.claim`` answers: our fence, the record there, or None (it kept vanishing). (One way
@@ -319,6 +332,8 @@ class DirectSQLite:
 
     def close(self) -> None:
         """Close every connection opened here (each thread opens a new one on its next call)."""
+        if self._pid != os.getpid():  # (forked by a way that ran no at-fork hook: the parent's, abandoned)
+            self.after_fork()
         with self._lock:
             conns, self._conns = self._conns, {}
         self._local = threading.local()

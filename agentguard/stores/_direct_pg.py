@@ -25,6 +25,7 @@ from sqlalchemy.engine import make_url
 
 from .._errors import StoreError
 from .._extras import missing
+from .._fork import abandon
 from ._claims import CLAIMING, READING
 from ._schema import FENCE_AT, Record, record_from_row
 from ._statements import Statements
@@ -91,9 +92,9 @@ class DirectPostgres:
         held = getattr(self._local, "conn", None)
         if held is not None and self._pid == os.getpid():
             return held
+        if self._pid != os.getpid():  # (forked by a way that ran no at-fork hook)
+            self.after_fork()
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: never use (or close) a connection opened before the fork
-                self._pid, self._local, self._conns = os.getpid(), threading.local(), {}
             ended = [self._conns.pop(t) for t in [t for t in self._conns if not t.is_alive()]]
             full = len(self._conns) >= self._capacity
             resting = time.monotonic() < self._resting_until
@@ -119,6 +120,14 @@ class DirectPostgres:
                     self._conns[threading.current_thread()] = conn
         self._local.conn = held = (conn, conn.cursor())
         return held
+
+    def after_fork(self) -> None:
+        """In a forked child: the connections opened before the fork are neither used nor closed (closing one
+        would end the parent's session on the socket both share), only abandoned (``_fork``); each thread
+        opens its own."""
+        abandon(self._conns, self._local)
+        self._pid, self._local, self._conns = os.getpid(), threading.local(), {}
+        self._lock = threading.Lock()  # (a lock held by another thread at the fork stays held in the child)
 
     def _fetch(self, what: str, compiled: Compiled, params: dict[str, Any], body_ran: bool) -> Any:
         """One statement on this thread's connection: its first row, or None."""
@@ -173,12 +182,13 @@ class DirectPostgres:
 
     def close(self) -> None:
         """Close every connection opened here (each thread opens a new one on its next call)."""
+        if self._pid != os.getpid():  # (forked by a way that ran no at-fork hook: the parent's, abandoned)
+            self.after_fork()
         with self._lock:
             conns, self._conns = self._conns, {}
-            same = self._pid == os.getpid()
         self._local = threading.local()
         for conn in conns.values():
-            if conn is not None and same:
+            if conn is not None:
                 _close(conn)
 
 

@@ -3,13 +3,15 @@
 asyncpg and aiosqlite connections are bound to the loop that opened them, so each loop gets its own engine,
 made on first use and disposed when that loop shuts down (``asyncio.run`` closes its async generators before
 closing the loop): a Guard used across several ``asyncio.run`` calls or per-test loops leaves nothing open
-on dead loops. aiosqlite's connection threads are joined before their loop is let go.
+on dead loops. aiosqlite's connection threads are joined before their loop is let go. In a forked child the
+parent's engines are abandoned, never disposed (``_fork``), and each of the child's loops makes its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import StoreError
+from .._fork import abandon
 from .._redact import redact_text
 from ._aiosqlite import join_threads
 from ._dialects import Dialect
@@ -44,6 +47,23 @@ class Engines:
         self._opened: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
         # Each loop's listening connection (Postgres), made when a caller there first waits on a key.
         self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Listener] = weakref.WeakKeyDictionary()
+        self._forked_from: int | None = None  # (an in-memory store in a forked child: the parent's pid)
+
+    def connected(self) -> bool:
+        """Whether a driver connection with a thread of its own (aiosqlite) is open on any loop."""
+        return any(getattr(drv, "_connection", None) is not None for drvs in self._opened.values() for drv in drvs)
+
+    def after_fork(self) -> None:
+        """In a forked child: every engine, lane, listener and driver connection so far is the parent's (bound to
+        its loops, on its sockets and files): abandoned, never closed; the child's loops make their own. An
+        in-memory database cannot follow: it is the parent's, and the child's would start empty."""
+        held = (self._engines, self._lanes, self._closers, self._opened, self._listeners)
+        abandon(*(dict(d) for d in held))  # (strong references: none of them is collected, and finalised, here)
+        self._engines, self._lanes, self._closers, self._opened, self._listeners = (
+            weakref.WeakKeyDictionary() for _ in held)
+        self._last = None
+        if self._dialect.memory and self._forked_from is None:
+            self._forked_from = os.getppid()
 
     def __len__(self) -> int:
         """How many loops have an engine."""
@@ -54,6 +74,11 @@ class Engines:
         loop = asyncio.get_running_loop()
         engine = self._engines.get(loop)
         if engine is None:
+            if self._forked_from is not None:
+                raise StoreError(
+                    f"the store failed (this process was forked from process {self._forked_from}, whose in-memory "
+                    "store (sqlite+aiosqlite://) it cannot use: a forked process's store must be a SQLite file or "
+                    "Postgres, shared by both)")
             engine = self._engines[loop] = self._make()
             self._close_with(loop)
         return engine

@@ -86,6 +86,11 @@ class Executor:
             weakref.WeakKeyDictionary()
         )
 
+    def after_fork(self) -> None:
+        """In a forked child: the parent's engines are abandoned, this process makes its own (``_fork``)."""
+        self._schema_tasks = weakref.WeakKeyDictionary()
+        self.engines.after_fork()
+
     # -- the schema, before the first statement -------------------------------------------------------
 
     async def ensure_schema(self) -> None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from .._fork import on_fork
+from .._redact import redact_url
 from ._attempts import AttemptVerbs
 from ._claims import READING
 from ._dialects import SQLite, dialect_for
@@ -29,6 +33,8 @@ from ._sweep import paced
 
 if TYPE_CHECKING:
     from ._protocols import LedgerStore, Store
+
+log = logging.getLogger("agentguard.store")
 
 STEP = "recording a step"
 
@@ -70,6 +76,30 @@ class SQLStore(AttemptVerbs):
         self._direct: DirectSQLite | DirectPostgres | None = None
         self._no_direct = False  # (Postgres: no psycopg, or a URL it cannot be given)
         self._reads_here = self.dialect.name == "sqlite" and not self.dialect.memory  # (see claim)
+        on_fork(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: engines, pools and connections of its own from the next statement on; the parent's
+        are abandoned, never closed (``_fork``). An in-memory database stays the parent's: the child refuses."""
+        direct = self._direct
+        shared = self.backend == "sqlite" and not self.memory and (
+            self._engines.connected() or (isinstance(direct, DirectSQLite) and direct.connected()))
+        self._executor.after_fork()
+        if direct is not None:
+            direct.after_fork()
+        waiters = getattr(self.dialect, "waiters", None)
+        if waiters is not None:
+            waiters.after_fork()
+        if shared:
+            # SQLite keeps its file locks per process, and the child inherits its parent's account of them: its
+            # own connections take no lock the parent held at the fork (tests/test_fork.py: the warning, the cure).
+            log.warning(
+                "process %d was forked while its parent had the SQLite store %s open. This process uses "
+                "connections of its own, but SQLite cannot tell the two processes' locks apart: if the parent closes "
+                "its last connection to the file (Guard.close(), or its exit) while this process still writes, "
+                "SQLite may remove the write-ahead log under it, and its later writes would be lost. Close the guard "
+                "before forking (it reopens on its next call), or use Postgres.",
+                os.getpid(), redact_url(self.url))
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
