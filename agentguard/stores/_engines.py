@@ -47,23 +47,30 @@ class Engines:
         self._opened: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
         # Each loop's listening connection (Postgres), made when a caller there first waits on a key.
         self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Listener] = weakref.WeakKeyDictionary()
-        self._forked_from: int | None = None  # (an in-memory store in a forked child: the parent's pid)
+        # Why this process may not use the store at all (a forked child whose parent's store it cannot share), or
+        # None: every statement is refused with it, before any body runs.
+        self._refusal: str | None = None
 
     def connected(self) -> bool:
         """Whether a driver connection with a thread of its own (aiosqlite) is open on any loop."""
         return any(getattr(drv, "_connection", None) is not None for drvs in self._opened.values() for drv in drvs)
 
-    def after_fork(self) -> None:
+    def after_fork(self, refusal: str | None = None) -> None:
         """In a forked child: every engine, lane, listener and driver connection so far is the parent's (bound to
         its loops, on its sockets and files): abandoned, never closed; the child's loops make their own. An
-        in-memory database cannot follow: it is the parent's, and the child's would start empty."""
+        in-memory database cannot follow: it is the parent's, and the child's would start empty. ``refusal``:
+        why this child may not use the store at all (every statement is refused with it)."""
         held = (self._engines, self._lanes, self._closers, self._opened, self._listeners)
         abandon(*(dict(d) for d in held))  # (strong references: none of them is collected, and finalised, here)
         self._engines, self._lanes, self._closers, self._opened, self._listeners = (
             weakref.WeakKeyDictionary() for _ in held)
         self._last = None
-        if self._dialect.memory and self._forked_from is None:
-            self._forked_from = os.getppid()
+        if self._refusal is None and self._dialect.memory:
+            refusal = (f"this process was forked from process {os.getppid()}, whose in-memory store "
+                       "(sqlite+aiosqlite://) it cannot use: a forked process's store must be a SQLite file or "
+                       "Postgres, shared by both")
+        if self._refusal is None:
+            self._refusal = refusal
 
     def __len__(self) -> int:
         """How many loops have an engine."""
@@ -74,11 +81,8 @@ class Engines:
         loop = asyncio.get_running_loop()
         engine = self._engines.get(loop)
         if engine is None:
-            if self._forked_from is not None:
-                raise StoreError(
-                    f"the store failed (this process was forked from process {self._forked_from}, whose in-memory "
-                    "store (sqlite+aiosqlite://) it cannot use: a forked process's store must be a SQLite file or "
-                    "Postgres, shared by both)")
+            if self._refusal is not None:
+                raise StoreError(f"the store failed ({self._refusal})")
             engine = self._engines[loop] = self._make()
             self._close_with(loop)
         return engine

@@ -86,10 +86,11 @@ class Executor:
             weakref.WeakKeyDictionary()
         )
 
-    def after_fork(self) -> None:
-        """In a forked child: the parent's engines are abandoned, this process makes its own (``_fork``)."""
+    def after_fork(self, refusal: str | None = None) -> None:
+        """In a forked child: the parent's engines are abandoned, this process makes its own (``_fork``);
+        ``refusal``: why it may not use the store at all (``Engines.after_fork``)."""
         self._schema_tasks = weakref.WeakKeyDictionary()
-        self.engines.after_fork()
+        self.engines.after_fork(refusal)
 
     # -- the schema, before the first statement -------------------------------------------------------
 

@@ -84,22 +84,25 @@ class SQLStore(AttemptVerbs):
         direct = self._direct
         shared = self.backend == "sqlite" and not self.memory and (
             self._engines.connected() or (isinstance(direct, DirectSQLite) and direct.connected()))
-        self._executor.after_fork()
+        refusal = None
+        if shared:
+            # SQLite keeps its file locks per process, and the child inherits its parent's account of them: its
+            # own connections would take no lock the parent held at the fork, and the parent closing its last
+            # connection could remove the write-ahead log under the child, losing its records (and with them the
+            # replays that keep a body from running twice). Fail closed (tests/test_fork.py: the refusal, the cure).
+            refusal = (f"this process was forked from process {os.getppid()} while that process had the SQLite store "
+                       f"{redact_url(self.url)} open, and SQLite cannot tell the two processes' locks apart: its "
+                       "writes here could be lost. Close the guard before forking (Guard.close(); it reopens on its "
+                       "next call), or use Postgres")
+            log.error("%s", refusal)
+        self._executor.after_fork(refusal)
         if direct is not None:
             direct.after_fork()
+        if shared:  # (a sync tool's claims in its own thread too: they take the general path, which refuses)
+            self._direct, self._no_direct = None, True
         waiters = getattr(self.dialect, "waiters", None)
         if waiters is not None:
             waiters.after_fork()
-        if shared:
-            # SQLite keeps its file locks per process, and the child inherits its parent's account of them: its
-            # own connections take no lock the parent held at the fork (tests/test_fork.py: the warning, the cure).
-            log.warning(
-                "process %d was forked while its parent had the SQLite store %s open. This process uses "
-                "connections of its own, but SQLite cannot tell the two processes' locks apart: if the parent closes "
-                "its last connection to the file (Guard.close(), or its exit) while this process still writes, "
-                "SQLite may remove the write-ahead log under it, and its later writes would be lost. Close the guard "
-                "before forking (it reopens on its next call), or use Postgres.",
-                os.getpid(), redact_url(self.url))
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
