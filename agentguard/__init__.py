@@ -14,7 +14,7 @@ import logging
 
 from ._calls import Outcome
 from ._context import current_key, current_task, task
-from ._engine import current_audit
+from ._drive import current_audit
 from ._errors import (
     GuardError,
     InProgressError,

@@ -1,6 +1,6 @@
 """Guard: the public face — configuration, lifecycle, ``run``/``run_sync``, the ``once`` decorator and the
-administration of multi-step operations. The decisions live in ``agentguard._engine``; a guard builds calls
-(``agentguard._calls``, ``agentguard._spec``) and hands them to its engine.
+administration of multi-step operations. The decisions live in ``agentguard._machine``; a guard builds calls
+(``agentguard._calls``, ``agentguard._spec``) and hands them to a driver of its machine (``agentguard._drive``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from ._cache import ReplayCache
 from ._calls import Call, Outcome, check_errors, check_operation, make_call
 from ._codec import Codec
 from ._context import task as _task_ctx
-from ._engine import Engine
+from ._drive import drive, drive_sync
 from ._errors import GuardError, MissingTaskError, OutcomeUnknownError
 from ._events import Events, GuardEvent
 from ._ledger import Ledger
+from ._machine import Machine
 from ._observe import Observer
 from ._operation import Reconcile
 from ._portal import Portal
@@ -156,7 +157,7 @@ class Guard(Views):
         # The ledger of attempts, written off the callers' path (a stand-in store without its verbs keeps none).
         self._ledger = (Ledger(self._store, self._portal, self._retention, on_drop=_otel_dropped)
                         if ledger and isinstance(self._store, LedgerStore) else None)
-        self._engine = Engine(self._store, self._portal, lease=self._lease, retention=self._retention,
+        self._machine = Machine(self._store, self._portal, lease=self._lease, retention=self._retention,
                               window=self._window, events=Events(on_event), cache=self._cache,
                               observer=Observer(self._ledger))
 
@@ -239,20 +240,20 @@ class Guard(Views):
         deleted."""
         if batch < 1:
             raise ValueError("batch must be at least 1")
-        deleted = await self._engine.store_call(self._store.sweep(batch))
+        deleted = await self._machine.store_call(self._store.sweep(batch))
         if isinstance(self._store, LedgerStore):  # the ledger's entries carry their own expiry
-            await self._engine.store_call(self._store.sweep_attempts(batch))
+            await self._machine.store_call(self._store.sweep_attempts(batch))
         return deleted
 
     async def records(
         self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100, state: str | None = None
     ) -> Sequence[Listing]:
         """The most recently updated records, for audit (``agentguard ls``); ``state``: only those in it."""
-        return await self._engine.store_call(self._store.listing(scope=scope, task_id=task_id, limit=limit,
+        return await self._machine.store_call(self._store.listing(scope=scope, task_id=task_id, limit=limit,
                                                                  state=state))
 
     async def ensure_schema(self) -> None:
-        await self._engine.store_call(self._store.ensure_schema())
+        await self._machine.store_call(self._store.ensure_schema())
 
     # -- guarding calls -------------------------------------------------------------------------------
 
@@ -274,7 +275,7 @@ class Guard(Views):
                 self._wait_timeout if wait_timeout is None else wait_timeout, audit_json,
             )
         except MissingTaskError:
-            self._engine.observer.missing_task(operation, audit_json)
+            self._machine.observer.missing_task(operation, audit_json)
             raise
         call.on_unknown = on_unknown
         return call
@@ -294,13 +295,13 @@ class Guard(Views):
         takes it over and runs ``body`` again with the same key — only where that key reaches the provider.
         """
         call = self._run_call(operation, options)
-        value, replayed = await self._engine.drive(call, body)
+        value, replayed = await drive(self._machine, call, body)
         return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
 
     def run_sync(self, operation: str, body: Callable[[str], T], **options: Unpack[RunOptions]) -> Outcome[T]:
         """:meth:`run` for sync code: ``body`` runs in this thread; store calls go to the guard's portal."""
         call = self._run_call(operation, options)
-        value, replayed = self._engine.drive_sync(call, body)
+        value, replayed = drive_sync(self._machine, call, body)
         return Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope)
 
     @overload
@@ -347,7 +348,7 @@ class Guard(Views):
         key_shape = None if options.get("key_shape") is None else shape_of(options.get("key_shape"))
 
         def decorate(f: Callable[P, R]) -> Callable[P, R]:
-            spec = Spec(self._engine, self._codec_for, f, operation=operation, key=options.get("key"),
+            spec = Spec(self._machine, self._codec_for, f, operation=operation, key=options.get("key"),
                         ignore=options.get("ignore", ()), cache_errors=errors,
                         inject=options.get("inject", "idempotency_key"), key_shape=key_shape,
                         on_conflict=self._on_conflict,
@@ -365,7 +366,7 @@ class Guard(Views):
     async def complete_stalled(self, *, limit: int = 100) -> list[Outcome[Any]]:
         """Push operations whose callers went away (lease expired or released, tool ``resumable=True``)
         through their remaining steps, with their stored arguments. Returns what each produced."""
-        rows = await self._engine.store_call(self._store.stalled(limit=limit))
+        rows = await self._machine.store_call(self._store.stalled(limit=limit))
         done: list[Outcome[Any]] = []
         for scope, key, task_id, tool, arguments in rows:
             fn = self._resumable.get(tool)
@@ -376,7 +377,7 @@ class Guard(Views):
             kwargs = spec.decode_arguments(arguments)
             with _task_ctx(task_id, scope=scope):
                 call, _ = spec.call((), kwargs)
-                value, replayed = await self._engine.drive(call, functools.partial(spec.invoke, (), kwargs, kwargs))
+                value, replayed = await drive(self._machine, call, functools.partial(spec.invoke, (), kwargs, kwargs))
             done.append(Outcome(value, replayed, call.key, call.operation, call.task_id, call.scope))
         return done
 
@@ -385,7 +386,7 @@ class Guard(Views):
         (named by ``step``); ``"body"``, its worker died inside the body (a tool whose key reaches the provider
         takes it over on its next call; any other waits for a person); ``"not_stored"``, the body ran and its
         result could not be stored."""
-        rows = await self._engine.store_call(self._store.unknown(scope=scope, limit=limit))
+        rows = await self._machine.store_call(self._store.unknown(scope=scope, limit=limit))
         names = ("scope", "key", "task_id", "operation", "step", "attempts", "age", "held")
         return [dict(zip(names, r, strict=True)) for r in rows]
 
@@ -398,7 +399,7 @@ class Guard(Views):
         ``OutcomeUnknownError``)."""
         if sum((result is not _UNSET, retry, abandon)) != 1:
             raise ValueError("give exactly one of result=..., retry=True or abandon=True")
-        store_call, store = self._engine.store_call, self._store
+        store_call, store = self._machine.store_call, self._store
         if abandon:
             err = OutcomeUnknownError(f"operation {key} was abandoned by an operator after an unknown outcome")
             if not await store_call(store.abandon(scope, key, _codec.encode_error(err), self._retention)):

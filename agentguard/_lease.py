@@ -1,4 +1,5 @@
-"""Leases: the tokens that tell claims apart, and the heartbeat that keeps a claim alive while its body runs.
+"""Leases: the tokens that tell claims apart, and the heartbeat that keeps a claim alive while its body runs
+(with the claims of sync tools' threads that wait for their first tick: :class:`PendingBeats`).
 
 A lease is not a lock. It only says how long a claim is held without news from its worker; every write after
 the claim is fenced anyway, so a worker that stalled past its lease and wakes up can no longer write.
@@ -15,6 +16,8 @@ import asyncio
 import itertools
 import os
 import random
+import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -123,3 +126,43 @@ class Heartbeats:
             claim.beat.claims.pop(claim, None)
         renewal = claim.renewal
         return renewal if renewal is not None and not renewal.done() else None
+
+
+class PendingBeats:
+    """Claims made in sync tools' own threads, each handed to the heartbeat on the guard's portal loop at the first
+    tick (every lease/6) that finds its body still running, with the time it was claimed: its lease is then
+    renewed by half of it, as any other's. A short body wakes no other thread: its claim is taken back
+    (:meth:`take`) before any tick. The portal is woken once per loop, to start the ticks."""
+
+    def __init__(self, beats: Heartbeats, loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+        self._beats = beats
+        self._portal_loop = loop
+        self._lock = threading.Lock()
+        self._claims: dict[Any, float] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the portal's loop the ticks run on
+
+    def add(self, claim: Renewable) -> None:
+        """``claim``, made now, pending its heartbeat."""
+        loop = self._portal_loop()
+        with self._lock:
+            self._claims[claim] = time.monotonic()
+            if loop is self._loop:
+                return
+            self._loop = loop  # (a portal stopped and started again has a new loop)
+        loop.call_soon_threadsafe(self._tick, loop, False)
+
+    def take(self, claim: Renewable) -> float | None:
+        """When ``claim`` was made, if it was still pending (and is no longer): no heartbeat renews it."""
+        with self._lock:
+            return self._claims.pop(claim, None)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, hand_over: bool = True) -> None:
+        if loop is not self._loop:
+            return
+        if hand_over:
+            with self._lock:
+                claims, self._claims = self._claims, {}
+            for claim, at in claims.items():
+                self._beats.start(claim)
+                claim.renewed = at  # (the loop's clock is time.monotonic)
+        loop.call_later(self._beats.lease / 6, self._tick, loop)

@@ -3,7 +3,7 @@
 A ``Spec`` reads the tool's signature and type hints, checks the options against them, hides the injected
 parameters (the downstream key, the ``Operation``), and builds each call: bind the arguments, leave out the
 ignored ones, derive the identity (the flat shortcut of ``agentguard._flat`` when every argument is flat),
-then hand the call to the engine with a body that invokes the tool.
+then hand the call to a driver of the state machine (``_drive``) with a body that invokes the tool.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 from ._binder import Binder
 from ._calls import Call, check_operation, flat_call, make_call
 from ._codec import Codec
-from ._drivers import active_claim
-from ._engine import Engine
+from ._drive import active_claim, drive, drive_sync
 from ._errors import MissingTaskError
 from ._flat import FlatSignature
 from ._frameworks import made_by
+from ._machine import Machine
 from ._names import check_arguments
 from ._operation import Operation, Reconcile
 from ._shapes import KeyShape
@@ -57,7 +57,7 @@ class Spec:
 
     def __init__(
         self,
-        engine: Engine,
+        machine: Machine,
         codec_for: Callable[[Any], Codec],
         fn: Callable[..., Any],
         *,
@@ -74,7 +74,7 @@ class Spec:
         key_shape: KeyShape | None = None,
     ) -> None:
         reject_framework_tool(fn)
-        self.engine, self.codec_for, self.fn = engine, codec_for, fn
+        self.machine, self.codec_for, self.fn = machine, codec_for, fn
         self.on_conflict, self.wait_timeout = on_conflict, wait_timeout
         self.tool = check_operation(operation or getattr(fn, "__name__", None) or type(fn).__name__)
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
@@ -206,7 +206,7 @@ class Spec:
         if self.body_on_unknown != "reconcile" or claim is None or claim.took != RUNNING:
             return None
         assert self.reconcile is not None
-        op = Operation(ClaimSteps(self.engine, claim, self.codec_for), self.on_unknown, self.reconcile)
+        op = Operation(ClaimSteps(self.machine, claim, self.codec_for), self.on_unknown, self.reconcile)
         return self.reconcile(op, self.tool, key)
 
     def invoke(self, args: tuple[Any, ...], kwargs: dict[str, Any], arguments: Mapping[str, Any], key: str) -> Any:
@@ -214,7 +214,7 @@ class Spec:
         if asking is not None:
             if self.is_async:
                 return self._after_reconcile(asking, args, kwargs, arguments, key)
-            found = self.engine.portal.run(asking)
+            found = self.machine.portal.run(asking)
             return self._invoke(args, kwargs, arguments, key) if found is None else found
         return self._invoke(args, kwargs, arguments, key)
 
@@ -238,14 +238,14 @@ class Spec:
         if op_param is not None:
             claim = active_claim.get()
             assert claim is not None
-            full[op_param] = Operation(ClaimSteps(self.engine, claim, self.codec_for), self.on_unknown,
+            full[op_param] = Operation(ClaimSteps(self.machine, claim, self.codec_for), self.on_unknown,
                                        self.reconcile)
         ordered = {n: full[n] for n in self.full_sig.parameters}
         ba = inspect.BoundArguments(self.full_sig, ordered)  # type: ignore[arg-type,unused-ignore]
         return self.fn(*ba.args, **ba.kwargs)
 
     def wrapper(self) -> Any:
-        fn, spec, engine = self.fn, self, self.engine
+        fn, spec, machine = self.fn, self, self.machine
 
         if self.is_async:
 
@@ -253,9 +253,9 @@ class Spec:
                 try:
                     call, arguments = spec.call(args, kwargs)
                 except MissingTaskError:
-                    engine.observer.missing_task(spec.tool)
+                    machine.observer.missing_task(spec.tool)
                     raise
-                value, _ = await engine.drive(call, lambda key: spec.invoke(args, kwargs, arguments, key))
+                value, _ = await drive(machine, call, lambda key: spec.invoke(args, kwargs, arguments, key))
                 return value
 
             wrapper: Any = async_wrapper
@@ -265,9 +265,9 @@ class Spec:
                 try:
                     call, arguments = spec.call(args, kwargs)
                 except MissingTaskError:
-                    engine.observer.missing_task(spec.tool)
+                    machine.observer.missing_task(spec.tool)
                     raise
-                value, _ = engine.drive_sync(call, lambda key: spec.invoke(args, kwargs, arguments, key))
+                value, _ = drive_sync(machine, call, lambda key: spec.invoke(args, kwargs, arguments, key))
                 return value
 
             wrapper = sync_wrapper

@@ -1,4 +1,4 @@
-"""The engine's side of a multi-step operation: the ``StepLog`` an ``Operation`` runs on.
+"""The state machine's side of a multi-step operation: the ``StepLog`` an ``Operation`` runs on.
 
 Every write is fenced on the claim (a transaction that first re-checks, locks and renews it), so a worker
 whose claim was taken over records nothing; a step's result, and the clearing of a step that raised, are
@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._calls import Claim
 from ._codec import Codec
-from ._drivers import uncancellable
-from ._engine import Engine
+from ._drive import run, uncancellable
 from ._errors import GuardError
+from ._machine import Machine, Run
 from ._operation import Identity, Row
 from .stores import DONE
 
@@ -25,10 +25,10 @@ from .stores import DONE
 class ClaimSteps:
     """The steps of the operation a claim runs (implements ``agentguard._operation.StepLog``)."""
 
-    __slots__ = ("_claim", "_codec_for", "_engine")
+    __slots__ = ("_claim", "_codec_for", "_machine")
 
-    def __init__(self, engine: Engine, claim: Claim, codec_for: Callable[[Any], Codec]) -> None:
-        self._engine = engine
+    def __init__(self, machine: Machine, claim: Claim, codec_for: Callable[[Any], Codec]) -> None:
+        self._machine = machine
         self._claim = claim
         self._codec_for = codec_for
 
@@ -39,7 +39,7 @@ class ClaimSteps:
 
     @property
     def store_url(self) -> str:
-        return self._engine.store.url
+        return self._machine.store.url
 
     def codec_for(self, annotation: Any) -> Codec:
         return self._codec_for(annotation)
@@ -48,48 +48,50 @@ class ClaimSteps:
         return self._claim.call.error(cls, message, **kw)
 
     def report_unknown(self, step: str) -> None:
-        self._engine.events.emit("takeover", self._claim.call, self._claim.attempt, f"unknown outcome of step {step!r}")
+        claim = self._claim
+        self._machine.events.emit("takeover", claim.call, claim.attempt, f"unknown outcome of step {step!r}")
 
     async def load(self) -> list[Row]:
-        c, engine = self._claim.call, self._engine
-        return await engine.store_call(engine.store.load_steps(c.scope, c.key, self._claim.origin))
+        c, machine = self._claim.call, self._machine
+        return await machine.store_call(machine.store.load_steps(c.scope, c.key, self._claim.origin))
 
     async def put(self, seq: int, name: str, state: str, result: str | None) -> None:
-        claim, engine = self._claim, self._engine
+        claim, machine = self._claim, self._machine
         c = claim.call
-        if not await engine.store_call(engine.store.put_step(
-            c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=engine.lease, name=name, seq=seq,
+        if not await machine.store_call(machine.store.put_step(
+            c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=machine.lease, name=name, seq=seq,
             state=state, result=result,
         )):
-            raise engine.lease_lost(claim)
+            raise machine.lease_lost(claim)
 
     async def record(self, seq: int, name: str, result: str) -> None:
-        await uncancellable(self._engine.settled(
-            self._claim, f"recording step {name!r}", lambda: self.put(seq, name, DONE, result), heartbeat=False
-        ))
+        machine = self._machine
+        await uncancellable(run(machine, machine.settled(
+            self._claim, f"recording step {name!r}", Run(lambda: self.put(seq, name, DONE, result)), heartbeat=False
+        )))
 
     async def clear(self, name: str) -> None:
-        claim, engine = self._claim, self._engine
+        claim, machine = self._claim, self._machine
         c = claim.call
-        await uncancellable(engine.settled(claim, f"clearing step {name!r}", lambda: engine.store_call(
-            engine.store.clear_step(c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=engine.lease,
-                                    name=name)
-        ), heartbeat=False))  # (not ours any more: a takeover decides about the mark; nothing to raise)
+        clear = Run(lambda: machine.store_call(machine.store.clear_step(
+            c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=machine.lease, name=name)))
+        # (not ours any more: a takeover decides about the mark; nothing to raise)
+        await uncancellable(run(machine, machine.settled(claim, f"clearing step {name!r}", clear, heartbeat=False)))
 
     async def transaction(
         self, seq: int, name: str, fn: Callable[[AsyncConnection], Awaitable[Any]], encode: Callable[[Any], str]
     ) -> str:
-        claim, engine = self._claim, self._engine
+        claim, machine = self._claim, self._machine
         c = claim.call
 
         async def run() -> str:
-            async with engine.store.step_transaction(
-                c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=engine.lease, name=name, seq=seq
+            async with machine.store.step_transaction(
+                c.scope, c.key, fence=claim.fence, origin=claim.origin, lease=machine.lease, name=name, seq=seq
             ) as tx:
                 if tx is None:
-                    raise engine.lease_lost(claim)
+                    raise machine.lease_lost(claim)
                 encoded = encode(await fn(tx.connection))
                 await tx.record(encoded)
                 return encoded
 
-        return await engine.store_call(run())
+        return await machine.store_call(run())

@@ -19,8 +19,8 @@ from .stores._attempts import DROPPED, FORGOTTEN, REFUSED, REPLAYED, RESOLVED, T
 
 if TYPE_CHECKING:
     from ._cache import ReplayCache
-    from ._engine import Engine
     from ._ledger import Ledger
+    from ._machine import Machine
     from .stores import Store
 
 T = TypeVar("T")
@@ -29,7 +29,7 @@ _OPERATOR = (RESOLVED, FORGOTTEN, DROPPED)  # entries that are not a call
 
 class Views:
     _store: Store
-    _engine: Engine
+    _machine: Machine
     _ledger: Ledger | None
     _cache: ReplayCache
     _retention: float
@@ -41,7 +41,7 @@ class Views:
         return store
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await self._engine.store_call(coro)
+        return await self._machine.store_call(coro)
 
     @property
     def ledger_dropped(self) -> int:
@@ -52,7 +52,7 @@ class Views:
     async def flush_ledger(self) -> None:
         """Write the ledger entries queued so far (they are written within a fraction of a second anyway)."""
         if self._ledger is not None:
-            await self._engine.portal.arun(self._ledger.flush())
+            await self._machine.portal.arun(self._ledger.flush())
 
     async def attempts(
         self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,

@@ -120,8 +120,8 @@ class Run:
             ) -> None:
         extra: dict[str, Any] = {}
         if obs is not None:  # one caller, a real store: what the guard adds, and what it asked of the store
-            bare = "store only (SQLStore): " + ("SELECT" if obs.verbs["replay after a replay"] == ["read"]
-                                                else "claim, existing key")
+            reads_first = obs.verbs["replay after a replay"] == ["claim (likely taken)"]
+            bare = "store only (SQLStore): " + ("SELECT" if reads_first else "claim, existing key")
             gap = {path: rpt.fmt(rpt.cpu_gap(stats, f"agentguard: {path}", ref)) for path, ref in
                    (("first call", "store only (SQLStore): claim + complete"), ("replay", bare))}
             notes = [*notes, f"client CPU the Guard adds over the bare store: first call {gap['first call']} µs,"

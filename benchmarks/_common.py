@@ -160,7 +160,10 @@ async def observe(url: str, store_kw: dict[str, Any]) -> Observed:
     first = dict(paths["first call"])
     if set(first) != {"claim", "complete"}:
         raise SystemExit(f"benchmarks: a first call asked its store for {list(first)}, not claim + complete")
-    return Observed({p: [v for v, _ in calls] for p, calls in paths.items() if p}, first["claim"], first["complete"])
+    # (a claim asked as likely taken — a replaying task's — is read first by the store: named so)
+    verbs = {p: [f"{v} (likely taken)" if v == "claim" and a.get("likely_taken") else v for v, a in calls]
+             for p, calls in paths.items() if p}
+    return Observed(verbs, first["claim"], first["complete"])
 
 
 # -- the raw drivers ------------------------------------------------------------------------------------------

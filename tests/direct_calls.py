@@ -41,12 +41,12 @@ def whole_sync_calls(store: SQLStore, rows: Callable[[], list[tuple[Any, ...]]],
             seen.append(charge("o-1", 5))  # replayed from the in-process cache
             guard._cache.clear()
             seen.append(charge("o-1", 5))  # replayed from the store: the task is replaying (Postgres)
-            replaying = [bool(guard._engine.replaying._tasks)]
+            replaying = [bool(guard._machine.replaying._tasks)]
             with pytest.raises(KeyReuseError):
                 charge("o-1", 6)  # (asked as a replay: the read-or-claim function on Postgres' direct path)
             with pytest.raises(ConnectionError):
                 charge("o-flaky", 1)  # a claim won: the task is not replaying any more
-            replaying.append(bool(guard._engine.replaying._tasks))
+            replaying.append(bool(guard._machine.replaying._tasks))
             seen.append(charge("o-flaky", 1))  # taken over, the same downstream key
         shortcut = took_shortcut(store.direct())
     finally:

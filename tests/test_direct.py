@@ -1,4 +1,4 @@
-"""Sync tools on a SQLite file claim and complete in their own thread (``stores/_direct.py``, ``_here.py``): a
+"""Sync tools on a SQLite file claim and complete in their own thread (``stores/_direct.py``, ``_drive.InThread``): a
 shortcut that must equal the general path (the portal's loop, aiosqlite). Proved three ways: the direct
 statements answer what the store's verbs answer, state by state; whole guarded calls leave the same records
 and report the same events either way; and real threads racing on one key run its body once."""

@@ -1,5 +1,5 @@
 """Sync tools on Postgres claim and complete in their own thread, over psycopg (``stores/_direct_pg.py``,
-``_here.py``): a shortcut that must equal the general path (asyncpg on the portal's loop). Proved on a real
+``_drive.InThread``): a shortcut that must equal the general path (asyncpg on the portal's loop). Proved on a real
 server: the direct statements answer what the store's verbs answer, state by state; whole guarded calls leave
 the same records and report the same events either way; real threads run each body once; the connections
 stay within the pool's capacity and are let go with their threads; and a server that drops them, or goes

@@ -153,8 +153,10 @@ def charge_activity(store: str, provider: str, crash: str) -> tuple[Guard, Calla
     client = httpx.AsyncClient(base_url=provider)
     downstream.install(client)  # sends the guard's key as Idempotency-Key
 
+    # The key reaches the provider through the client's hook (downstream.install), not a parameter: say so, and
+    # the retried activity runs the body again with it after the crash, for the provider to deduplicate.
     @activity.defn(name="charge")
-    @temporal_adapter.once(guard, key="order_id")
+    @temporal_adapter.once(guard, key="order_id", on_unknown="retry")
     async def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
         response = await client.post("/v1/charges", json={"order_id": order_id, "amount": amount_cents})
         if crash == "in-body":

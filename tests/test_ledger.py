@@ -396,7 +396,7 @@ async def test_an_entry_with_a_host_id_no_store_holds_does_not_take_its_batch_wi
     await g.run("charge", body, task_id=t, audit={"tool_call_id": "a\x00b"})
     await g.run("refund", body, task_id=t, audit={"callId": "ok-1"})
     # (how the MCP proxy tells the ledger of a call refused before it had a task)
-    g._engine.observer.missing_task("charge", json.dumps({"callId": "x\ud800y"}))
+    g._machine.observer.missing_task("charge", json.dumps({"callId": "x\ud800y"}))
     await g.flush_ledger()
     assert g.ledger_dropped == 0
     assert [(e.kind, e.call_id) for e in await g.attempts(task_id=t)] == [("ran", "a\ufffdb"), ("ran", "ok-1")]

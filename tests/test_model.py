@@ -1,7 +1,7 @@
 """The protocol, model-checked: ``model/agentguard.pml`` under the spin model checker.
 
 The model is the claim / heartbeat / completion / release / takeover / sweep / step protocol of
-``agentguard/stores/_statements.py`` and ``agentguard/_engine.py``, with workers that crash, pause past their
+``agentguard/stores/_statements.py`` and ``agentguard/_machine.py``, with workers that crash, pause past their
 lease (and past retention) and wake, one database clock, a sweeper, and a provider that honours keys. spin
 explores every interleaving, exhaustively, for each configuration below and proves its assertions (no stale
 fence lands a write, one body per live claim, every caller gets the one stored result, one charge per key,
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from agentguard import stores
-from agentguard._engine import Engine
+from agentguard._machine import Machine
 from agentguard.stores import SQLStore
 from agentguard.stores._protocols import AdminStore, ClaimStore, StepStore
 from agentguard.stores._statements import Statements
@@ -228,4 +228,4 @@ def test_the_models_worker_is_the_engine() -> None:
     engine_steps = {"begin", "claimed", "replayed", "succeed", "fail", "lease_lost", "in_progress"}
     assert engine_steps <= labels
     for name in engine_steps:
-        assert callable(getattr(Engine, name)), name
+        assert callable(getattr(Machine, name)), name

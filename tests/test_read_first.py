@@ -1,10 +1,10 @@
 """A task that is replaying (its previous call through this guard was a replay, as when a resumed agent
-replays its history) reads its next call's record with a plain SELECT before claiming. The read may only
-serve a completed record with the same fingerprint; everything else goes to the claim, which decides.
+replays its history) asks its next call's claim as a key likely taken: the store reads before it inserts. A
+completed record with the same fingerprint is replayed; everything else is decided as any claim decides.
 
-On Postgres the guard does this by itself (the claim statement is a function, a SELECT costs less); on
-SQLite, whose claim already reads first in the same thread hop, it is switched on here so that the same
-rules are proved on both backends."""
+On Postgres the guard does this by itself (a plain read costs less than an insert that finds the key); on
+SQLite, whose claim reads first anyway, it is switched on here so that the same rules are proved on both
+backends."""
 
 from __future__ import annotations
 
@@ -28,19 +28,20 @@ class CardDeclined(Exception):
 
 def reading_guard(make_guard: Callable[..., Guard], **kw: Any) -> tuple[Guard, list[str]]:
     """A guard with no in-process cache (so replays read the store), its read-first path switched on (the
-    default on Postgres), and the list of keys that path reads."""
+    default on Postgres), and the list of keys whose claim it asked as likely taken (read first)."""
     store = SQLStore(kw.pop("url", None) or make_guard().url)
     assert store.read_is_cheaper is (BACKEND == "postgres")
-    store.read_is_cheaper = True  # (before the guard is made: its engine keeps replaying tasks only then)
+    store.read_is_cheaper = True  # (before the guard is made: its machine keeps replaying tasks only then)
     guard = make_guard(store=store, cache_size=0, **kw)
     reads: list[str] = []
-    read = store.read
+    claim = store.claim
 
-    async def logged_read(scope: str, key: str) -> Any:
-        reads.append(key)
-        return await read(scope, key)
+    async def logged_claim(params: dict[str, Any], likely_taken: bool = False) -> Any:
+        if likely_taken:
+            reads.append(params["key"])
+        return await claim(params, likely_taken)
 
-    store.read = logged_read  # type: ignore[method-assign]
+    store.claim = logged_claim  # type: ignore[method-assign]
     return guard, reads
 
 
@@ -230,5 +231,5 @@ async def test_an_unreachable_store_on_the_read_refuses_to_run_the_tool(
         await raw_exec(store_url, "ALTER TABLE agentguard_calls RENAME TO agentguard_calls_away")
         with pytest.raises(StoreError) as info:
             await charge("o-2", 200)
-    assert not info.value.body_ran and "reading the record" in str(info.value) and "not run" in str(info.value)
+    assert not info.value.body_ran and "claiming the key" in str(info.value) and "not run" in str(info.value)
     assert runs == [("o-1", 100)] and len(reads) == 1

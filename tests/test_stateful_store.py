@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 
 from agentguard.stores import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Record, SQLStore
+from agentguard.stores._schema import UNBOUND
 
 T = TypeVar("T")
 
@@ -138,17 +139,24 @@ class Protocol:
         row.state, row.result, row.lease_until, row.expires_at = state, result, None, self.now + self.retention
         return True
 
-    def release(self, key: str, fence: int) -> bool:
+    def release(self, key: str, fence: int, raised: str | None = None, bound: bool = True) -> bool:
+        """``raised``: what the body raised (kept for a refusal's text); ``bound``: its body started, so the
+        record keeps binding its arguments (else its fingerprint is UNBOUND: the next call runs with its own)."""
         row = self._fenced(key, fence, (RUNNING, RELEASED))
         if row is not None:
             row.state, row.lease_until, row.expires_at = RELEASED, None, self.now + self.retention
+            row.result = raised
+            if not bound:
+                row.fingerprint = UNBOUND
         return row is not None
 
     def release_owned(self, key: str, owner: str) -> bool:
+        """A claim undone while it was made: its body never started, so it binds nothing."""
         row = self.rows.get(key)
         if row is None or row.owner != owner or row.state != RUNNING:
             return False
         row.state, row.lease_until, row.expires_at = RELEASED, None, self.now + self.retention
+        row.fingerprint = UNBOUND
         return True
 
     def abandon(self, key: str, result: str) -> bool:
@@ -420,11 +428,11 @@ class StoreMachine(RuleBasedStateMachine):
         assert got == self.model.complete(key, h.fence, state, result)
 
     @precondition(lambda self: self.held)
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), bound=st.booleans())
+    def release(self, data: st.DataObject, bound: bool = True) -> None:
         _, key, h = self._holder(data)
-        got = self._run(self.bench.store.release(SCOPE, key, h.fence, RETENTION))
-        assert got == self.model.release(key, h.fence)
+        got = self._run(self.bench.store.release(SCOPE, key, h.fence, RETENTION, raised="Boom", bound=bound))
+        assert got == self.model.release(key, h.fence, "Boom", bound)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())

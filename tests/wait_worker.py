@@ -15,10 +15,10 @@ import json
 import sys
 from typing import Any
 
-from agentguard import Guard, _engine, _watch, task
+from agentguard import Guard, _machine, _watch, task
 from agentguard.stores import SQLStore
 
-_engine.POLL_LISTENING = 60.0
+_machine.POLL_LISTENING = 60.0
 _watch.FALLBACK = 60.0
 
 

@@ -29,7 +29,7 @@ from typing import Any, Final
 import mcp_types as types
 from pydantic import ValidationError
 
-from .._engine import current_audit
+from .._drive import current_audit
 from .._errors import NotStarted
 from ._config import ToolConfig
 from ._exchange import Context, Exchange, can_ask

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import mcp_types as types
 from mcp import MCPError
 
-from .._engine import current_audit
+from .._drive import current_audit
 from .._errors import GuardError, MissingTaskError
 from .._otel import inject as trace_into
 from .._refusals import refusal, unusable_arguments
@@ -97,7 +97,7 @@ class GuardedCall:
         try:
             task_id = resolve_task_id(name, given, self.meta, self.environ)
         except MissingTaskError as exc:
-            rt.guard._engine.observer.missing_task(name, json.dumps(self.audit, default=str))  # (for the ledger)
+            rt.guard._machine.observer.missing_task(name, json.dumps(self.audit, default=str))  # (for the ledger)
             return error_result(refusal(exc, fix=TASK_ID_FIX))
         if cfg.forward_key_to is not None:
             arguments.pop(cfg.forward_key_to, None)  # the proxy chooses the key, never the model

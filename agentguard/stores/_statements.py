@@ -299,16 +299,16 @@ class Statements:
         )
         # -- an operator's view and settling of operations held for a person (``_schema.held_kind_sql``): a
         #    worker died inside a step or the body, or the body's result could not be stored.
-        # The started step's name, for one held on a step (none otherwise).
-        step_name = (f"(SELECT MIN(s.name) FROM {STEPS} s WHERE s.scope = c.scope AND s.key = c.key"
-                     f" AND s.origin = c.origin AND s.state = '{STARTED}')")
+        # One row per held record — per started step, for one held on its steps — newest first.
         kind = held_kind_sql(now, "c.")
         self.unknown = text(
             f"SELECT scope, key, task_id, operation, CASE WHEN kind = '{HELD_STEP}' THEN step END, attempts, age, kind"
-            f" FROM (SELECT c.scope, c.key, c.task_id, c.operation, {step_name} AS step, c.attempts,"
-            f" {now} - c.created_at AS age, {kind} AS kind, c.updated_at FROM {TABLE} c"
+            f" FROM (SELECT c.scope, c.key, c.task_id, c.operation, s.name AS step, c.attempts,"
+            f" {now} - c.created_at AS age, {kind} AS kind, c.updated_at FROM {TABLE} c LEFT JOIN {STEPS} s"
+            f" ON s.scope = c.scope AND s.key = c.key AND s.origin = c.origin AND s.state = '{STARTED}'"
+            f" AND c.state IN ('{RUNNING}', '{RELEASED}')"
             " WHERE (CAST(:scope AS VARCHAR) IS NULL OR c.scope = :scope)) AS h"
-            " WHERE kind IS NOT NULL ORDER BY updated_at DESC LIMIT :limit"
+            " WHERE kind IS NOT NULL ORDER BY updated_at DESC, step LIMIT :limit"
         )
         # A caller whose key cannot reach the provider found the record's worker gone inside the body: marked so
         # for a person (``_schema.HELD_LEASE``), nothing else changed — the fence stays, so a worker that was only
