@@ -7,7 +7,7 @@ from decimal import Decimal
 import httpx
 import httpx2
 
-from agentguard import Guard, Outcome, current_key, downstream, task
+from agentguard import INJECTED, Guard, Operation, Outcome, current_key, downstream, task
 
 guard = Guard("sqlite+aiosqlite://")
 
@@ -22,6 +22,15 @@ def send(to: str) -> bool:
     return bool(current_key())
 
 
+@guard.once(key=["ride_id"])
+async def book(ride_id: str, op: Operation = INJECTED) -> str:  # the injected Operation: callers omit it
+    return await op.step("reserve", reserve, ride_id)
+
+
+async def reserve(ride_id: str) -> str:
+    return ride_id
+
+
 async def body(key: str) -> dict[str, str]:
     return {"key": key}
 
@@ -30,6 +39,8 @@ async def use() -> None:
     with task("t"):
         amount: Decimal = await charge("o-1", 4900)
         sent: bool = send("a@example.com")
+        booked: str = await book("r-1")
+        print(booked)
         out: Outcome[dict[str, str]] = await guard.run("op", body, task_id="t")
         print(amount, sent, out.value["key"], out.replayed)
 
