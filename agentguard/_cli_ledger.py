@@ -5,6 +5,8 @@
     agentguard forget KEY [--scope S] [--yes]          delete a completed or failed record: the next call runs
     agentguard stats [--since 1h] [--scope S] [--json] per tool: calls, replay rate, refusals, takeovers, guard time
 
+A KEY (and ``resolve``'s, in ``cli``) may be given by its start, as long as no other key starts the same way
+(``agentguard show ag_3f2a``), and a TASK likewise; a start several share is refused with the matches listed.
 Like ``ls``, they never create a store (``cli._existing_store``); a store made by an earlier version gets the
 ledger's table on first use, under the schema lock. ``--json`` prints one document: ``show``: ``{"record":
 {...}, "steps": [...], "attempts": [...]}``; ``timeline``: ``{"task_id": str, "attempts": [...]}``; ``forget``:
@@ -15,7 +17,6 @@ of :class:`agentguard.stores.Attempt`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import re
@@ -26,16 +27,17 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import CommandError
-from .stores import Attempt, RecordDetail
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the command's --help must not wait for SQLAlchemy: the stores are imported when used)
     from ._guard import Guard
     from ._storeconfig import StoreRef
+    from .stores import Attempt, RecordDetail
 
 T = TypeVar("T")
 _MARK = {"replayed": "REPLAY ", "refused": "REFUSED", "took_over": "TAKEOVR", "released": "RELEASE",
          "lease_lost": "LOST   ", "unknown": "UNKNOWN", "forgotten": "FORGOT ", "resolved": "RESOLVE"}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+SHOWN = 10  # the matches an ambiguous start lists
 
 
 def duration(text: str) -> float:
@@ -51,6 +53,8 @@ def _when(at: float) -> str:
 
 
 def _run(ref: StoreRef, go: Callable[[Guard], Awaitable[T]]) -> T:
+    import asyncio
+
     async def main() -> T:
         from ._guard import Guard
 
@@ -58,6 +62,42 @@ def _run(ref: StoreRef, go: Callable[[Guard], Awaitable[T]]) -> T:
             return await go(guard)
 
     return asyncio.run(main())
+
+
+async def full_key(g: Guard, given: str, scope: str | None) -> str:
+    """The key a person meant: ``given`` itself, or the one key that starts with it. Several keys starting
+    with it are a CommandError listing them; none, ``given`` unchanged (the command then says it has no such
+    record)."""
+    from .stores import SQLStore, _prefixes
+
+    store = g._store
+    if not isinstance(store, SQLStore):
+        return given
+    found = await _prefixes.keys(store, given, scope=scope, limit=SHOWN + 1)
+    distinct = list(dict.fromkeys(k for k, _, _, _ in found))  # one key may be in several scopes
+    if given in distinct or len(distinct) <= 1:
+        return distinct[0] if len(distinct) == 1 else given
+    raise CommandError(_ambiguous("key", given, [f"  {k}  scope={s}  task={t}  {o}" for k, s, t, o in found]))
+
+
+async def full_task(g: Guard, given: str, scope: str | None) -> str:
+    """The task a person meant: ``given`` itself, or the one task id that starts with it (as ``full_key``)."""
+    from .stores import SQLStore, _prefixes
+
+    store = g._store
+    if not isinstance(store, SQLStore):
+        return given
+    found = await _prefixes.tasks(store, given, scope=scope, limit=SHOWN + 1)
+    distinct = list(dict.fromkeys(t for t, _ in found))
+    if given in distinct or len(distinct) <= 1:
+        return distinct[0] if len(distinct) == 1 else given
+    raise CommandError(_ambiguous("task", given, [f"  {t}  scope={s}" for t, s in found]))
+
+
+def _ambiguous(what: str, given: str, lines: list[str]) -> str:
+    more = [f"  ... and more (the first {SHOWN} are shown)"] if len(lines) > SHOWN else []
+    return "\n".join([f"{given!r} is the start of several {what}s; give more of it, or the whole {what}:",
+                      *lines[:SHOWN], *more])
 
 
 def _entry_line(e: Attempt, *, with_operation: bool) -> str:
@@ -73,8 +113,8 @@ def _show(args: argparse.Namespace, ref: StoreRef) -> int:
     scope = args.scope if args.scope is not None else ref.scope
 
     async def go(g: Guard) -> tuple[RecordDetail, list[Attempt]]:
-        rec = await g.record(args.key, scope=scope)
-        return rec, await g.attempts(key=args.key, scope=rec.scope)
+        rec = await g.record(await full_key(g, args.key, scope), scope=scope)
+        return rec, await g.attempts(key=rec.key, scope=rec.scope)
 
     rec, entries = _run(ref, go)
     if args.json:
@@ -100,12 +140,17 @@ def _show(args: argparse.Namespace, ref: StoreRef) -> int:
 
 def _timeline(args: argparse.Namespace, ref: StoreRef) -> int:
     scope = args.scope if args.scope is not None else ref.scope
-    entries = _run(ref, lambda g: g.timeline(args.task_id, scope=scope, limit=args.limit))
+
+    async def go(g: Guard) -> tuple[str, list[Attempt]]:
+        task_id = await full_task(g, args.task_id, scope)
+        return task_id, await g.timeline(task_id, scope=scope, limit=args.limit)
+
+    task_id, entries = _run(ref, go)
     if args.json:
-        print(json.dumps({"task_id": args.task_id, "attempts": [e.as_dict() for e in entries]}))
+        print(json.dumps({"task_id": task_id, "attempts": [e.as_dict() for e in entries]}))
         return 0
     if not entries:
-        print(f"task {args.task_id!r} has records but no attempts in the ledger (kept by an earlier version)")
+        print(f"task {task_id!r} has records but no attempts in the ledger (kept by an earlier version)")
     for e in entries:
         print(_entry_line(e, with_operation=True))
     return 0
@@ -113,7 +158,11 @@ def _timeline(args: argparse.Namespace, ref: StoreRef) -> int:
 
 def _forget(args: argparse.Namespace, ref: StoreRef) -> int:
     scope = args.scope if args.scope is not None else ref.scope
-    rec = _run(ref, lambda g: g.record(args.key, scope=scope))
+
+    async def find(g: Guard) -> RecordDetail:
+        return await g.record(await full_key(g, args.key, scope), scope=scope)
+
+    rec = _run(ref, find)
     if not args.yes:
         if not sys.stdin.isatty():
             raise CommandError(f"forget deletes the record of {rec.operation!r} in task {rec.task_id!r} "
@@ -123,7 +172,7 @@ def _forget(args: argparse.Namespace, ref: StoreRef) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 1
-    gone = _run(ref, lambda g: g.forget(args.key, scope=rec.scope))
+    gone = _run(ref, lambda g: g.forget(rec.key, scope=rec.scope))
     if args.json:
         print(json.dumps({"forgotten": {k: v for k, v in asdict(gone).items() if k != "steps"}}))
     else:
@@ -169,13 +218,13 @@ def add_commands(sub: Any, store_options: Callable[[argparse.ArgumentParser], No
     p = sub.add_parser("show", help="one record in full: its state, steps and attempts",
                        description="Show one record (by its key, from agentguard ls) with its steps and every "
                                    "attempt the ledger kept.")
-    p.add_argument("key", help="the record's key (agentguard ls)")
+    p.add_argument("key", help="the record's key (agentguard ls), or its start if no other key starts so")
     common(p, 'print {"record": {...}, "steps": [...], "attempts": [...]}')
     p.set_defaults(run=on_store(_show))
 
     p = sub.add_parser("timeline", help="what the agent did in a task, in order (replays and refusals marked)",
                        description="Every attempt of every operation of one task, in the order they happened.")
-    p.add_argument("task_id", metavar="TASK", help="the task id")
+    p.add_argument("task_id", metavar="TASK", help="the task id, or its start if no other task's id starts so")
     p.add_argument("--limit", type=positive, default=1000, metavar="N", help="at most N entries (default 1000)")
     common(p, 'print {"task_id": str, "attempts": [...]}')
     p.set_defaults(run=on_store(_timeline))
@@ -184,7 +233,7 @@ def add_commands(sub: Any, store_options: Callable[[argparse.ArgumentParser], No
                        description="Delete a completed, failed or released record on purpose (never a running "
                                    "claim): the next call of the operation runs the tool again. Asks first, "
                                    "unless --yes. Leaves a 'forgotten' entry in the ledger.")
-    p.add_argument("key", help="the record's key (agentguard ls)")
+    p.add_argument("key", help="the record's key (agentguard ls), or its start if no other key starts so")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     common(p, 'print {"forgotten": {...}}')
     p.set_defaults(run=on_store(_forget))

@@ -2,7 +2,8 @@
 
 It retries sequentially, fires identical calls in parallel, crashes mid-call (a real SIGKILL of a worker
 process after the provider charged) and resumes, and reuses a key with a different amount. The provider
-honours idempotency keys like Stripe. At the end the ledger shows one charge per order.
+honours idempotency keys like Stripe. At the end the ledger shows one charge per order, and the demo prints
+the two commands that show what agentguard recorded: the task's timeline and the crashed charge's record.
 """
 
 from __future__ import annotations
@@ -90,43 +91,8 @@ async def _scripted_agent(url: str | None, provider: FakeProvider, events: list[
     run = uuid.uuid4().hex[:6]
     task_id = f"ticket-{run}"
     async with Guard(url, lease=LEASE, on_event=events.append) as guard:
-        charge = build(guard, provider)
-        print(f"agentguard demo: store {guard.url}  task {task_id}\n")
-
-        def said(kind: str) -> int:
-            return sum(e.kind == kind for e in events)
-
-        async with task(task_id):
-            print("1. The agent retries charge(o-1, 4900) three times (a timeout, then it forgot):")
-            for attempt in range(1, 4):
-                before = said("replayed")
-                c = await charge("o-1", 4900)
-                print(f"   attempt {attempt}: {'replayed' if said('replayed') > before else 'ran     '}  -> {c.id}")
-
-            print("\n2. The model emits five identical calls in one turn, run in parallel (o-2):")
-            before = said("replayed")
-            results = await asyncio.gather(*(charge("o-2", 2500) for _ in range(5)))
-            replayed = said("replayed") - before
-            print(f"   5 calls -> {len({r.id for r in results})} charge ({results[0].id}): "
-                  f"{5 - replayed} ran, {replayed} waited for it and replayed")
-
-            print("\n3. A worker crashes mid-call (real SIGKILL after the provider charged o-3):")
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agentguard._demo", "--crash-child", url or "", provider.path, task_id
-            )
-            code = await child.wait()
-            print(f"   worker exited with signal {-code}; its claim is held until the lease "
-                  f"({LEASE:g}s) runs out")
-            c = await charge("o-3", 1500)
-            print(f"   the resumed agent took over with the same key -> {c.id} "
-                  f"(the provider deduplicated: {said('takeover')} takeover)")
-
-            print("\n4. The model calls charge(o-1) again with another amount:")
-            try:
-                await charge("o-1", 9900)
-            except KeyReuseError as exc:
-                print(f"   refused, nothing executed: {exc}")
-
+        await _story(guard, url, provider, task_id, events)
+        looks = await _look(guard, url, task_id, events)
     charges, requests, dedup = provider.ledger()
     print(f"\nProvider ledger ({requests} requests reached it, {dedup} deduplicated by key):")
     for cid, order, amount in charges:
@@ -135,7 +101,72 @@ async def _scripted_agent(url: str | None, provider: FakeProvider, events: list[
     ok = len(charges) == len(orders) == 3
     print(f"\n{'OK' if ok else 'FAILED'}: {len(charges)} charges for {len(orders)} orders"
           f" (11 tool calls by the agent).")
+    if looks:
+        print("\nWhat agentguard recorded:")
+        width = max(len(cmd) for cmd, _ in looks)
+        for cmd, what in looks:
+            print(f"   {cmd.ljust(width)}   # {what}")
     return 0 if ok else 1
+
+
+async def _story(guard: Guard, url: str | None, provider: FakeProvider, task_id: str,
+                 events: list[GuardEvent]) -> None:
+    """The scripted agent's four scenes, told as they happen."""
+    charge = build(guard, provider)
+    print(f"agentguard demo: store {guard.url}  task {task_id}\n")
+
+    def said(kind: str) -> int:
+        return sum(e.kind == kind for e in events)
+
+    async with task(task_id):
+        print("1. The agent retries charge(o-1, 4900) three times (a timeout, then it forgot):")
+        for attempt in range(1, 4):
+            before = said("replayed")
+            c = await charge("o-1", 4900)
+            print(f"   attempt {attempt}: {'replayed' if said('replayed') > before else 'ran     '}  -> {c.id}")
+
+        print("\n2. The model emits five identical calls in one turn, run in parallel (o-2):")
+        before = said("replayed")
+        results = await asyncio.gather(*(charge("o-2", 2500) for _ in range(5)))
+        replayed = said("replayed") - before
+        print(f"   5 calls -> {len({r.id for r in results})} charge ({results[0].id}): "
+              f"{5 - replayed} ran, {replayed} waited for it and replayed")
+
+        print("\n3. A worker crashes mid-call (real SIGKILL after the provider charged o-3):")
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentguard._demo", "--crash-child", url or "", provider.path, task_id
+        )
+        code = await child.wait()
+        print(f"   worker exited with signal {-code}; its claim is held until the lease "
+              f"({LEASE:g}s) runs out")
+        c = await charge("o-3", 1500)
+        print(f"   the resumed agent took over with the same key -> {c.id} "
+              f"(the provider deduplicated: {said('takeover')} takeover)")
+
+        print("\n4. The model calls charge(o-1) again with another amount:")
+        try:
+            await charge("o-1", 9900)
+        except KeyReuseError as exc:
+            print(f"   refused, nothing executed: {exc}")
+
+
+async def _look(guard: Guard, url: str | None, task_id: str, events: list[GuardEvent]) -> list[tuple[str, str]]:
+    """The commands that show the task's timeline and the crashed charge's record (its key by the shortest
+    start, of at least 10 characters, that no other key shares), with the store's --url if the demo was
+    given one (else they read the same $AGENTGUARD_URL or default store)."""
+    from ._storeconfig import StoreRef, store_args
+    from .stores import SQLStore, _prefixes
+
+    taken = [e.key for e in events if e.kind == "takeover"]
+    if len(taken) != 1:
+        return []
+    key, n = taken[0], 10
+    if isinstance(guard._store, SQLStore):
+        while n < len(key) and len(await _prefixes.keys(guard._store, key[:n], scope=None, limit=2)) > 1:
+            n += 4
+    where = f" {store_args(StoreRef(url))}" if url else ""
+    return [(f"agentguard timeline {task_id}{where}", "every attempt of the task, in order"),
+            (f"agentguard show {key[:n]}{where}", "the charge of o-3: the crash, the takeover, its result")]
 
 
 def run_demo(url: str | None) -> int:

@@ -2,7 +2,7 @@
 
     require("pydantic_ai", extra="pydantic-ai", by="agentguard.integrations.pydantic_ai")
     # ModuleNotFoundError: agentguard.integrations.pydantic_ai needs the pydantic-ai extra (no module named
-    # 'pydantic_ai' is installed): pip install 'agentguard[pydantic-ai]'
+    # 'pydantic_ai' is installed): pip install 'agentguard-idempotency[pydantic-ai]'
 
 The check looks modules up without importing them (``importlib.util.find_spec`` on top-level names), so a
 module that calls it at import time still imports no framework until one is used.
@@ -11,6 +11,8 @@ module that calls it at import time still imports no framework until one is used
 from __future__ import annotations
 
 import importlib.util
+
+DISTRIBUTION = "agentguard-idempotency"  # the name on the package index (the import package is agentguard)
 
 
 class MissingExtraError(ModuleNotFoundError):
@@ -22,8 +24,8 @@ class MissingExtraError(ModuleNotFoundError):
 
 
 def install_line(extra: str) -> str:
-    """The command that installs ``extra``: ``pip install 'agentguard[mcp]'``."""
-    return f"pip install 'agentguard[{extra}]'"
+    """The command that installs ``extra``: ``pip install 'agentguard-idempotency[mcp]'``."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
 def missing(*modules: str) -> str | None:

@@ -1,4 +1,4 @@
-"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, resolve, sweep, console, mcp-proxy.
+"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, resolve, sweep, console, mcp-proxy, help.
 
     agentguard demo                                  the offline demo, on the embedded SQLite store
     agentguard ls [--json] [--state S] [--task T]    the latest records (--state unknown: held on an unknown outcome)
@@ -7,6 +7,11 @@
     agentguard sweep [--batch N]                     delete records past their retention
     agentguard console [--port N] [--host H]         a local web page: tasks, timelines, held outcomes (console extra)
     agentguard mcp-proxy --config agentguard.toml    the guarding MCP proxy (the mcp extra)
+    agentguard help [COMMAND]                        the help, of the command or of one of its commands
+    agentguard -V | --version                        (also: python -m agentguard ...)
+
+A KEY or TASK may be given by its start if no other key or task starts the same way (``show ag_3f2a``); a
+start several share is refused (status 1) with the matches listed.
 
 ``ls``, ``resolve``, ``sweep``, ``console`` (and the ledger's commands) name their store with ``--url URL``
 or ``--config agentguard.toml`` (the proxy's config: its ``[store]`` url and scope), else
@@ -25,28 +30,41 @@ Exit status: 0 done; 1 an error, named on stderr; 2 a usage error — and ``agen
 which prints the help (nothing was done, so a script that forgot the command must not read success);
 130 interrupted; 141 (128 + SIGPIPE, as ``ls`` or ``git log`` end) when the reader of stdout went away
 early, e.g. ``agentguard ls | head -3``, which ends quietly.
+
+Each command imports what it needs when it runs, so ``--help`` and ``--version`` answer without loading
+SQLAlchemy, pydantic or asyncio (``python -m benchmarks.startup`` measures them).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import __version__
-from ._cli_ledger import add_commands
+from ._cli_ledger import add_commands, full_key
 from ._errors import CommandError, GuardError
-from ._extras import MissingExtraError, require
-from ._storeconfig import StoreRef, from_arguments, sqlite_file
+from ._extras import MissingExtraError, install_line, require
+
+if TYPE_CHECKING:
+    from ._storeconfig import StoreRef
+
+T = TypeVar("T")
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
+
+
+def _arun(coro: Coroutine[Any, Any, T]) -> T:
+    import asyncio  # (not at the top: --help and --version need no event loop)
+
+    return asyncio.run(coro)
+
 
 def _age(seconds: float) -> str:
     if seconds < 120:
@@ -61,6 +79,8 @@ def _age(seconds: float) -> str:
 def _existing_store(args: argparse.Namespace) -> StoreRef:
     """The store named by --url/--config, checked before a Guard is built: a Guard would create a missing
     SQLite file, and a command that only reads or settles must never leave an empty store behind."""
+    from ._storeconfig import from_arguments, sqlite_file
+
     ref = from_arguments(args.url, args.config)
     _check_driver(ref.url)
     path = sqlite_file(ref.url)
@@ -125,7 +145,7 @@ def _ls(args: argparse.Namespace) -> int:
     ref = _existing_store(args)
     scope = args.scope if args.scope is not None else ref.scope
     if args.unknown or args.state == "unknown":
-        held = asyncio.run(_unknown(ref.url, scope, args.limit))
+        held = _arun(_unknown(ref.url, scope, args.limit))
         if args.json:
             print(json.dumps({"unknown": held}, default=str))
         elif not held:
@@ -136,7 +156,7 @@ def _ls(args: argparse.Namespace) -> int:
                 print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  "
                       f"{how}  attempts={r['attempts']}  age={_age(r['age_seconds'])}")
         return 0
-    rows = asyncio.run(_records(ref.url, scope, args.task_id, args.limit, args.state))
+    rows = _arun(_records(ref.url, scope, args.task_id, args.limit, args.state))
     if args.json:
         print(json.dumps({"records": rows}, default=str))
     elif not rows:
@@ -160,9 +180,9 @@ def _resolve(args: argparse.Namespace) -> int:
         from ._guard import Guard
 
         async with Guard(ref.url) as guard:
-            return await guard.resolve(args.key, scope=scope, **kwargs)
+            return await guard.resolve(await full_key(guard, args.key, scope), scope=scope, **kwargs)
 
-    print(asyncio.run(go()))
+    print(_arun(go()))
     return 0
 
 
@@ -175,7 +195,7 @@ def _sweep(args: argparse.Namespace) -> int:
         async with Guard(ref.url) as guard:
             return await guard.sweep(batch=args.batch)
 
-    n = asyncio.run(go())
+    n = _arun(go())
     print(f"deleted {n} expired record{'s' if n != 1 else ''}")
     return 0
 
@@ -215,7 +235,7 @@ def _mcp_proxy(args: argparse.Namespace) -> int:
         from .mcp import proxy
     except ImportError as exc:  # installed, but not a version this proxy works with
         print(f"agentguard mcp-proxy could not import the MCP SDK ({exc}); reinstall it with "
-              "pip install 'agentguard[mcp]'", file=sys.stderr)
+              f"{install_line('mcp')}", file=sys.stderr)
         return EXIT_USAGE
     return proxy.main(args.config, http=args.http)
 
@@ -244,10 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentguard",
         description="At-most-once tool calls for AI agents: run a tool once per task and operation, replay "
                     "its stored outcome to every repeat.",
-        epilog="Run `agentguard COMMAND --help` for a command's options. Exit status: 0 done, 1 error, "
-               "2 usage error (also: no command given).",
+        epilog="Run `agentguard help COMMAND` (or `agentguard COMMAND --help`) for a command's options. Exit "
+               "status: 0 done, 1 error, 2 usage error (also: no command given).",
     )
-    parser.add_argument("--version", action="version", version=f"agentguard {__version__}",
+    parser.add_argument("-V", "--version", action="version", version=f"agentguard {__version__}",
                         help="print agentguard's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
                                 help="one of these; `agentguard COMMAND --help` shows its options")
@@ -286,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                                            "the body ran and its result could not be stored. Record the real "
                                            "outcome, run it again, or give the operation up.")
     _store_options(p_resolve)
-    p_resolve.add_argument("key", help="the operation's key (agentguard ls --unknown)")
+    p_resolve.add_argument("key", help="the operation's key (agentguard ls --unknown), or its start if no other key "
+                                       "starts so")
     p_resolve.add_argument("--scope", help="the operation's scope (default: the config's scope, else 'default')")
     how = p_resolve.add_mutually_exclusive_group(required=True)
     how.add_argument("--result", metavar="JSON",
@@ -308,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Serve a page of the store's tasks, each task's timeline and the "
                                            "operations held on an unknown outcome, with actions to settle them "
                                            "(what `agentguard resolve` does). Prints the URL with a token: "
-                                           "without it the page is read-only. Needs agentguard[console].")
+                                           "without it the page is read-only. Needs the console extra.")
     _store_options(p_console)
     p_console.add_argument("--port", type=_port, default=8765, metavar="N",
                            help="the port to listen on (default: 8765; 0: any free port, printed)")
@@ -316,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="the address to listen on (default: 127.0.0.1, this machine only)")
     p_console.set_defaults(run=_console)
 
-    p_proxy = sub.add_parser("mcp-proxy", help="serve a guarding MCP proxy over stdio (needs agentguard[mcp])",
+    p_proxy = sub.add_parser("mcp-proxy", help="serve a guarding MCP proxy over stdio (needs the mcp extra)",
                              description="Guard the tools a config names in front of any MCP server; "
                                          "checks the store and the upstream's tools first (exit 2 on a problem).")
     p_proxy.add_argument("--config", required=True, metavar="TOML", help="path to agentguard.toml")
@@ -324,7 +345,19 @@ def build_parser() -> argparse.ArgumentParser:
                          help="serve Streamable HTTP at http://HOST:PORT/mcp instead of stdio, to many hosts "
                               "(host default 127.0.0.1; needs [proxy] token or $AGENTGUARD_PROXY_TOKEN)")
     p_proxy.set_defaults(run=_mcp_proxy)
+
+    commands = dict(sub.choices)  # (every command but help itself)
+    p_help = sub.add_parser("help", help="show this help, or a command's (agentguard help show)",
+                            description="Show the help of agentguard, or of one of its commands.")
+    p_help.add_argument("topic", nargs="?", metavar="COMMAND", choices=sorted(commands),
+                        help="the command whose help to show (default: agentguard's own)")
+    p_help.set_defaults(run=lambda args: _help(commands.get(args.topic, parser)))
     return parser
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,7 +55,7 @@ def powertools(notes: list[str]) -> Iterator[list[tuple[Variant, Body]]]:
                                                                   "skipped: redis-server is not installed here")
     if why:
         async def unavailable(*_: int) -> None:
-            raise Unavailable(f"{why} (pip install 'agentguard[bench]'; apt install redis-server)")
+            raise Unavailable(f"{why} (pip install --group bench; apt install redis-server)")
 
         yield [(Variant(f"powertools: {n}", unavailable, unavailable), Body()) for n in ("first call", "replay")]
         return

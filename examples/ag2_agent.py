@@ -1,7 +1,7 @@
 """AG2: a scripted model charges the same order, again after a "timeout", twice at once, and with another
 amount, in AG2's real agent loop.
 
-Needs the ag2 extra:  pip install 'agentguard[ag2]'
+Needs the ag2 extra:  pip install 'agentguard-idempotency[ag2]'
 Offline (ag2.testing.TestConfig, AG2's own scripted model; no API key):  python examples/ag2_agent.py
 """
 

@@ -1,7 +1,7 @@
 """agno: a scripted model has an Agent charge the same order again, twice at once, and with another amount; the
 task id is the one in the run's session_state.
 
-Needs the agno extra:  pip install 'agentguard[agno]'
+Needs the agno extra:  pip install 'agentguard-idempotency[agno]'
 Offline (a scripted subclass of agno's Model, no API key):  python examples/agno_agent.py
 """
 

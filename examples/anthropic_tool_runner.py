@@ -1,7 +1,7 @@
 """The Anthropic SDK's tool runner: the model charges the same order, again after a "timeout", twice in one
 reply, and with another amount; the runner's real loop talks to a local fake of the Messages API.
 
-Needs the anthropic extra:  pip install 'agentguard[anthropic]' — and a clone of the repository
+Needs the anthropic extra:  pip install 'agentguard-idempotency[anthropic]' — and a clone of the repository
 (the fake API is the tests' tests/fake_anthropic.py)
 Offline (no API key):  python examples/anthropic_tool_runner.py
 """

@@ -2,8 +2,8 @@
 again after a "timeout", twice in one reply, and with another amount, against a local fake of the Messages
 API — the SDK's and the CLI's real loop, no account.
 
-Needs the claude-agent-sdk extra:  pip install 'agentguard[claude-agent-sdk]' — and a clone of the repository
-(the fake API is the tests' tests/fake_anthropic.py)
+Needs the claude-agent-sdk extra:  pip install 'agentguard-idempotency[claude-agent-sdk]' — and a clone of the
+repository (the fake API is the tests' tests/fake_anthropic.py)
 Offline (no API key; the CLI's config goes to a temporary directory):  python examples/claude_agent_sdk_agent.py
 """
 

@@ -1,6 +1,6 @@
 """CrewAI: a crew charges an order, is run again after a timeout, and two crews charge it at once.
 
-Needs the crewai extra:  pip install 'agentguard[crewai]'   (crewai pulls mcp 1.x: not beside the mcp extra)
+Needs the crewai extra:  pip install 'agentguard-idempotency[crewai]'   (crewai pulls mcp 1.x: not beside the mcp extra)
 Offline (a scripted subclass of CrewAI's BaseLLM answering in ReAct text, no API key):  python examples/crewai_crew.py
 """
 

@@ -1,6 +1,6 @@
 """DBOS: a durable workflow whose guarded step is called twice; the task id is the DBOS workflow id.
 
-Needs the dbos extra:  pip install 'agentguard[dbos]'
+Needs the dbos extra:  pip install 'agentguard-idempotency[dbos]'
 Offline (SQLite system database in a temporary directory):  python examples/dbos_workflow.py
 Kill it mid-step and start it again and DBOS recovers the workflow; the guard makes the re-run step replay
 (or take over with the same downstream key), so the provider charges once — see tests/test_integration_dbos.py.

@@ -1,7 +1,7 @@
 """Google ADK: a scripted model charges the same order, again after a "timeout", twice at once, and with
 another amount, in ADK's real Runner loop.
 
-Needs the google-adk extra:  pip install 'agentguard[google-adk]'
+Needs the google-adk extra:  pip install 'agentguard-idempotency[google-adk]'
 Offline (a scripted BaseLlm, ADK's extension point for models of your own; no API key):
 python examples/google_adk_agent.py
 """

@@ -1,7 +1,7 @@
 """LangGraph: a ToolNode step that charges and asks a human (interrupt) runs again on resume; the charge is
 replayed, not repeated. Then the model tries another amount for the same order and gets an error message.
 
-Needs the langchain extra:  pip install 'agentguard[langchain]'
+Needs the langchain extra:  pip install 'agentguard-idempotency[langchain]'
 Offline (GenericFakeChatModel, InMemorySaver, no API key):  python examples/langgraph_agent.py
 """
 

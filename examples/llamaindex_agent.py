@@ -1,7 +1,7 @@
 """LlamaIndex: a scripted LLM has a FunctionAgent charge the same order again, twice at once, and with another
 amount; the task id is the one in the agent's state.
 
-Needs the llamaindex extra:  pip install 'agentguard[llamaindex]'
+Needs the llamaindex extra:  pip install 'agentguard-idempotency[llamaindex]'
 Offline (LlamaIndex's MockFunctionCallingLLM with a scripted response generator):  python examples/llamaindex_agent.py
 """
 

@@ -1,6 +1,6 @@
 """The guarding MCP proxy, offline: a host retries a charge, the provider charges once.
 
-Needs the mcp extra:  pip install 'agentguard[mcp]'
+Needs the mcp extra:  pip install 'agentguard-idempotency[mcp]'
 Offline:  python examples/mcp_proxy_demo.py
 
 Starts ``agentguard mcp-proxy`` over stdio in front of ``python -m agentguard.servers.payments_demo`` (a

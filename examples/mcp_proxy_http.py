@@ -1,6 +1,6 @@
 """Two agents share one guarding MCP proxy over HTTP, offline: the provider charges once.
 
-Needs the mcp extra:  pip install 'agentguard[mcp]'
+Needs the mcp extra:  pip install 'agentguard-idempotency[mcp]'
 Offline:  python examples/mcp_proxy_http.py
 
 Starts ``agentguard mcp-proxy --http 127.0.0.1:0`` (Streamable HTTP at ``/mcp``, every request checked for a

@@ -3,7 +3,7 @@
 The first attempt fails after the charge; the retry resumes after the last recorded step, so the ride row
 is inserted once, the card is charged once and the receipt is sent once.
 
-Needs no extra:  pip install agentguard
+Needs no extra:  pip install agentguard-idempotency
 Offline:  python examples/multistep_ride.py
 """
 

@@ -1,6 +1,6 @@
 """OpenAI Agents SDK: a scripted model charges the same order twice, in parallel, and with another amount.
 
-Needs the openai-agents extra:  pip install 'agentguard[openai-agents]'
+Needs the openai-agents extra:  pip install 'agentguard-idempotency[openai-agents]'
 Offline (agents.testing.ScriptedModel, tracing disabled, no API key):  python examples/openai_agents_agent.py
 """
 

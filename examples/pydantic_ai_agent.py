@@ -1,6 +1,6 @@
 """pydantic-ai: a scripted model charges the same order twice, in parallel, and with another amount.
 
-Needs the pydantic-ai extra:  pip install 'agentguard[pydantic-ai]'
+Needs the pydantic-ai extra:  pip install 'agentguard-idempotency[pydantic-ai]'
 Offline (FunctionModel, no API key):  python examples/pydantic_ai_agent.py
 """
 

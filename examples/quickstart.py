@@ -1,6 +1,6 @@
 """The README example, runnable offline: a plain async tool guarded by agentguard.
 
-Needs no extra:  pip install agentguard
+Needs no extra:  pip install agentguard-idempotency
 Offline:  python examples/quickstart.py
 """
 

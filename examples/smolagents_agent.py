@@ -1,6 +1,6 @@
 """smolagents: a scripted model charges the same order again, twice at once, and with another amount.
 
-Needs the smolagents extra:  pip install 'agentguard[smolagents]'
+Needs the smolagents extra:  pip install 'agentguard-idempotency[smolagents]'
 Offline (a scripted Model subclass, no API key):  python examples/smolagents_agent.py
 """
 

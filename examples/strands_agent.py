@@ -1,7 +1,8 @@
 """Strands Agents: a scripted model has an Agent charge the same order again, twice at once, and with another
 amount; the task id is the one the caller put in the invocation state.
 
-Needs the strands extra:  pip install 'agentguard[strands]'   (Strands pins mcp<2.2: not beside the mcp extra)
+Needs the strands extra:  pip install 'agentguard-idempotency[strands]'  (Strands pins mcp<2.2: not beside the mcp
+extra)
 Offline (a scripted subclass of Strands' Model, no API key):  python examples/strands_agent.py
 """
 

@@ -1,7 +1,7 @@
 """Forwarding the key: the official `stripe` client and httpx, against a local fake provider that deduplicates
 like Stripe. The tool crashes after the provider charged; the retry sends the same key; one charge.
 
-Needs the stripe and httpx extras:  pip install 'agentguard[stripe,httpx]' — and a clone of the repository
+Needs the stripe and httpx extras:  pip install 'agentguard-idempotency[stripe,httpx]' — and a clone of the repository
 (the provider is the tests' local fake, tests/fake_provider.py)
 Offline:  python examples/stripe_forwarding.py
 """

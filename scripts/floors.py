@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 
 def floors(extras: list[str]) -> list[str]:
@@ -22,7 +23,7 @@ def floors(extras: list[str]) -> list[str]:
     out = []
     for line in reqs:
         req = Requirement(line)
-        if req.name == "agentguard":
+        if canonicalize_name(req.name) == canonicalize_name(project["name"]):
             continue  # a self-reference (an extra made of extras): its parts are listed on their own
         lows = [s.version for s in req.specifier if s.operator in (">=", "==", "~=")]
         if not lows:

@@ -5,9 +5,9 @@
 # embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit (the SQLite pass
 # also model-checks the protocol with spin: tests/test_model.py), then the short chaos run (python -m chaos).
 # Usage: bash scripts/test.sh [pytest args...]
-#   With pytest args the floors job, Strands and CrewAI and the chaos run are skipped (a quick loop);
-#   AGENTGUARD_FLOORS=1, AGENTGUARD_FRAMEWORK_VENVS=1 and AGENTGUARD_CHAOS=1 run them anyway, and =0 skips
-#   them always.
+#   With pytest args the floors job, Strands and CrewAI, the other Python versions (scripts/pythons.sh) and the
+#   chaos run are skipped (a quick loop); AGENTGUARD_FLOORS=1, AGENTGUARD_FRAMEWORK_VENVS=1,
+#   AGENTGUARD_PYTHONS=1 and AGENTGUARD_CHAOS=1 run them anyway, and =0 skips them always.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +15,13 @@ PY=${PYTHON:-python3}
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-test.XXXXXX")
 PGTMP=""
 SIDE=""  # the job making the side virtualenvs (below), while it runs
+PYJOB=""  # the job testing the other Python versions (scripts/pythons.sh), while it runs
 cleanup() {
+  if [ -n "$PYJOB" ]; then
+    pkill -TERM -P "$PYJOB" 2>/dev/null || true
+    kill "$PYJOB" 2>/dev/null || true
+    wait "$PYJOB" 2>/dev/null || true
+  fi
   if [ -n "$SIDE" ]; then  # the run ended early: stop the side job's install, then the job
     pkill -TERM -P "$SIDE" 2>/dev/null || true
     kill "$SIDE" 2>/dev/null || true
@@ -35,6 +41,14 @@ part() { [ "${1:-}" = 1 ] || { [ "${1:-}" != 0 ] && [ "$2" -eq 0 ]; }; }
 FLOORS=0; part "${AGENTGUARD_FLOORS:-}" $# && FLOORS=1
 FRAMEWORK_VENVS=0; part "${AGENTGUARD_FRAMEWORK_VENVS:-}" $# && FRAMEWORK_VENVS=1
 CHAOS=0; part "${AGENTGUARD_CHAOS:-}" $# && CHAOS=1
+PYTHONS=0; part "${AGENTGUARD_PYTHONS:-}" $# && PYTHONS=1
+
+# -- the other Python versions pyproject.toml names: the demo and a core set on each (scripts/pythons.sh), in
+# the background from here; its report is printed before the pytest passes
+if [ "$PYTHONS" = 1 ]; then
+  bash scripts/pythons.sh "$PY" "$SCRATCH/pythons" > "$SCRATCH/pythons.log" 2>&1 &
+  PYJOB=$!
+fi
 
 # -- the side virtualenvs, made in the background while the main one installs and is checked ---------------
 # The floors' (the lowest versions pyproject.toml allows: the core dependencies and those of the key-forwarding
@@ -77,12 +91,15 @@ side_venvs_made() {
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-# One resolution for everything the main virtualenv holds: the frameworks of "integrations" and of
-# "frameworks-a" (smolagents, agno, LlamaIndex; see "agent frameworks" below) and "frameworks-b" (Google ADK,
-# AG2, the Claude Agent SDK, whose wheel bundles the Claude Code CLI its tests drive against a fake Messages
-# API on loopback, and the Anthropic SDK), so their tests run on both databases.
-.venv/bin/python -m pip install -q -e ".[dev,postgres,mcp,integrations,frameworks-a,frameworks-b]" 2>&1 \
+# pip 25.1 or later: the project's own tools are a dependency group (pip install --group dev)
+.venv/bin/python -m pip install -q --upgrade "pip>=25.1" 2>&1 | grep -v "^WARNING: Location" || true
+# the distribution was called agentguard before: a virtualenv made then would hold both names
+.venv/bin/python -m pip uninstall -q -y agentguard 2>/dev/null || true
+# One resolution for everything the main virtualenv holds: the test tools (the dev group), the frameworks of
+# "integrations" and of "frameworks-a" (smolagents, agno, LlamaIndex; see "agent frameworks" below) and
+# "frameworks-b" (Google ADK, AG2, the Claude Agent SDK, whose wheel bundles the Claude Code CLI its tests
+# drive against a fake Messages API on loopback, and the Anthropic SDK), so their tests run on both databases.
+.venv/bin/python -m pip install -q -e ".[postgres,mcp,integrations,frameworks-a,frameworks-b]" --group dev 2>&1 \
   | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
 # frameworks B's tests import their framework at module level: one missing fails the run, never a skip
@@ -199,6 +216,13 @@ run_pytest() {
   if [ $rc -eq 5 ]; then echo "pytest collected no tests on $backend: failing" >&2; return 1; fi
   return $rc
 }
+if [ -n "$PYJOB" ]; then
+  rc=0; wait "$PYJOB" || rc=$?; PYJOB=""
+  cat "$SCRATCH/pythons.log"
+  [ $rc -eq 0 ] || { echo "the other Python versions failed (exit $rc)" >&2; exit 1; }
+else
+  echo "== (the other Python versions are skipped: pytest arguments were given; AGENTGUARD_PYTHONS=1 runs them)"
+fi
 run_pytest sqlite "$@"
 run_pytest postgres "$@"
 echo "== all tests passed on sqlite and postgres"

@@ -24,7 +24,7 @@ def test_powertools_peer_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("redis-server") is None:
         missing.append("redis-server")
     if missing:
-        pytest.skip(f"the Powertools peer needs {', '.join(missing)} (pip install -e '.[bench]'; a redis-server)")
+        pytest.skip(f"the Powertools peer needs {', '.join(missing)} (pip install --group bench; a redis-server)")
     monkeypatch.syspath_prepend(str(ROOT))
     from benchmarks._harness import run_group
     from benchmarks._peers import powertools

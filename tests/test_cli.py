@@ -132,7 +132,8 @@ def test_version(tmp_path: Path) -> None:
     out = run("--version", cwd=tmp_path)
     assert out.returncode == 0
     assert out.stdout == f"agentguard {__version__}\n"
-    assert importlib.metadata.version("agentguard") == __version__  # one version, from __init__
+    # one version, from __init__, under the distribution's own name (the import package is agentguard)
+    assert importlib.metadata.version("agentguard-idempotency") == __version__
 
 
 def help_entries(text: str) -> dict[str, str]:
@@ -299,7 +300,7 @@ def test_a_postgres_url_without_asyncpg_names_the_extra(tmp_path: Path) -> None:
         assert out.returncode == 1, out.stderr
         assert out.stderr == (
             "agentguard: a postgresql+asyncpg:// store needs the postgres extra (no module named 'asyncpg' is "
-            "installed): pip install 'agentguard[postgres]'\n"
+            "installed): pip install 'agentguard-idempotency[postgres]'\n"
         )
 
 
@@ -310,7 +311,7 @@ def test_mcp_proxy_without_the_mcp_extra_names_it(tmp_path: Path) -> None:
         out = run(blocked, "mcp-proxy", "--config", "agentguard.toml", cwd=tmp_path, code=BLOCK)
         assert out.returncode == 2 and out.stdout == ""
         assert out.stderr == (f"agentguard: agentguard mcp-proxy needs the mcp extra (no module named {blocked!r} "
-                              "is installed): pip install 'agentguard[mcp]'\n")
+                              "is installed): pip install 'agentguard-idempotency[mcp]'\n")
 
 
 def test_whitebox_the_resolve_command_a_hint_names_points_at_the_same_store(store_url: str, tmp_path: Path) -> None:

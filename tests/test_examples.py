@@ -47,5 +47,6 @@ LOG_LINE = re.compile(r"^.*\b(DEBUG|INFO|WARNING|WARN)\b.*$", re.MULTILINE)
 def test_example_says_what_it_needs_and_how_to_run_it(path: Path) -> None:
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     assert f"python examples/{path.name}" in doc, doc
-    needs = r"^Needs (no extra|the [a-z0-9, -]+ extras?):\s+pip install (agentguard|'agentguard\[[a-z0-9,-]+\]')"
+    dist = "agentguard-idempotency"  # the distribution's name on the index
+    needs = rf"^Needs (no extra|the [a-z0-9, -]+ extras?):\s+pip install ({dist}|'{dist}\[[a-z0-9,-]+\]')"
     assert re.search(needs, doc, re.MULTILINE), doc

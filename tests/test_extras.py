@@ -71,7 +71,7 @@ def test_a_missing_extra_names_its_install_line(module: str, extra: str, name: s
     assert lines == [
         f"MissingExtraError|True|{name}",
         f"{module} needs the {extra} extra (no module named {name!r} is installed): "
-        f"pip install 'agentguard[{extra}]'",
+        f"pip install 'agentguard-idempotency[{extra}]'",
     ]
 
 
@@ -93,7 +93,7 @@ def test_the_console_command_without_its_extra_names_the_install_line(name: str)
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stdout == "", out.stderr
     assert out.stderr == (f"agentguard: agentguard console needs the console extra (no module named {name!r} is "
-                          "installed): pip install 'agentguard[console]'\n")
+                          "installed): pip install 'agentguard-idempotency[console]'\n")
 
 
 def test_a_postgres_store_without_asyncpg_names_the_extra() -> None:
@@ -108,13 +108,13 @@ def test_a_postgres_store_without_asyncpg_names_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout == ("a postgresql+asyncpg:// store needs the postgres extra (no module named 'asyncpg' is "
-                          "installed): pip install 'agentguard[postgres]'\n"), out.stdout + out.stderr
+                          "installed): pip install 'agentguard-idempotency[postgres]'\n"), out.stdout + out.stderr
 
 
 def test_whitebox_the_helper() -> None:
     from agentguard._extras import MissingExtraError, install_line, missing, require
 
-    assert install_line("pydantic-ai") == "pip install 'agentguard[pydantic-ai]'"
+    assert install_line("pydantic-ai") == "pip install 'agentguard-idempotency[pydantic-ai]'"
     assert missing("json", "sqlite3") is None
     assert missing("json", "agentguard_no_such_module") == "agentguard_no_such_module"
     with pytest.raises(MissingExtraError) as caught:

@@ -48,7 +48,7 @@ class CardDeclined(Exception):
 async def test_public_api_is_exactly_this() -> None:
     assert agentguard.__all__ == sorted(agentguard.__all__)
     assert set(agentguard.__all__) == {
-        "Guard", "GuardError", "GuardEvent", "InProgressError", "KeyReuseError", "LeaseLostError",
+        "INJECTED", "Guard", "GuardError", "GuardEvent", "InProgressError", "KeyReuseError", "LeaseLostError",
         "MissingTaskError", "Operation", "OutcomeUnknownError", "Outcome", "ResultNotStoredError", "StepOrderError",
         "StoreError",
         "__version__", "current_audit", "current_key", "current_task", "sub_key", "task",

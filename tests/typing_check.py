@@ -8,7 +8,7 @@ import httpx
 import httpx2
 import stripe
 
-from agentguard import Guard, Outcome, current_key, downstream, task
+from agentguard import INJECTED, Guard, Operation, Outcome, current_key, downstream, task
 
 guard = Guard("sqlite+aiosqlite://")
 
@@ -28,6 +28,15 @@ def pay(order_id: str, idempotency_key: str = "") -> str:
     return current_key(45) + downstream.key("fee", shape=downstream.KeyShape(32, prefix="")) + idempotency_key
 
 
+@guard.once(key=["ride_id"])
+async def book(ride_id: str, op: Operation = INJECTED) -> str:  # the injected Operation: callers omit it
+    return await op.step("reserve", reserve, ride_id)
+
+
+async def reserve(ride_id: str) -> str:
+    return ride_id
+
+
 async def body(key: str) -> dict[str, str]:
     return {"key": key}
 
@@ -36,6 +45,8 @@ async def use() -> None:
     with task("t"):
         amount: Decimal = await charge("o-1", 4900)
         sent: bool = send("a@example.com")
+        booked: str = await book("r-1")
+        print(booked)
         out: Outcome[dict[str, str]] = await guard.run("op", body, task_id="t")
         print(amount, sent, out.value["key"], out.replayed)
 

@@ -8,7 +8,7 @@ Temporal retries a failed or timed-out activity (a new attempt, same activity id
 calls the activity again gets a new activity id: neither is a stable key, and ``workflow_run_id`` changes on
 reset and continue-as-new. ``activity.info().workflow_id`` is stable across all of them, so that is the task.
 
-Needs the ``temporal`` extra (``pip install 'agentguard[temporal]'``).
+Needs the ``temporal`` extra (``pip install 'agentguard-idempotency[temporal]'``).
 
 Task id: ``task_id=`` (a callable of ``activity.Info``) → ``with agentguard.task(...)`` → the workflow id →
 refused. Refusals are raised as the :class:`agentguard.GuardError` they are; make them non-retryable in
