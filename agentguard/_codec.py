@@ -16,6 +16,7 @@ import enum
 import importlib
 import json
 import math
+import re
 import typing
 import uuid
 from collections.abc import Callable, Iterable
@@ -155,6 +156,26 @@ def refers_to_itself(value: Any) -> bool:
     return False
 
 
+MAX_DEPTH = 500  # containers within containers in a stored result: every supported Python reads it back
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]")
+
+
+def _deeper_than(text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether the JSON ``text`` nests containers more than ``limit`` deep. (How deep a value may nest before
+    the JSON codecs give up differs between Python versions — 3.13's C stack allows far more than 3.11's — so
+    the limit is explicit: a result one worker stores, every worker can replay.) Counted at C speed first: text
+    with at most ``limit`` opening brackets cannot nest deeper."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for ch in _NOT_BRACKETS.sub("", _STRINGS.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
 def _too_deep(value: Any) -> ValueError:
     if refers_to_itself(value):
         return ValueError("the value refers to itself, so it cannot be stored")
@@ -180,6 +201,8 @@ def dumps(obj: Any, *, typed: bool = False) -> str:
         text = _encode(_tag(obj, typed=typed))
     except RecursionError:
         raise _too_deep(obj) from None
+    if _deeper_than(text):
+        raise _too_deep(obj)
     return _check_text(text)
 
 
@@ -253,6 +276,8 @@ class Codec:
         except Exception:  # (the value's own ``__eq__`` may raise anything): the general path decides
             same = False
         if same:
+            if _deeper_than(text):
+                raise _too_deep(value)
             _check_text(text)
             if self._adapter is None or type(raw) is self._unchanged:
                 return text, raw

@@ -33,6 +33,7 @@ from ._storeconfig import DEFAULT_URL, ENV_URL
 from ._views import Views
 from .stores import ClaimStore, LedgerStore, Listing, SQLStore, Store
 from .stores._attempts import RESOLVED
+from .stores._protocols import implements
 from .stores._schema import HELD_STEP
 
 __all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
@@ -145,7 +146,7 @@ class Guard(Views):
             )
         elif url is not None:
             raise ValueError("give a store URL or a store object, not both")
-        elif not isinstance(store, ClaimStore):
+        elif not implements(store, ClaimStore):
             raise TypeError("store must implement agentguard.stores.ClaimStore (claim, read, complete, ...) and, for "
                             f"multi-step tools and upkeep, StepStore and AdminStore; got {type(store).__qualname__}")
         # (the StepStore/AdminStore verbs a stand-in lacks fail when first used)
@@ -156,7 +157,7 @@ class Guard(Views):
         self._resumable: dict[str, Callable[..., Any]] = {}
         # The ledger of attempts, written off the callers' path (a stand-in store without its verbs keeps none).
         self._ledger = (Ledger(self._store, self._portal, self._retention, on_drop=_otel_dropped)
-                        if ledger and isinstance(self._store, LedgerStore) else None)
+                        if ledger and implements(self._store, LedgerStore) else None)
         self._machine = Machine(self._store, self._portal, lease=self._lease, retention=self._retention,
                               window=self._window, events=Events(on_event), cache=self._cache,
                               observer=Observer(self._ledger))
@@ -241,7 +242,7 @@ class Guard(Views):
         if batch < 1:
             raise ValueError("batch must be at least 1")
         deleted = await self._machine.store_call(self._store.sweep(batch))
-        if isinstance(self._store, LedgerStore):  # the ledger's entries carry their own expiry
+        if implements(self._store, LedgerStore):  # the ledger's entries carry their own expiry
             await self._machine.store_call(self._store.sweep_attempts(batch))
         return deleted
 

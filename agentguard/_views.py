@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._errors import GuardError, StoreError
 from .stores import RUNNING, Attempt, LedgerStore, RecordDetail
 from .stores._attempts import DROPPED, FORGOTTEN, REFUSED, REPLAYED, RESOLVED, TOOK_OVER
+from .stores._protocols import implements
 
 if TYPE_CHECKING:
     from ._cache import ReplayCache
@@ -36,7 +37,7 @@ class Views:
 
     def _ledger_store(self) -> LedgerStore:
         store = self._store
-        if not isinstance(store, LedgerStore):
+        if not implements(store, LedgerStore):
             raise GuardError(f"this guard's store ({type(store).__qualname__}) keeps no ledger of attempts")
         return store
 
@@ -106,14 +107,14 @@ class Views:
 
     async def _operator_entries(self, key: str, scope: str, kind: str, detail: str) -> None:
         """The ledger's entry of an operator's act on the record ``key`` of ``scope`` (``resolve``)."""
-        if isinstance(self._store, LedgerStore):
+        if implements(self._store, LedgerStore):
             for rec in await self._call(self._store.record_details(key, scope)):
                 await self._operator_entry(rec, kind, detail)
 
     async def _operator_entry(self, rec: RecordDetail, kind: str, detail: str) -> None:
         from ._ledger import process
 
-        if not isinstance(self._store, LedgerStore):
+        if not implements(self._store, LedgerStore):
             return
         at = time.time()
         entry = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail, rec.attempts, None,

@@ -18,15 +18,9 @@ mapfile -t versions < <(grep -oE '"Programming Language :: Python :: 3\.[0-9]+"'
 CORE=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox_codec.py tests/test_ids.py
       tests/test_injected.py tests/test_cli_start.py)
 # Known to fail from a Python version on, each for a reason of that version, named here and printed with
-# every run until the code is fixed (FROM|TEST|WHY):
-KNOWN=(
-  "3.12|tests/test_guard.py::test_a_store_object_through_the_public_seam|isinstance() of a runtime-checkable
-   Protocol reads attributes statically since 3.12, so Guard(store=...) refuses a wrapper that delegates with
-   __getattr__ (the ClaimStore and LedgerStore checks)"
-  "3.13|tests/test_whitebox_codec.py::test_values_that_cannot_be_stored_say_why|3.13's C recursion limit lets
-   json encode and decode a result nested 5,000 deep, which the codec stores instead of refusing as nested too
-   deeply (and which a worker on 3.11 or 3.12 then cannot decode)"
-)
+# every run until the code is fixed (FROM|TEST|WHY): none now (3.12's protocol checks and 3.13's recursion
+# limit are handled by the code: stores._protocols.implements, _codec.MAX_DEPTH).
+KNOWN=()
 
 find_python() {  # an interpreter of version $1 that really runs, else nothing
   local v=$1 c

@@ -213,3 +213,12 @@ class LedgerStore(Protocol):
 @runtime_checkable
 class Store(ClaimStore, StepStore, AdminStore, Protocol):
     """Everything a ``Guard`` asks of its store."""
+
+
+def implements(obj: object, protocol: type) -> bool:
+    """Whether ``obj`` has every member of ``protocol`` (one of the store protocols above), found as any attribute
+    is — a wrapper that delegates through ``__getattr__`` included, which ``isinstance`` stopped seeing for
+    runtime-checkable protocols in Python 3.12."""
+    members: frozenset[str] = getattr(protocol, "__protocol_attrs__", None) or frozenset(
+        n for n in dir(protocol) if not n.startswith("_"))
+    return all(hasattr(obj, name) for name in members)
