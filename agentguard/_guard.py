@@ -31,9 +31,9 @@ from ._shapes import key_shape as shape_of
 from ._spec import KeyOption, Spec
 from ._storeconfig import DEFAULT_URL, ENV_URL
 from ._views import Views
-from .stores import ClaimStore, LedgerStore, Listing, SQLStore, Store
+from .stores import ClaimStore, Listing, SQLStore, Store
 from .stores._attempts import RESOLVED
-from .stores._protocols import implements
+from .stores._protocols import is_claim_store, keeps_ledger
 from .stores._schema import HELD_STEP
 
 __all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
@@ -146,21 +146,21 @@ class Guard(Views):
             )
         elif url is not None:
             raise ValueError("give a store URL or a store object, not both")
-        elif not implements(store, ClaimStore):
+        elif not is_claim_store(store):
             raise TypeError("store must implement agentguard.stores.ClaimStore (claim, read, complete, ...) and, for "
                             f"multi-step tools and upkeep, StepStore and AdminStore; got {type(store).__qualname__}")
         # (the StepStore/AdminStore verbs a stand-in lacks fail when first used)
-        self._store = cast(Store, store)
+        guarded = cast(Store, store)
         self._portal = Portal()
         self._codecs: dict[Any, Codec] = {}
-        self._cache = ReplayCache(cache_size)
         self._resumable: dict[str, Callable[..., Any]] = {}
+        cache = ReplayCache(cache_size)
         # The ledger of attempts, written off the callers' path (a stand-in store without its verbs keeps none).
-        self._ledger = (Ledger(self._store, self._portal, self._retention, on_drop=_otel_dropped)
-                        if ledger and implements(self._store, LedgerStore) else None)
-        self._machine = Machine(self._store, self._portal, lease=self._lease, retention=self._retention,
-                              window=self._window, events=Events(on_event), cache=self._cache,
-                              observer=Observer(self._ledger))
+        kept = (Ledger(guarded, self._portal, self._retention, on_drop=_otel_dropped)
+                if ledger and keeps_ledger(guarded) else None)
+        machine = Machine(guarded, self._portal, lease=self._lease, retention=self._retention, window=self._window,
+                          events=Events(on_event), cache=cache, observer=Observer(kept))
+        super().__init__(guarded, machine, kept, cache, self._retention)
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ class Guard(Views):
         if batch < 1:
             raise ValueError("batch must be at least 1")
         deleted = await self._machine.store_call(self._store.sweep(batch))
-        if implements(self._store, LedgerStore):  # the ledger's entries carry their own expiry
+        if keeps_ledger(self._store):  # the ledger's entries carry their own expiry
             await self._machine.store_call(self._store.sweep_attempts(batch))
         return deleted
 

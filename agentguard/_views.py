@@ -1,5 +1,6 @@
 """What a person (or a console) reads of a guard's store: the ledger of attempts, one record in full, a task's
-timeline, per-tool statistics; and the one deliberate delete, ``forget``. ``Guard`` inherits these.
+timeline, per-tool statistics; and the one deliberate delete, ``forget``. ``Guard`` is a ``Views`` (its base
+class, given the store, the machine, the ledger and the cache it reads through).
 
 The read API is stable (a console's task timeline is built on it): ``attempts`` and ``timeline`` return
 :class:`agentguard.stores.Attempt` entries oldest first; ``record`` a :class:`agentguard.stores.RecordDetail`;
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._errors import GuardError, StoreError
 from .stores import RUNNING, Attempt, LedgerStore, RecordDetail
 from .stores._attempts import DROPPED, FORGOTTEN, REFUSED, REPLAYED, RESOLVED, TOOK_OVER
-from .stores._protocols import implements
+from .stores._protocols import keeps_ledger
 
 if TYPE_CHECKING:
     from ._cache import ReplayCache
@@ -29,15 +30,17 @@ _OPERATOR = (RESOLVED, FORGOTTEN, DROPPED)  # entries that are not a call
 
 
 class Views:
-    _store: Store
-    _machine: Machine
-    _ledger: Ledger | None
-    _cache: ReplayCache
-    _retention: float
+    """The reading and forgetting verbs of a guard, over its store, its machine (where the store is used), its
+    ledger writer (what is still queued) and its replay cache (emptied when a record is forgotten)."""
+
+    def __init__(self, store: Store, machine: Machine, ledger: Ledger | None, cache: ReplayCache,
+                 retention: float) -> None:
+        self._store, self._machine, self._ledger, self._cache = store, machine, ledger, cache
+        self._retention = retention
 
     def _ledger_store(self) -> LedgerStore:
         store = self._store
-        if not implements(store, LedgerStore):
+        if not keeps_ledger(store):
             raise GuardError(f"this guard's store ({type(store).__qualname__}) keeps no ledger of attempts")
         return store
 
@@ -95,7 +98,8 @@ class Views:
         rec = await self.record(key, scope=scope)
         if rec.state == RUNNING:
             why = ("its lease is live: a worker is running it" if rec.lease_left is not None and rec.lease_left > 0
-                   else "its worker went away; the next call takes it over with the same downstream key")
+                   else "its worker went away: `agentguard resolve` settles it, or the next call of a tool whose "
+                        "key reaches the provider takes it over with the same downstream key")
             raise GuardError(f"refused: {key!r} is a running claim ({why}); only a completed, failed or released "
                              "record can be forgotten", key=key, task_id=rec.task_id, operation=rec.operation)
         store = self._ledger_store()
@@ -107,14 +111,14 @@ class Views:
 
     async def _operator_entries(self, key: str, scope: str, kind: str, detail: str) -> None:
         """The ledger's entry of an operator's act on the record ``key`` of ``scope`` (``resolve``)."""
-        if implements(self._store, LedgerStore):
+        if keeps_ledger(self._store):
             for rec in await self._call(self._store.record_details(key, scope)):
                 await self._operator_entry(rec, kind, detail)
 
     async def _operator_entry(self, rec: RecordDetail, kind: str, detail: str) -> None:
         from ._ledger import process
 
-        if not implements(self._store, LedgerStore):
+        if not keeps_ledger(self._store):
             return
         at = time.time()
         entry = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail, rec.attempts, None,

@@ -19,7 +19,7 @@ CORE=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox_codec.
       tests/test_injected.py tests/test_cli_start.py)
 # Known to fail from a Python version on, each for a reason of that version, named here and printed with
 # every run until the code is fixed (FROM|TEST|WHY): none now (3.12's protocol checks and 3.13's recursion
-# limit are handled by the code: stores._protocols.implements, _codec.MAX_DEPTH).
+# limit are handled by the code: stores._protocols.is_claim_store, _codec.MAX_DEPTH).
 KNOWN=()
 
 find_python() {  # an interpreter of version $1 that really runs, else nothing

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -215,10 +215,17 @@ class Store(ClaimStore, StepStore, AdminStore, Protocol):
     """Everything a ``Guard`` asks of its store."""
 
 
-def implements(obj: object, protocol: type) -> bool:
-    """Whether ``obj`` has every member of ``protocol`` (one of the store protocols above), found as any attribute
-    is — a wrapper that delegates through ``__getattr__`` included, which ``isinstance`` stopped seeing for
-    runtime-checkable protocols in Python 3.12."""
-    members: frozenset[str] = getattr(protocol, "__protocol_attrs__", None) or frozenset(
-        n for n in dir(protocol) if not n.startswith("_"))
+def _has_members(obj: object, protocol: type) -> bool:
+    """Whether ``obj`` has every member of ``protocol``, found as any attribute is — a wrapper that delegates
+    through ``__getattr__`` included, which ``isinstance`` stopped seeing for runtime-checkable protocols in
+    Python 3.12."""
+    members = getattr(protocol, "__protocol_attrs__", None) or [n for n in dir(protocol) if not n.startswith("_")]
     return all(hasattr(obj, name) for name in members)
+
+
+def is_claim_store(obj: object) -> TypeGuard[ClaimStore]:
+    return _has_members(obj, ClaimStore)
+
+
+def keeps_ledger(obj: object) -> TypeGuard[LedgerStore]:
+    return _has_members(obj, LedgerStore)
