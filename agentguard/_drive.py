@@ -270,6 +270,19 @@ class InThread:
 # -- the drivers ---------------------------------------------------------------------------------------------
 
 
+def _replayed(replay: Replay, note: Note | None) -> Any:
+    """The replayed outcome (raised, if it is a stored error), noted."""
+    if note is not None:
+        note.kind, note.detail, note.attempt = REPLAYED, replay.source, replay.record.attempts
+    return replay.result()
+
+
+def _claimed(claim: Claim, note: Note | None) -> Claim:
+    if note is not None:
+        note.claimed(claim.attempt, claim.took)
+    return claim
+
+
 async def drive(m: Machine, call: Call, body: Callable[[str], Awaitable[T]]) -> tuple[T, bool]:
     """The async driver: the body awaited in the caller's task. (value, replayed)."""
     note = m.observer.begin(call)
@@ -292,12 +305,8 @@ async def _drive(m: Machine, call: Call, body: Callable[[str], Awaitable[T]], no
         except StoreError as exc:
             raise m.not_run(call, exc) from exc
     if isinstance(outcome, Replay):
-        if note is not None:
-            note.kind, note.detail, note.attempt = REPLAYED, outcome.source, outcome.record.attempts
-        return outcome.result(), True
-    claim = outcome
-    if note is not None:
-        note.claimed(claim.attempt, claim.took)
+        return _replayed(outcome, note), True
+    claim = _claimed(outcome, note)
     token = _key.set(call.key)
     claim_token = active_claim.set(claim)  # for the Operation parameter and current_audit()
     started = time.perf_counter()
@@ -344,12 +353,8 @@ def _drive_sync(m: Machine, call: Call, body: Callable[[str], T], note: Note | N
         except StoreError as exc:
             raise m.not_run(call, exc) from exc
     if isinstance(outcome, Replay):
-        if note is not None:
-            note.kind, note.detail, note.attempt = REPLAYED, outcome.source, outcome.record.attempts
-        return outcome.result(), True
-    claim = outcome
-    if note is not None:
-        note.claimed(claim.attempt, claim.took)
+        return _replayed(outcome, note), True
+    claim = _claimed(outcome, note)
     token = _key.set(call.key)
     claim_token = active_claim.set(claim)
     started = time.perf_counter()
