@@ -96,7 +96,7 @@ class EngineMachine(RuleBasedStateMachine):
     # -- a call --------------------------------------------------------------------------------------------
 
     def _expect(self, row: Row | None) -> str:
-        """What Engine.begin must do with the record it meets (docs/architecture.md's state machine)."""
+        """What Machine.begin must do with the record it meets (docs/architecture.md's state machine)."""
         if row is None:
             return "claim"
         if self.model.live(row):
