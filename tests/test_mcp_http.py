@@ -5,14 +5,9 @@ A host that gives up mid-call does not split the call. Side effects are counted 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +16,15 @@ import full_upstream
 import httpx2
 import mcp_types as types
 import pytest
-from mcp import Client, MCPError
-from mcp.client.streamable_http import streamable_http_client
+from http_proxies import ROOT, TOKEN, env, host, http_proxy
+from mcp import MCPError
 from upstream_log import charges
 
-import agentguard
 from agentguard.mcp import META_REPLAYED
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_ROOT = Path(agentguard.__file__).resolve().parent.parent
-TOKEN = "test-token-" + "x" * 24
-URL = re.compile(r"serving Streamable HTTP on (\S+)")
 PAY = {"order_id": "o-1", "amount_cents": 4900, "task_id": "ticket-9"}
-
-
-@dataclass
-class Proxy:
-    process: anyio.abc.Process
-    url: str
-    stderr: list[str]
 
 
 def write_config(tmp: Path, *, upstream: str, tools: str, proxy: str = "") -> Path:
@@ -57,59 +40,6 @@ def full_config(tmp: Path, store_url: str, proxy: str = "") -> Path:
         tools='[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n', proxy=proxy)
     path.write_text(path.read_text().replace("{store}", store_url))
     return path
-
-
-def env(**more: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENTGUARD_")}
-    return {**base, "PYTHONPATH": str(PACKAGE_ROOT), **more}
-
-
-@contextlib.asynccontextmanager
-async def http_proxy(config: Path, *, address: str = "127.0.0.1:0", token: str | None = TOKEN,
-                     ) -> AsyncIterator[Proxy]:
-    """The command, serving; its stderr is read all along (and kept) so that it never blocks on a full pipe."""
-    cmd = [sys.executable, "-m", "agentguard.cli", "mcp-proxy", "--config", str(config), "--http", address]
-    extra = {"AGENTGUARD_PROXY_TOKEN": token} if token is not None else {}
-    async with await anyio.open_process(cmd, env=env(**extra), cwd=config.parent, stdin=subprocess.DEVNULL) as proc, \
-            anyio.create_task_group() as tg:
-        lines: list[str] = []
-        found: dict[str, str] = {}
-        ready = anyio.Event()
-
-        async def drain() -> None:
-            assert proc.stderr is not None
-            buffer = b""
-            async for chunk in proc.stderr:
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    lines.append(line.decode())
-                    if (match := URL.search(lines[-1])) is not None:
-                        found["url"] = match.group(1)
-                        ready.set()
-            ready.set()
-
-        tg.start_soon(drain)
-        with anyio.fail_after(60):
-            await ready.wait()
-        assert "url" in found, "\n".join(lines)
-        try:
-            yield Proxy(proc, found["url"], lines)
-        finally:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-                with anyio.fail_after(30):
-                    await proc.wait()
-            tg.cancel_scope.cancel()
-
-
-@contextlib.asynccontextmanager
-async def host(url: str, mode: str, *, token: str = TOKEN, **options: Any) -> AsyncIterator[Client]:
-    """A host connected to the proxy over HTTP, with the bearer token on every request."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                                  timeout=httpx2.Timeout(30, read=60)) as http, \
-            Client(streamable_http_client(url, http_client=http), mode=mode, **options) as client:
-        yield client
 
 
 def text(result: types.CallToolResult) -> str:

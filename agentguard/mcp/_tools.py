@@ -6,10 +6,11 @@ are kept) and, with ``mark_structured``, declares the replay flag in its output 
 in the key, the sentences of the upstream's description that ask for one are left out: the model cannot
 choose the key, and must not be told to make it new on a retry (:func:`key_warnings` says so at startup).
 
-MCP tasks (2025-11-25 ``execution.taskSupport``) are not relayed: the proxy runs every call as an ordinary
-request. A tool that requires a task is not listed (a call to it is refused), one that merely allows one is
-listed without ``execution``, so no host asks for a task; a guarded tool that requires one is a config problem.
-Reserved ``_meta`` keys of every tool are left out.
+MCP tasks are never handed to a host: the proxy answers every call with its result. A 2026-07-28 upstream may
+answer with a task, which the proxy follows to its end itself (``_tasks.py``). A 2025-11-25 task must be asked
+for, and the proxy does not: a tool that requires one (``execution.taskSupport``) is not listed (a call to it is
+refused), one that merely allows one is listed without ``execution``, so no host asks for a task; a guarded
+tool that requires one is a config problem. Reserved ``_meta`` keys of every tool are left out.
 """
 
 from __future__ import annotations
