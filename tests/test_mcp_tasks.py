@@ -18,6 +18,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
+from mcp_types import METHOD_NOT_FOUND
 from task_upstream import TaskUpstream
 from upstream_log import events
 
@@ -168,6 +169,27 @@ async def test_a_task_passed_through_is_cancelled_with_its_hosts_request(tmp_pat
     [cancelled] = events(log, "cancel")
     [paid] = events(log, "pay")
     assert cancelled["task"] == paid["task"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_host_is_never_handed_a_task(tmp_path: Path, store_url: str, mode: str) -> None:
+    """The proxy follows every task itself, so it offers its hosts none: no tasks capability, and ``tasks/*``
+    are not methods of the proxy (they would name tasks the host was never given)."""
+    log = tmp_path / "upstream.jsonl"
+    requests: list[Any] = [
+        types.GetTaskRequest(params=types.GetTaskRequestParams(task_id="t-1")),
+        types.GetTaskPayloadRequest(params=types.GetTaskPayloadRequestParams(task_id="t-1")),
+        types.ListTasksRequest(params=types.PaginatedRequestParams()),
+        types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id="t-1")),
+    ]
+    async with connect(store_url, TaskUpstream(log), mode) as client:
+        caps = client.server_capabilities
+        for request in requests:
+            with pytest.raises(MCPError) as refused:
+                await client.session.send_request(request, types.EmptyResult)
+            assert refused.value.code == METHOD_NOT_FOUND, request.method
+    assert caps is not None and caps.tasks is None and "io.modelcontextprotocol/tasks" not in (caps.extensions or {})
+    assert not events(log, "get") and not events(log, "cancel")
 
 
 @pytest.mark.slow
