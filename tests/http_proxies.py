@@ -36,6 +36,16 @@ class Proxy:
     url: str
     stderr: list[str]
 
+    def said(self, text: str) -> int:
+        """How many lines of its stderr so far contain ``text``."""
+        return sum(text in line for line in self.stderr)
+
+    async def saying(self, text: str, times: int = 1) -> None:
+        """Until its stderr said ``text`` (``times`` times): what another process logs is polled, no event
+        crosses that boundary."""
+        while self.said(text) < times:  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+
 
 def env(**more: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AGENTGUARD_")}
@@ -44,10 +54,13 @@ def env(**more: str) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def http_proxy(config: Path, *, address: str = "127.0.0.1:0", token: str | None = TOKEN,
-                     ) -> AsyncIterator[Proxy]:
-    """The command, serving; its stderr is read all along (and kept) so that it never blocks on a full pipe."""
+                     log_level: str | None = None) -> AsyncIterator[Proxy]:
+    """The command, serving; its stderr is read all along (and kept) so that it never blocks on a full pipe.
+    ``log_level``: its ``AGENTGUARD_LOG`` (``DEBUG`` logs the guard's events, a duplicate's wait among them)."""
     cmd = [sys.executable, "-m", "agentguard.cli", "mcp-proxy", "--config", str(config), "--http", address]
     extra = {"AGENTGUARD_PROXY_TOKEN": token} if token is not None else {}
+    if log_level is not None:
+        extra["AGENTGUARD_LOG"] = log_level
     async with await anyio.open_process(cmd, env=env(**extra), cwd=config.parent, stdin=subprocess.DEVNULL) as proc, \
             anyio.create_task_group() as tg:
         lines: list[str] = []

@@ -143,10 +143,13 @@ async def test_it_listens_on_loopback_unless_told_otherwise_and_takes_the_token_
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_a_host_that_gives_up_mid_call_does_not_split_it(tmp_path: Path, store_url: str, mode: str) -> None:
+async def test_a_dropped_stream_then_the_call_reissued_makes_one_charge(tmp_path: Path, store_url: str,
+                                                                     mode: str) -> None:
     """The host's read timeout fires while the provider holds its answer: the handshake-era client cancels
-    the request (``notifications/cancelled``), the 2026-07-28 one drops the HTTP request. The call finishes
-    and is recorded all the same, the cancellation is logged, and the retry replays the one charge."""
+    the request (``notifications/cancelled``), the 2026-07-28 one drops its HTTP request (the revision's
+    cancellation). The call runs to its end all the same. The same call is then re-issued while it is still in
+    flight, with a new JSON-RPC id on the same connection and from a new connection: each waits for the call
+    in flight and gets its one charge, labelled as a replay."""
     hold, ledger = tmp_path / "release", tmp_path / "payments.db"
     config = write_config(
         tmp_path, upstream=f'command = ["python", "{ROOT / "servers" / "payments_demo.py"}"]\n'
@@ -154,20 +157,32 @@ async def test_a_host_that_gives_up_mid_call_does_not_split_it(tmp_path: Path, s
         tools='[tools.create_charge]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n')
     config.write_text(config.read_text().replace("{store}", store_url))
     charge = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd", "task_id": "ticket-3"}
+    reissued: list[types.CallToolResult] = []
 
-
-    async with http_proxy(config) as proxy, host(proxy.url, mode) as client:
+    async with http_proxy(config, log_level="DEBUG") as proxy, host(proxy.url, mode) as client:
         with pytest.raises(MCPError):
             await client.call_tool("create_charge", charge, read_timeout_seconds=0.5)
         while not charges(ledger):  # noqa: ASYNC110 - written by another process
             await anyio.sleep(0.02)
-        while not any("cancelled its request for tools/call create_charge" in line for line in proxy.stderr):  # noqa: ASYNC110
-            await anyio.sleep(0.02)  # the proxy logs that the host went away (read from its stderr)
-        hold.touch()
-        retry = await client.call_tool("create_charge", charge)
+        await proxy.saying("cancelled its request for tools/call create_charge")  # the proxy saw the drop
+
+        async def again(client: Any) -> None:
+            reissued.append(await client.call_tool("create_charge", charge))
+
+        async def from_a_new_connection() -> None:
+            async with host(proxy.url, mode) as other:
+                await again(other)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(again, client)
+            tg.start_soon(from_a_new_connection)
+            await proxy.saying("waiting create_charge", times=2)  # both wait for the call in flight
+            hold.touch()
     [(charge_id,)] = charges(ledger)
-    assert not retry.is_error and retry.structured_content and retry.structured_content["id"] == charge_id
-    assert retry.meta and retry.meta[META_REPLAYED] is True  # recorded, although its host had given up
+    for retry in reissued:
+        assert not retry.is_error and retry.structured_content and retry.structured_content["id"] == charge_id
+        assert retry.meta and retry.meta[META_REPLAYED] is True and "REPLAY" in text(retry)
+    assert len(reissued) == 2
 
 
 async def test_sigterm_ends_the_http_proxy_cleanly(tmp_path: Path, store_url: str) -> None:

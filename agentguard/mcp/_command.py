@@ -155,7 +155,24 @@ class _Stdin:
 async def _serve(proxy: GuardingProxy) -> None:
     # Checked first, served second: a StartupError leaves before a byte is written on stdout.
     async with proxy.started():
-        await _serve_stdio(proxy)
+        try:
+            await _serve_stdio(proxy)
+        except* (BrokenPipeError, ConnectionResetError):
+            log.info("the client closed its end of the connection")  # (it died: what is left to say goes nowhere)
+        finally:
+            await _finish(proxy)
+
+
+async def _finish(proxy: GuardingProxy) -> None:
+    """The host hung up (or a signal ended the input): the calls in flight get ``grace`` seconds. A call still
+    running then is never cancelled into a release (the upstream may have acted on it): the proxy exits with
+    its claim held, which expires with its lease and is settled by the rule for a worker gone mid-call."""
+    with anyio.CancelScope(shield=True):
+        if await proxy.wait_idle(proxy.config.proxy.grace):
+            return
+    log.warning("%d call(s) still in flight %gs after the client hung up; exiting without releasing their claims",
+                proxy.inflight, proxy.config.proxy.grace)
+    _hard_exit(1)
 
 
 async def _serve_over_http(proxy: GuardingProxy, host: str, port: int, token: str) -> None:
