@@ -16,7 +16,7 @@ import full_upstream
 import httpx2
 import mcp_types as types
 import pytest
-from http_proxies import ROOT, TOKEN, env, host, http_proxy
+from http_proxies import ROOT, TOKEN, env, free_socket, host, http_proxy
 from mcp import MCPError
 from upstream_log import charges
 
@@ -129,6 +129,19 @@ async def test_without_a_usable_token_it_does_not_start(tmp_path: Path, store_ur
     stderr = out.stderr.decode()
     assert out.returncode == 2 and says in stderr and out.stdout == b"", stderr
     assert not (tmp_path / "upstream.jsonl").exists()  # nothing was started
+
+
+async def test_an_address_that_cannot_be_listened_on_stops_it(tmp_path: Path, store_url: str) -> None:
+    config = full_config(tmp_path, store_url)
+    with free_socket() as busy:
+        busy.listen()
+        cmd = [sys.executable, "-m", "agentguard.cli", "mcp-proxy", "--config", str(config), "--http",
+               f"127.0.0.1:{busy.getsockname()[1]}"]
+        with anyio.fail_after(60):
+            out = await anyio.run_process(cmd, env=env(AGENTGUARD_PROXY_TOKEN=TOKEN), cwd=tmp_path,
+                                          stdin=subprocess.DEVNULL, check=False)
+    stderr = out.stderr.decode()
+    assert out.returncode == 2 and "cannot listen on 127.0.0.1:" in stderr and "Traceback" not in stderr, stderr
 
 
 async def test_it_listens_on_loopback_unless_told_otherwise_and_takes_the_token_from_the_config(
