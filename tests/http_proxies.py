@@ -57,41 +57,57 @@ async def http_proxy(config: Path, *, address: str = "127.0.0.1:0", token: str |
                      log_level: str | None = None) -> AsyncIterator[Proxy]:
     """The command, serving; its stderr is read all along (and kept) so that it never blocks on a full pipe.
     ``log_level``: its ``AGENTGUARD_LOG`` (``DEBUG`` logs the guard's events, a duplicate's wait among them)."""
-    cmd = [sys.executable, "-m", "agentguard.cli", "mcp-proxy", "--config", str(config), "--http", address]
+    async with http_proxies([config], address=address, token=token, log_level=log_level) as (proxy,):
+        yield proxy
+
+
+@contextlib.asynccontextmanager
+async def http_proxies(configs: list[Path], *, address: str = "127.0.0.1:0", token: str | None = TOKEN,
+                       log_level: str | None = None) -> AsyncIterator[tuple[Proxy, ...]]:
+    """:func:`http_proxy` for several commands at once (replicas), started side by side."""
     extra = {"AGENTGUARD_PROXY_TOKEN": token} if token is not None else {}
     if log_level is not None:
         extra["AGENTGUARD_LOG"] = log_level
-    async with await anyio.open_process(cmd, env=env(**extra), cwd=config.parent, stdin=subprocess.DEVNULL) as proc, \
-            anyio.create_task_group() as tg:
-        lines: list[str] = []
-        found: dict[str, str] = {}
-        ready = anyio.Event()
-
-        async def drain() -> None:
-            assert proc.stderr is not None
-            buffer = b""
-            async for chunk in proc.stderr:
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    lines.append(line.decode())
-                    if (match := URL.search(lines[-1])) is not None:
-                        found["url"] = match.group(1)
-                        ready.set()
-            ready.set()
-
-        tg.start_soon(drain)
+    async with contextlib.AsyncExitStack() as stack, anyio.create_task_group() as tg:
+        proxies: list[Proxy] = []
+        readies: list[anyio.Event] = []
+        for config in configs:
+            cmd = [sys.executable, "-m", "agentguard.cli", "mcp-proxy", "--config", str(config), "--http", address]
+            proc = await stack.enter_async_context(
+                await anyio.open_process(cmd, env=env(**extra), cwd=config.parent, stdin=subprocess.DEVNULL))
+            proxies.append(Proxy(proc, "", []))
+            readies.append(anyio.Event())
+            tg.start_soon(_drain, proxies[-1], readies[-1])
         with anyio.fail_after(60):
-            await ready.wait()
-        assert "url" in found, "\n".join(lines)
+            for ready in readies:
+                await ready.wait()
+        for proxy in proxies:
+            assert proxy.url, "\n".join(proxy.stderr)
         try:
-            yield Proxy(proc, found["url"], lines)
+            yield tuple(proxies)
         finally:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-                with anyio.fail_after(30):
-                    await proc.wait()
+            for proxy in proxies:
+                if proxy.process.returncode is None:
+                    proxy.process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30):
+                for proxy in proxies:
+                    await proxy.process.wait()
             tg.cancel_scope.cancel()
+
+
+async def _drain(proxy: Proxy, ready: anyio.Event) -> None:
+    """Its stderr, line by line, until it ends; ``ready`` once it said where it serves (or ended)."""
+    assert proxy.process.stderr is not None
+    buffer = b""
+    async for chunk in proxy.process.stderr:
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            proxy.stderr.append(line.decode())
+            if (match := URL.search(proxy.stderr[-1])) is not None:
+                proxy.url = match.group(1)
+                ready.set()
+    ready.set()
 
 
 @contextlib.asynccontextmanager
