@@ -60,8 +60,9 @@ def _wire(ctx: Ctx) -> dict[str, Any]:
 
 
 class TaskUpstream:
-    def __init__(self, log: Path, *, held: bool = False, release_file: Path | None = None) -> None:
+    def __init__(self, log: Path, *, held: bool = False, release_file: Path | None = None, ttl: float = 3600) -> None:
         self.log = log
+        self.ttl = ttl
         self.released = not held
         self.release_file = release_file
         self.tasks: dict[str, dict[str, Any]] = {}
@@ -75,7 +76,7 @@ class TaskUpstream:
 
     def _state(self, task_id: str, **extra: Any) -> dict[str, Any]:
         return {"taskId": task_id, "createdAt": "2026-07-28T00:00:00Z", "lastUpdatedAt": "2026-07-28T00:00:00Z",
-                "ttlSeconds": 3600, "pollIntervalMilliseconds": 20, "requestState": f"state-{task_id}", **extra}
+                "ttlSeconds": self.ttl, "pollIntervalMilliseconds": 20, "requestState": f"state-{task_id}", **extra}
 
     def _paid(self, tool: str, args: dict[str, Any], **more: Any) -> types.CallToolResult:
         record(self.log, {"event": "pay", "tool": tool, "args": args, **more})

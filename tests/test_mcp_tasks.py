@@ -142,6 +142,21 @@ async def test_a_task_that_failed_is_released_and_called_again(tmp_path: Path, s
     assert len(calls) == 2 and len({e["task"] for e in events(log, "get")}) == 2
 
 
+async def test_a_task_past_its_time_to_live_is_not_followed_on(tmp_path: Path, store_url: str) -> None:
+    """The upstream may drop a task once its ``ttlSeconds`` passed: the proxy stops following it, its outcome
+    unknown. The key reaches the provider, so the claim is released and the retry calls again, with that key."""
+    log = tmp_path / "upstream.jsonl"
+    upstream = TaskUpstream(log, held=True, ttl=0.2)
+    async with connect(store_url, upstream, "auto") as client:
+        first = await client.call_tool("pay", {"order_id": "o-1", "task_id": "ticket-7"})
+        upstream.release()
+        again = await client.call_tool("pay", {"order_id": "o-1", "task_id": "ticket-7"})
+    assert first.is_error and "did not end within its time to live (0.2s)" in text(first), text(first)
+    assert not again.is_error
+    calls = events(log, "call")
+    assert len(calls) == 2 and calls[0]["args"]["idempotency_key"] == calls[1]["args"]["idempotency_key"]
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_a_handshake_upstream_that_answers_with_a_task_nobody_asked_for(tmp_path: Path, store_url: str,
                                                                              mode: str) -> None:

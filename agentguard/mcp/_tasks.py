@@ -60,6 +60,12 @@ class TaskHandle(types.Result):
     def poll(self) -> float:
         return poll_interval((self.model_extra or {}).get("pollIntervalMilliseconds"))
 
+    @property
+    def ttl(self) -> float | None:
+        """Seconds the upstream keeps the task from its creation (None: unlimited)."""
+        value = (self.model_extra or {}).get("ttlSeconds")
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
 
 class TaskState(types.Result):
     """A ``tasks/get`` answer: the task's status and, once it ended, its result or its JSON-RPC error."""
@@ -69,6 +75,7 @@ class TaskState(types.Result):
     status: str
     status_message: str | None = None
     poll_interval_milliseconds: float | None = None
+    ttl_seconds: float | None = None
     request_state: str | None = None
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None

@@ -420,15 +420,25 @@ class Upstream:
         questions put to ``ask`` and answered with ``tasks/update``. ``cancel``: if the follower is cancelled,
         the upstream is asked to cancel the task too (a call passed through; a guarded call is never cancelled).
 
-        Raises _OutcomeUnknown (the task was cancelled or lost upstream, or could not be asked about) or MCPError
-        (it failed with that JSON-RPC error); ``on_over`` is awaited first when the task ended without a result."""
-        task, state, delay = handle.task_id, handle.state, handle.poll
+        Raises _OutcomeUnknown (the task was cancelled or lost upstream, outlived its ``ttlSeconds``, or could not
+        be asked about) or MCPError (it failed with that JSON-RPC error); ``on_over`` is awaited first when the
+        task ended without a result."""
+        task, state, delay, ttl = handle.task_id, handle.state, handle.poll, handle.ttl
         answered: set[str] = set()
+        started = anyio.current_time()
         try:
             while True:
                 await anyio.sleep(delay)
                 now, conn = await self._poll(task, state, on_over)
                 state, delay = now.request_state, poll_interval(now.poll_interval_milliseconds)
+                ttl = now.ttl_seconds if "ttl_seconds" in now.model_fields_set else ttl
+                if now.status not in ("completed", "failed", "cancelled") and ttl is not None and (
+                        anyio.current_time() - started > ttl):
+                    # Past its time to live the upstream may drop it at any moment (SEP-2663): not followed on.
+                    if on_over is not None:
+                        await on_over()
+                    raise _OutcomeUnknown(f"the upstream server's task {task} did not end within its time to live "
+                                          f"({ttl:g}s)")
                 if now.status == "input_required":
                     await self._answer(conn, task, state, now, answered, ask)
                 elif now.status in ("completed", "failed", "cancelled"):
