@@ -22,7 +22,7 @@ from upstream_log import events
 from agentguard.mcp import META_REPLAYED, GuardingProxy, parse_config
 from agentguard.mcp._http import serve_http
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]
 
 TOOLS = '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
 
@@ -44,7 +44,6 @@ def envelope(name: str, **arguments: Any) -> dict[str, Any]:
                                                         types.CLIENT_CAPABILITIES_META_KEY: {}}}}
 
 
-@pytest.mark.storeless
 @pytest.mark.parametrize("headers, refused", [
     ({"Mcp-Method": "tools/call", "Mcp-Name": "pay_asking"}, True),
     ({"Mcp-Method": "tools/list", "Mcp-Name": "pay"}, True),

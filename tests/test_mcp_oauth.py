@@ -30,7 +30,7 @@ from upstream_log import events
 
 from agentguard.mcp import META_REPLAYED
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.storeless]
 
 TOOLS = '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
 

@@ -62,10 +62,38 @@ async def charged(ledger: Path) -> None:
         await anyio.sleep(0.02)
 
 
-async def test_the_same_call_on_each_replica_at_once_and_in_turn_makes_one_charge(tmp_path: Path,
-                                                                               store_url: str) -> None:
-    ledger = tmp_path / "payments.db"
-    async with replicas(tmp_path, store_url) as (url, balancer, proxies):
+async def kill_mid_call(url: str, balancer: Balancer, proxies: tuple[Proxy, ...], ledger: Path,
+                        charge: dict[str, object]) -> tuple[types.CallToolResult, int, int]:
+    """A call whose replica is killed (SIGKILL) while the provider holds its answer, then re-issued by the same
+    host (a new JSON-RPC id): the re-issue's result, the replica killed and the one the re-issue went to."""
+    failed: list[MCPError] = []
+    before, calls = len(charges(ledger)), len(balancer.calls())
+    async with host(url, "auto") as client:
+
+        async def call() -> None:
+            try:
+                await client.call_tool("create_charge", charge)
+            except MCPError as exc:  # the replica serving it died: the host's request fails
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            while len(charges(ledger)) == before:  # noqa: ASYNC110 - written by another process
+                await anyio.sleep(0.02)
+            [replica] = balancer.calls()[calls:]
+            proxies[replica].process.send_signal(signal.SIGKILL)
+            await proxies[replica].process.wait()
+        assert failed
+        reissued = await client.call_tool("create_charge", charge)
+    killed_on, retried_on = balancer.calls()[calls:]
+    return reissued, killed_on, retried_on
+
+
+async def test_the_same_call_on_each_replica_makes_one_charge_and_a_killed_replicas_call_is_taken_over(
+    tmp_path: Path, store_url: str
+) -> None:
+    ledger, hold = tmp_path / "payments.db", tmp_path / "release"
+    async with replicas(tmp_path, store_url, lease=1) as (url, balancer, proxies):
         at_once: list[types.CallToolResult] = []
 
         async def call() -> None:
@@ -78,14 +106,21 @@ async def test_the_same_call_on_each_replica_at_once_and_in_turn_makes_one_charg
             await charged(ledger)
             while sum(p.said("waiting create_charge") for p in proxies) < 2:  # noqa: ASYNC110 - other processes
                 await anyio.sleep(0.02)
-            (tmp_path / "release").touch()
+            hold.touch()
         in_turn = []
         for _ in range(3):
             async with host(url, "auto") as client:
                 in_turn.append(await client.call_tool("create_charge", CHARGE))
         async with host(url, "legacy") as client:  # a handshake-era session stays on the replica it opened
             in_turn.append(await client.call_tool("create_charge", CHARGE))
-    [(charge_id,)] = charges(ledger)
+        [(charge_id,)] = charges(ledger)
+        routed = list(balancer.routed)
+        # A replica killed mid-call: the re-issue, on another replica, waits for the dead one's lease and takes
+        # the call over with the same key, which the provider deduplicates.
+        hold.unlink()
+        other = {**CHARGE, "order_id": "o-2"}
+        reissued, killed_on, retried_on = await kill_mid_call(url, balancer, proxies, ledger, other)
+        hold.touch()
     assert sorted(balancer.calls()[:3]) == [0, 1, 2]  # at once: one call on each replica
     assert sorted(balancer.calls()[3:6]) == [0, 1, 2]  # in turn: likewise
     for result in [*at_once, *in_turn]:
@@ -93,36 +128,18 @@ async def test_the_same_call_on_each_replica_at_once_and_in_turn_makes_one_charg
     assert sorted(bool(r.meta and r.meta[META_REPLAYED]) for r in at_once) == [False, True, True]
     assert all(r.meta and r.meta[META_REPLAYED] is True for r in in_turn)
     # Stateless: no 2026-07-28 request carried a session, and each went where the turn sent it.
-    assert all(r.session is None for r in balancer.routed if r.method == "tools/call")
+    assert all(r.session is None for r in routed[:6] if r.method == "tools/call")
+    assert killed_on != retried_on and proxies[retried_on].said("takeover create_charge")
+    [(_, ), (second_id, )] = charges(ledger)
+    assert not reissued.is_error and reissued.structured_content and reissued.structured_content["id"] == second_id
+    assert reissued.meta and reissued.meta[META_KEY]
 
 
-@pytest.mark.parametrize("forward", [True, False], ids=["key-forwarded", "key-not-forwarded"])
-async def test_a_replica_killed_mid_call(tmp_path: Path, store_url: str, forward: bool) -> None:
+async def test_a_killed_replicas_call_whose_key_does_not_reach_the_provider_is_held(tmp_path: Path,
+                                                                                   store_url: str) -> None:
     ledger = tmp_path / "payments.db"
-    failed: list[MCPError] = []
-    async with replicas(tmp_path, store_url, forward=forward, lease=1) as (url, balancer, proxies), \
-            host(url, "auto") as client:
-
-        async def first() -> None:
-            try:
-                await client.call_tool("create_charge", CHARGE)
-            except MCPError as exc:  # the replica serving it died: the host's request fails
-                failed.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(first)
-            await charged(ledger)
-            [replica] = balancer.calls()
-            proxies[replica].process.send_signal(signal.SIGKILL)
-            await proxies[replica].process.wait()
-        assert failed
-        reissued = await client.call_tool("create_charge", CHARGE)  # a new JSON-RPC id, on another replica
-        first, second = balancer.calls()
-    assert first != second
-    [(charge_id, )] = charges(ledger)
-    if forward:  # taken over when the dead replica's lease expired; the provider deduplicated on the key
-        assert not reissued.is_error and reissued.structured_content and reissued.structured_content["id"] == charge_id
-        assert reissued.meta and reissued.meta[META_KEY]
-        assert proxies[second].said("takeover create_charge")
-    else:  # held for a person: nothing was run again
-        assert reissued.is_error and "unknown" in text(reissued) and "Nothing was executed" in text(reissued)
+    async with replicas(tmp_path, store_url, forward=False, lease=1) as (url, balancer, proxies):
+        reissued, killed_on, retried_on = await kill_mid_call(url, balancer, proxies, ledger, CHARGE)
+    assert killed_on != retried_on
+    assert len(charges(ledger)) == 1  # held for a person: nothing was run again
+    assert reissued.is_error and "unknown" in text(reissued) and "Nothing was executed" in text(reissued)

@@ -230,6 +230,9 @@ async def start_host(tg: anyio.abc.TaskGroup, config: Path, mode: str) -> Host:
     return host
 
 
+# The proxy's end of input, whatever the store: its claims' waits and takeovers are proven on both stores above
+# and in test_mcp_http (a dropped stream) and test_mcp_replicas (a killed replica).
+@pytest.mark.storeless
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_a_host_killed_mid_call_then_started_again_gets_the_one_charge(setup: Setup, mode: str) -> None:
     """The host process dies mid-call (SIGKILL): its proxy meets the end of its input and finishes the call in
@@ -250,6 +253,7 @@ async def test_a_host_killed_mid_call_then_started_again_gets_the_one_charge(set
     assert result.meta and result.meta[META_REPLAYED] is True and "REPLAY" in text(result)
 
 
+@pytest.mark.storeless
 @pytest.mark.parametrize("forward", [True, False], ids=["key-forwarded", "key-not-forwarded"])
 async def test_a_host_and_its_proxy_gone_mid_call(setup: Setup, forward: bool) -> None:
     """The host dies mid-call and its proxy, past ``grace``, exits with the call still in flight: it never
