@@ -170,6 +170,9 @@ async def _serve(proxy: GuardingProxy) -> None:
             await _serve_stdio(proxy)
         except* (BrokenPipeError, ConnectionResetError):
             log.info("the client closed its end of the connection")  # (it died: what is left to say goes nowhere)
+        except* Exception:
+            log.exception("serving the client failed")  # (logged now: _finish may exit before it propagates)
+            raise
         finally:
             await _finish(proxy)
 
