@@ -5,14 +5,9 @@ A host that gives up mid-call does not split the call. Side effects are counted 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +16,15 @@ import full_upstream
 import httpx2
 import mcp_types as types
 import pytest
-from mcp import Client, MCPError
-from mcp.client.streamable_http import streamable_http_client
+from http_proxies import ROOT, TOKEN, env, free_socket, host, http_proxy
+from mcp import MCPError
 from upstream_log import charges
 
-import agentguard
 from agentguard.mcp import META_REPLAYED
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_ROOT = Path(agentguard.__file__).resolve().parent.parent
-TOKEN = "test-token-" + "x" * 24
-URL = re.compile(r"serving Streamable HTTP on (\S+)")
 PAY = {"order_id": "o-1", "amount_cents": 4900, "task_id": "ticket-9"}
-
-
-@dataclass
-class Proxy:
-    process: anyio.abc.Process
-    url: str
-    stderr: list[str]
 
 
 def write_config(tmp: Path, *, upstream: str, tools: str, proxy: str = "") -> Path:
@@ -57,59 +40,6 @@ def full_config(tmp: Path, store_url: str, proxy: str = "") -> Path:
         tools='[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n', proxy=proxy)
     path.write_text(path.read_text().replace("{store}", store_url))
     return path
-
-
-def env(**more: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENTGUARD_")}
-    return {**base, "PYTHONPATH": str(PACKAGE_ROOT), **more}
-
-
-@contextlib.asynccontextmanager
-async def http_proxy(config: Path, *, address: str = "127.0.0.1:0", token: str | None = TOKEN,
-                     ) -> AsyncIterator[Proxy]:
-    """The command, serving; its stderr is read all along (and kept) so that it never blocks on a full pipe."""
-    cmd = [sys.executable, "-m", "agentguard.cli", "mcp-proxy", "--config", str(config), "--http", address]
-    extra = {"AGENTGUARD_PROXY_TOKEN": token} if token is not None else {}
-    async with await anyio.open_process(cmd, env=env(**extra), cwd=config.parent, stdin=subprocess.DEVNULL) as proc, \
-            anyio.create_task_group() as tg:
-        lines: list[str] = []
-        found: dict[str, str] = {}
-        ready = anyio.Event()
-
-        async def drain() -> None:
-            assert proc.stderr is not None
-            buffer = b""
-            async for chunk in proc.stderr:
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    lines.append(line.decode())
-                    if (match := URL.search(lines[-1])) is not None:
-                        found["url"] = match.group(1)
-                        ready.set()
-            ready.set()
-
-        tg.start_soon(drain)
-        with anyio.fail_after(60):
-            await ready.wait()
-        assert "url" in found, "\n".join(lines)
-        try:
-            yield Proxy(proc, found["url"], lines)
-        finally:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-                with anyio.fail_after(30):
-                    await proc.wait()
-            tg.cancel_scope.cancel()
-
-
-@contextlib.asynccontextmanager
-async def host(url: str, mode: str, *, token: str = TOKEN, **options: Any) -> AsyncIterator[Client]:
-    """A host connected to the proxy over HTTP, with the bearer token on every request."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                                  timeout=httpx2.Timeout(30, read=60)) as http, \
-            Client(streamable_http_client(url, http_client=http), mode=mode, **options) as client:
-        yield client
 
 
 def text(result: types.CallToolResult) -> str:
@@ -201,6 +131,19 @@ async def test_without_a_usable_token_it_does_not_start(tmp_path: Path, store_ur
     assert not (tmp_path / "upstream.jsonl").exists()  # nothing was started
 
 
+async def test_an_address_that_cannot_be_listened_on_stops_it(tmp_path: Path, store_url: str) -> None:
+    config = full_config(tmp_path, store_url)
+    with free_socket() as busy:
+        busy.listen()
+        cmd = [sys.executable, "-m", "agentguard.cli", "mcp-proxy", "--config", str(config), "--http",
+               f"127.0.0.1:{busy.getsockname()[1]}"]
+        with anyio.fail_after(60):
+            out = await anyio.run_process(cmd, env=env(AGENTGUARD_PROXY_TOKEN=TOKEN), cwd=tmp_path,
+                                          stdin=subprocess.DEVNULL, check=False)
+    stderr = out.stderr.decode()
+    assert out.returncode == 2 and "cannot listen on 127.0.0.1:" in stderr and "Traceback" not in stderr, stderr
+
+
 async def test_it_listens_on_loopback_unless_told_otherwise_and_takes_the_token_from_the_config(
     tmp_path: Path, store_url: str
 ) -> None:
@@ -213,10 +156,13 @@ async def test_it_listens_on_loopback_unless_told_otherwise_and_takes_the_token_
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_a_host_that_gives_up_mid_call_does_not_split_it(tmp_path: Path, store_url: str, mode: str) -> None:
+async def test_a_dropped_stream_then_the_call_reissued_makes_one_charge(tmp_path: Path, store_url: str,
+                                                                     mode: str) -> None:
     """The host's read timeout fires while the provider holds its answer: the handshake-era client cancels
-    the request (``notifications/cancelled``), the 2026-07-28 one drops the HTTP request. The call finishes
-    and is recorded all the same, the cancellation is logged, and the retry replays the one charge."""
+    the request (``notifications/cancelled``), the 2026-07-28 one drops its HTTP request (the revision's
+    cancellation). The call runs to its end all the same. The same call is then re-issued while it is still in
+    flight, with a new JSON-RPC id on the same connection and from a new connection: each waits for the call
+    in flight and gets its one charge, labelled as a replay."""
     hold, ledger = tmp_path / "release", tmp_path / "payments.db"
     config = write_config(
         tmp_path, upstream=f'command = ["python", "{ROOT / "servers" / "payments_demo.py"}"]\n'
@@ -224,20 +170,32 @@ async def test_a_host_that_gives_up_mid_call_does_not_split_it(tmp_path: Path, s
         tools='[tools.create_charge]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n')
     config.write_text(config.read_text().replace("{store}", store_url))
     charge = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd", "task_id": "ticket-3"}
+    reissued: list[types.CallToolResult] = []
 
-
-    async with http_proxy(config) as proxy, host(proxy.url, mode) as client:
+    async with http_proxy(config, log_level="DEBUG") as proxy, host(proxy.url, mode) as client:
         with pytest.raises(MCPError):
             await client.call_tool("create_charge", charge, read_timeout_seconds=0.5)
         while not charges(ledger):  # noqa: ASYNC110 - written by another process
             await anyio.sleep(0.02)
-        while not any("cancelled its request for tools/call create_charge" in line for line in proxy.stderr):  # noqa: ASYNC110
-            await anyio.sleep(0.02)  # the proxy logs that the host went away (read from its stderr)
-        hold.touch()
-        retry = await client.call_tool("create_charge", charge)
+        await proxy.saying("cancelled its request for tools/call create_charge")  # the proxy saw the drop
+
+        async def again(client: Any) -> None:
+            reissued.append(await client.call_tool("create_charge", charge))
+
+        async def from_a_new_connection() -> None:
+            async with host(proxy.url, mode) as other:
+                await again(other)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(again, client)
+            tg.start_soon(from_a_new_connection)
+            await proxy.saying("waiting create_charge", times=2)  # both wait for the call in flight
+            hold.touch()
     [(charge_id,)] = charges(ledger)
-    assert not retry.is_error and retry.structured_content and retry.structured_content["id"] == charge_id
-    assert retry.meta and retry.meta[META_REPLAYED] is True  # recorded, although its host had given up
+    for retry in reissued:
+        assert not retry.is_error and retry.structured_content and retry.structured_content["id"] == charge_id
+        assert retry.meta and retry.meta[META_REPLAYED] is True and "REPLAY" in text(retry)
+    assert len(reissued) == 2
 
 
 async def test_sigterm_ends_the_http_proxy_cleanly(tmp_path: Path, store_url: str) -> None:

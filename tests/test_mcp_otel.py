@@ -47,12 +47,13 @@ def spans() -> Iterator[InMemorySpanExporter]:
     reset()
 
 
-async def test_the_hosts_trace_is_continued_upstream(store_url: str, spans: InMemorySpanExporter) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_hosts_trace_is_continued_upstream(store_url: str, spans: InMemorySpanExporter, mode: str) -> None:
     seen: list[dict[str, Any]] = []
     config = f'[store]\nurl = "{store_url}"\n\n[upstream]\ncommand = ["unused"]\n\n[tools.pay]\nkey = ["order_id"]\n'
     proxy = GuardingProxy(parse_config(config), upstream=upstream(seen), environ={})
     meta = {"traceparent": f"00-{TRACE}-{HOST_SPAN}-01", "claudecode/toolUseId": "toolu_01"}
-    async with Client(proxy.server, mode="legacy") as client:
+    async with Client(proxy.server, mode=mode) as client:
         first = await client.call_tool("pay", {"order_id": "o-1", "task_id": "t-trace"}, meta=meta)
         again = await client.call_tool("pay", {"order_id": "o-1", "task_id": "t-trace"}, meta=meta)
     assert not first.is_error and not again.is_error and len(seen) == 1

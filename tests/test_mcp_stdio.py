@@ -43,14 +43,16 @@ class Setup:
         self.hold = tmp_path / "release"
         self.hold.touch()
 
-    def config(self, name: str = "agentguard.toml", *, ledger: str = "payments.db", lease: float = 30) -> Path:
+    def config(self, name: str = "agentguard.toml", *, ledger: str = "payments.db", lease: float = 30,
+               grace: float = 2, forward: bool = True) -> Path:
         path = self.tmp / name
         path.write_text(
             f'[store]\nurl = "{self.store_url}"\nlease = {lease}\n\n'
             f'[upstream]\ncommand = ["python", "{ROOT / "servers" / "payments_demo.py"}"]\n'
             f'env = {{ PAYMENTS_DEMO_DB = "{self.tmp / ledger}", PAYMENTS_DEMO_HOLD_FILE = "{self.hold}" }}\n\n'
-            '[proxy]\ngrace = 2\n\n'
-            '[tools.create_charge]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
+            f'[proxy]\ngrace = {grace}\n\n'
+            '[tools.create_charge]\nkey = ["order_id"]\n'
+            + ('forward_key_to = "idempotency_key"\n' if forward else "")
         )
         return path
 
@@ -174,6 +176,109 @@ async def test_proxy_sigkilled_mid_call_then_restarted_makes_one_charge(setup: S
     assert not retry.is_error and retry.structured_content and retry.structured_content["id"] == charge_id
     assert retry.meta and retry.meta[META_KEY] == upstream_key
     assert again.meta and again.meta[META_REPLAYED] is True
+
+
+class Host:
+    """A host process (``tests/mcp_host.py``) making one call through its own proxy; the proxy's stderr is its."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        self.stderr: list[str] = []
+        self.stdout = b""
+
+    async def read(self) -> None:
+        async def out() -> None:
+            assert self.process.stdout is not None
+            async for chunk in self.process.stdout:
+                self.stdout += chunk
+
+        async def err() -> None:
+            assert self.process.stderr is not None
+            buffer = b""
+            async for chunk in self.process.stderr:  # the proxy's too: its write end outlives a killed host
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                self.stderr.extend(line.decode(errors="replace") for line in lines)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(out)
+                tg.start_soon(err)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.process.aclose()
+
+    async def saying(self, text: str) -> None:
+        while not any(text in line for line in self.stderr):  # noqa: ASYNC110 - another process logs it
+            await anyio.sleep(0.02)
+
+    async def result(self) -> types.CallToolResult:
+        with anyio.fail_after(60):
+            code = await self.process.wait()
+            while not self.stdout.endswith(b"\n"):  # noqa: ASYNC110 - the reader drains what is left
+                await anyio.sleep(0.02)
+        assert code == 0, "\n".join(self.stderr)
+        return types.CallToolResult.model_validate_json(self.stdout)
+
+
+async def start_host(tg: anyio.abc.TaskGroup, config: Path, mode: str) -> Host:
+    cmd = [sys.executable, str(ROOT / "tests" / "mcp_host.py"), str(config), mode, "create_charge", json.dumps(CHARGE)]
+    process = await anyio.open_process(cmd, env={**os.environ, "PYTHONPATH": str(PACKAGE_ROOT),
+                                                 "AGENTGUARD_LOG": "DEBUG"}, cwd=config.parent)
+    host = Host(process)
+    tg.start_soon(host.read)
+    return host
+
+
+# The proxy's end of input, whatever the store: its claims' waits and takeovers are proven on both stores above
+# and in test_mcp_http (a dropped stream) and test_mcp_replicas (a killed replica).
+@pytest.mark.storeless
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_host_killed_mid_call_then_started_again_gets_the_one_charge(setup: Setup, mode: str) -> None:
+    """The host process dies mid-call (SIGKILL): its proxy meets the end of its input and finishes the call in
+    flight within ``grace``. The host, started again, re-issues the call (a new process, a new proxy): it waits
+    for the call the first proxy is finishing and gets its charge, labelled as a replay."""
+    config = setup.config(grace=30)
+    setup.block()
+    async with anyio.create_task_group() as tg:
+        first = await start_host(tg, config, mode)
+        await setup.charged()
+        first.process.kill()
+        again = await start_host(tg, config, mode)
+        await again.saying("waiting create_charge")  # its proxy waits for the call in flight
+        setup.release()
+        result = await again.result()
+    [(charge_id, _)] = setup.charges()
+    assert not result.is_error and result.structured_content and result.structured_content["id"] == charge_id
+    assert result.meta and result.meta[META_REPLAYED] is True and "REPLAY" in text(result)
+
+
+@pytest.mark.storeless
+@pytest.mark.parametrize("forward", [True, False], ids=["key-forwarded", "key-not-forwarded"])
+async def test_a_host_and_its_proxy_gone_mid_call(setup: Setup, forward: bool) -> None:
+    """The host dies mid-call and its proxy, past ``grace``, exits with the call still in flight: it never
+    cancels the call into a release (the provider may have charged). The claim expires with its lease, and the
+    restarted host's re-issue is settled by the rule for a worker that died inside the call: taken over with
+    the same key where the key reaches the provider (which deduplicates: one charge, the first one's), held
+    for a person otherwise (refused, nothing run: one charge)."""
+    config = setup.config(grace=0.3, lease=1, forward=forward)
+    setup.block()
+    async with anyio.create_task_group() as tg:
+        first = await start_host(tg, config, "auto")
+        await setup.charged()
+        first.process.kill()
+        with anyio.fail_after(30):  # its proxy exits on its own, saying so
+            await first.saying("exiting without releasing their claims")
+            while pids(f"--config\0{config}", "cmdline"):  # noqa: ASYNC110 - another process
+                await anyio.sleep(0.02)
+        setup.release()  # (the orphaned upstream's answer goes nowhere)
+        result = await (await start_host(tg, config, "auto")).result()
+    [(charge_id, upstream_key)] = setup.charges()
+    if forward:
+        assert not result.is_error and result.structured_content and result.structured_content["id"] == charge_id
+        assert result.meta and result.meta[META_KEY] == upstream_key
+    else:
+        assert result.is_error and "unknown" in text(result) and "Nothing was executed" in text(result), text(result)
 
 
 async def test_client_timeout_then_upstream_death_in_one_session(setup: Setup) -> None:

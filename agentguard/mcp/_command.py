@@ -52,10 +52,13 @@ def main(config_path: str, http: str | None = None) -> int:
         print(redact_text(f"agentguard mcp-proxy: {exc}"), file=sys.stderr)
         return 2
     try:
-        if address is None:
-            anyio.run(_serve, proxy)
-        else:
-            anyio.run(_serve_over_http, proxy, *address)
+        try:
+            if address is None:
+                anyio.run(_serve, proxy)
+            else:
+                anyio.run(_serve_over_http, proxy, *address)
+        except BaseExceptionGroup as group:
+            raise _lone(group) from None  # one error of the proxy's own, raised inside its task groups
     except StartupError as exc:
         _print_problems(f"cannot serve with {config_path}", exc.problems)
         return 2
@@ -65,6 +68,14 @@ def main(config_path: str, http: str | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _lone(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception a group (of groups) carries, or the group itself if it carries several."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+        inner = inner.exceptions[0]
+    return group if isinstance(inner, BaseExceptionGroup) else inner
 
 
 def _print_problems(what: str, problems: Sequence[str]) -> None:
@@ -155,10 +166,30 @@ class _Stdin:
 async def _serve(proxy: GuardingProxy) -> None:
     # Checked first, served second: a StartupError leaves before a byte is written on stdout.
     async with proxy.started():
-        await _serve_stdio(proxy)
+        try:
+            await _serve_stdio(proxy)
+        except* (BrokenPipeError, ConnectionResetError):
+            log.info("the client closed its end of the connection")  # (it died: what is left to say goes nowhere)
+        except* Exception:
+            log.exception("serving the client failed")  # (logged now: _finish may exit before it propagates)
+            raise
+        finally:
+            await _finish(proxy)
 
 
-async def _serve_over_http(proxy: GuardingProxy, host: str, port: int, token: str) -> None:
+async def _finish(proxy: GuardingProxy) -> None:
+    """The host hung up (or a signal ended the input): the calls in flight get ``grace`` seconds. A call still
+    running then is never cancelled into a release (the upstream may have acted on it): the proxy exits with
+    its claim held, which expires with its lease and is settled by the rule for a worker gone mid-call."""
+    with anyio.CancelScope(shield=True):
+        if await proxy.wait_idle(proxy.config.proxy.grace):
+            return
+    log.warning("%d call(s) still in flight %gs after the client hung up; exiting without releasing their claims",
+                proxy.inflight, proxy.config.proxy.grace)
+    _hard_exit(1)
+
+
+async def _serve_over_http(proxy: GuardingProxy, host: str, port: int, token: str | None) -> None:
     async with proxy.started(), anyio.create_task_group() as tg:
         tg.start_soon(_on_signals, proxy, tg.cancel_scope.cancel)
         await serve_http(proxy, host, port, token)

@@ -159,6 +159,32 @@ class ToolConfig(_Model):
         return "retry" if self.forward_key_to else "hold"
 
 
+_ASYMMETRIC = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+
+
+def _usual_algorithms() -> list[_ASYMMETRIC]:
+    return ["RS256", "ES256"]
+
+
+class OAuthConfig(_Model):
+    """``--http`` as an OAuth 2.1 resource server: access tokens (signed JWTs) from one authorization server."""
+
+    issuer: Annotated[str, _url("https://", "http://", problem="must be an https:// (or http://) URL")]
+    """The authorization server: a token's ``iss`` must be exactly this; advertised in the protected-resource
+    metadata, where hosts find whom to ask for a token."""
+    resource: Annotated[str, _url("https://", "http://", problem="must be an https:// (or http://) URL")] | None = None
+    """This proxy's URL as its hosts reach it (``https://mcp.example.com/mcp``): a token's audience (``aud``)
+    must name it. Default: the URL the proxy serves (right when hosts connect to it directly)."""
+    jwks_url: Annotated[str, _url("https://", "http://", problem="must be an https:// (or http://) URL")] | None = None
+    """The issuer's signing keys (a JWKS). Default: the ``jwks_uri`` of the issuer's metadata (RFC 8414)."""
+    scopes: list[str] = Field(default_factory=list)
+    """Scopes every token must carry (``scope``/``scp``); a token without one of them gets 403."""
+    algorithms: list[_ASYMMETRIC] = Field(default_factory=_usual_algorithms, min_length=1)
+    """The signature algorithms accepted (asymmetric only: the proxy holds no shared secret)."""
+    leeway: Annotated[float, Field(ge=0, le=300)] = 30.0
+    """Seconds of clock difference tolerated on ``exp`` and ``nbf``."""
+
+
 class ProxyConfig(_Model):
     name: str = "agentguard-proxy"
     on_conflict: Literal["wait", "error"] = "wait"
@@ -170,7 +196,10 @@ class ProxyConfig(_Model):
     """Seconds the proxy waits for a host to answer a question (a confirmation, an upstream's elicitation or
     sampling request); then the question counts as cancelled."""
     token: str | None = Field(default=None, min_length=16)
-    """The bearer token every HTTP request must carry (``--http``); default ``$AGENTGUARD_PROXY_TOKEN``."""
+    """The bearer token every HTTP request must carry (``--http``); default ``$AGENTGUARD_PROXY_TOKEN``. With
+    ``[proxy.oauth]`` it is optional, and a request may carry either it or an access token."""
+    oauth: OAuthConfig | None = None
+    """``--http``: accept OAuth 2.1 access tokens from an authorization server (``[proxy.oauth]``)."""
 
 
 class Config(_Model):

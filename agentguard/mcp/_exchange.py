@@ -370,7 +370,7 @@ async def resolve(
         if not isinstance(result, types.InputRequiredResult):
             return result
         requests = result.input_requests or {}
-        answers = await _answers(requests, ask)
+        answers = await ask_all(requests, ask)
         for key, answer in answers.items():
             if isinstance(answer, types.ErrorData):
                 raise MCPError(INVALID_REQUEST, f"the upstream needed {requests[key].method}, which the client "
@@ -382,7 +382,7 @@ async def resolve(
     raise MCPError(INVALID_REQUEST, f"the upstream asked for input more than {_MAX_ROUNDS} times")
 
 
-async def _answers(requests: types.InputRequests, ask: Ask | None) -> dict[str, Answer]:
+async def ask_all(requests: types.InputRequests, ask: Ask | None) -> dict[str, Answer]:
     """The host's answers, asked all at once: a 2026-07-28 host gets the questions in one round."""
     answers: dict[str, Answer] = {}
 

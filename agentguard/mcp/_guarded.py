@@ -3,14 +3,16 @@ tool + key fields), with the downstream key in ``_meta`` (and in ``forward_key_t
 and replayed. With ``confirm``, the user is asked first, inside the claim (``_confirm.py``).
 
 The call runs in an exchange (``_exchange.py``): the host's request may end (a timeout, a cancellation, a
-dropped connection) and the call still runs to its end and is recorded, so the retry gets its outcome.
+dropped connection) and the call still runs to its end and is recorded, so the retry gets its outcome. An
+upstream that answers with a task (``_tasks.py``) has its handle recorded under the key and the task followed
+to its end: its final result is what is stored, and a takeover follows the same task.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,6 +41,7 @@ from ._results import (
     upstream_unreachable,
 )
 from ._startup import Runtime
+from ._tasks import TaskHandle, forget_task, record_task, recorded_task
 from ._transports import _NotGuarded, _OutcomeUnknown, _Unavailable, _Unreachable
 
 log = logging.getLogger("agentguard.mcp")
@@ -103,8 +106,20 @@ class GuardedCall:
             arguments.pop(cfg.forward_key_to, None)  # the proxy chooses the key, never the model
         sent: str | None = None  # the downstream key, once the call went upstream
 
+        async def on_task(handle: TaskHandle) -> None:
+            await record_task(rt.guard, handle)  # before it is followed: a takeover follows the same task
+            current_audit()["upstream_task"] = handle.task_id
+
         async def body(downstream_key: str) -> dict[str, Any]:
             nonlocal sent
+            resumed = await recorded_task(rt.guard)  # an earlier attempt's task, which a takeover follows
+            if resumed is not None:
+                sent = downstream_key
+                log.info("%s in task %r: following the upstream's task %s, which an earlier attempt started", name,
+                         task_id, resumed.task_id)
+                current_audit()["upstream_task"] = resumed.task_id
+                return await settle(lambda: rt.upstream.follow(
+                    resumed, ask=ex.ask, on_over=lambda: forget_task(rt.guard), cancel=False), downstream_key, None)
             # Checked on the connection the call goes out on (it may be new, or its tools may have changed):
             # a tool the upstream no longer offers as configured is refused, never sent unguarded.
             conn = await rt.upstream.ready_for(name)
@@ -121,11 +136,18 @@ class GuardedCall:
                 shape = cfg.forward_key_shape
                 send[cfg.forward_key_to] = downstream_key if shape is None else shape_key(downstream_key, shape)
             sent = downstream_key
+            meta = {**self.forward, META_KEY: downstream_key}
+            trace_into(meta)  # the upstream's spans follow this guarded call's (the host's trace continued)
+            return await settle(lambda: rt.upstream.call(
+                name, send, meta, conn, progress=ex.progress, ask=ex.ask, on_task=on_task,
+                on_task_over=lambda: forget_task(rt.guard), cancel_task=False), downstream_key, confirmation)
+
+        async def settle(upstream: Callable[[], Awaitable[types.CallToolResult]], downstream_key: str,
+                         confirmation: dict[str, Any] | None) -> dict[str, Any]:
+            """The upstream's answer as the body's outcome: stored, or raised as what it means for the claim."""
             try:
-                meta = {**self.forward, META_KEY: downstream_key}
-                trace_into(meta)  # the upstream's spans follow this guarded call's (the host's trace continued)
                 with ex.upstream():
-                    res = await rt.upstream.call(name, send, meta, conn, progress=ex.progress, ask=ex.ask)
+                    res = await upstream()
             except _OutcomeUnknown as exc:
                 if cfg.unknown_policy == "hold":
                     raise _HeldUnknown(outcome_unknown_held(name, task_id, exc)) from None

@@ -22,7 +22,7 @@ from .._guard import Guard
 from .._redact import redact_text, redact_url
 from .._storeconfig import ENV_URL
 from ._config import Config, tool_problems
-from ._tools import task_problems
+from ._tools import key_warnings, task_problems
 from ._transports import TargetFactory, _Unavailable
 from ._upstream import Checker, Relay, Upstream
 
@@ -100,6 +100,7 @@ async def _check(config: Config, guard: Guard, upstream: Upstream, field: str, u
     """Every startup problem: the store's and the upstream's, checked side by side."""
     store: list[str] = []
     tools: list[str] = []
+    offered: list[types.Tool] = []
 
     async def open_store() -> None:
         problem = await _open_store(config, guard, field, url)
@@ -112,6 +113,7 @@ async def _check(config: Config, guard: Guard, upstream: Upstream, field: str, u
         except _Unavailable as exc:
             tools.append(f"upstream: the upstream server could not be started or reached: {exc}")
             return
+        offered.extend(conn.tools)
         for problems in conn.problems.values():  # in the config's order
             tools.extend(problems)
 
@@ -119,6 +121,8 @@ async def _check(config: Config, guard: Guard, upstream: Upstream, field: str, u
         tg.start_soon(open_store)
         tg.start_soon(check_upstream)
     if not store and not tools:
+        for warning in key_warnings(config, offered):
+            log.warning("%s", warning)
         log.info("serving: the store is ready and the upstream offers every guarded tool (%s)",
                  ", ".join(sorted(config.tools)) or "none")
     return store + tools

@@ -7,10 +7,12 @@ its requests for elicitation, sampling and roots) goes to the proxy's :class:`Re
 upstream to the resources its hosts subscribed to, on every connection.
 
 Failures are told apart by what they mean for a call (``_transports.py``): not sent, or sent and unanswered.
+A 2026-07-28 upstream may answer a call with a task (``_tasks.py``): the proxy follows it to its end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -24,10 +26,23 @@ from mcp import Client, MCPError
 from mcp.client.session import ClientRequestContext
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.subscriptions import ServerEvent, ToolsListChanged, event_to_notification
-from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, REQUEST_TIMEOUT
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
-from ._exchange import Answer, Ask, resolve
+from ._exchange import Answer, Ask, ask_all, resolve
+from ._tasks import (
+    CancelTask,
+    GetTask,
+    TaskHandle,
+    TaskParams,
+    TasksExtension,
+    TaskState,
+    UpdateTask,
+    UpdateTaskParams,
+    not_a_result,
+    poll_interval,
+)
 from ._transports import (
     TargetFactory,
     UpstreamTarget,
@@ -137,7 +152,7 @@ class Upstream:
             # upstream that never answers fails the startup (or the reconnection) instead of hanging it.
             async with Client(self._target(stop), mode=self._mode, raise_exceptions=False,
                               read_timeout_seconds=self.timeout, message_handler=on_message, cache=None,
-                              **self._callbacks()) as client:
+                              extensions=[TasksExtension()], **self._callbacks()) as client:
                 conn = _Connection(client, stop)
                 async with anyio.create_task_group() as tg:
                     # Subscribed before the first listing, so no change can fall between the two.
@@ -357,16 +372,19 @@ class Upstream:
     async def call(
         self, name: str, arguments: dict[str, Any], meta: dict[str, Any], conn: _Connection | None = None, *,
         progress: ProgressFnT | None = None, ask: Ask | None = None,
+        on_task: Callable[[TaskHandle], Awaitable[None]] | None = None,
+        on_task_over: Callable[[], Awaitable[None]] | None = None, cancel_task: bool = True,
     ) -> types.CallToolResult:
         """Call upstream (on ``conn`` if given), its progress to ``progress``, its questions (2026-07-28) to
-        ``ask``. Raises _Unavailable (not sent), _OutcomeUnknown (sent, no answer) or MCPError."""
+        ``ask``. Answered with a task, the call is :meth:`follow` ed to its end, ``on_task`` told the handle
+        first. Raises _Unavailable (not sent), _OutcomeUnknown (sent, no answer) or MCPError."""
         conn = conn if conn is not None else await self.connect()
 
         async def send(answers: types.InputResponses | None, state: str | None) -> Any:
             return await conn.client.session.call_tool(
                 name, arguments, read_timeout_seconds=self.timeout, progress_callback=progress,
                 input_responses=answers, request_state=state, meta=cast("types.RequestParamsMeta", meta),
-                allow_input_required=True,
+                allow_input_required=True, allow_claimed=True,
             )
 
         try:
@@ -383,8 +401,134 @@ class Upstream:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             self.drop(conn)
             raise _OutcomeUnknown("the upstream server closed the connection mid-call") from exc
+        except (ValidationError, RuntimeError) as exc:
+            # It was sent and answered with something the proxy cannot record as the call's result: what the
+            # upstream did is unknown (released to be sent again, it might act twice).
+            raise _OutcomeUnknown(not_a_result(exc)) from exc
+        if isinstance(result, TaskHandle):
+            if on_task is not None:
+                await on_task(result)
+            return await self.follow(result, ask=ask, on_over=on_task_over, cancel=cancel_task)
         assert isinstance(result, types.CallToolResult)
         return result
+
+    async def follow(
+        self, handle: TaskHandle, *, ask: Ask | None = None, on_over: Callable[[], Awaitable[None]] | None = None,
+        cancel: bool = True,
+    ) -> types.CallToolResult:
+        """The final result of the upstream's task ``handle``: ``tasks/get`` at the upstream's interval, the task's
+        questions put to ``ask`` and answered with ``tasks/update``. ``cancel``: if the follower is cancelled,
+        the upstream is asked to cancel the task too (a call passed through; a guarded call is never cancelled).
+
+        Raises _OutcomeUnknown (the task was cancelled or lost upstream, outlived its ``ttlSeconds``, or could not
+        be asked about) or MCPError (it failed with that JSON-RPC error); ``on_over`` is awaited first when the
+        task ended without a result."""
+        task, state, delay, ttl = handle.task_id, handle.state, handle.poll, handle.ttl
+        answered: set[str] = set()
+        started = anyio.current_time()
+        try:
+            while True:
+                await anyio.sleep(delay)
+                now, conn = await self._poll(task, state, on_over)
+                state, delay = now.request_state, poll_interval(now.poll_interval_milliseconds)
+                ttl = now.ttl_seconds if "ttl_seconds" in now.model_fields_set else ttl
+                if now.status not in ("completed", "failed", "cancelled") and ttl is not None and (
+                        anyio.current_time() - started > ttl):
+                    # Past its time to live the upstream may drop it at any moment (SEP-2663): not followed on.
+                    if on_over is not None:
+                        await on_over()
+                    raise _OutcomeUnknown(f"the upstream server's task {task} did not end within its time to live "
+                                          f"({ttl:g}s)")
+                if now.status == "input_required":
+                    await self._answer(conn, task, state, now, answered, ask)
+                elif now.status in ("completed", "failed", "cancelled"):
+                    return await _ended(task, now, on_over)
+        except anyio.get_cancelled_exc_class():
+            if cancel:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await self._cancel(task, state)
+            raise
+
+    async def _poll(self, task: str, state: str | None, on_over: Callable[[], Awaitable[None]] | None
+                    ) -> tuple[TaskState, _Connection]:
+        """One ``tasks/get``. A connection that fails is made again (the task lives on upstream) for up to the
+        upstream timeout; an upstream that no longer knows the task ends it."""
+        failing_since, delay = anyio.current_time(), 0.1
+        while True:
+            conn: _Connection | None = None
+            try:
+                conn = await self.connect()
+                now = await conn.client.session.send_request(
+                    GetTask(params=TaskParams(task_id=task, request_state=state)), TaskState,
+                    request_read_timeout_seconds=self.timeout)
+                return now, conn
+            except (MCPError, ValidationError) as exc:
+                if isinstance(exc, ValidationError) or exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+                    if on_over is not None:
+                        await on_over()
+                    why = exc.error.message if isinstance(exc, MCPError) else "its answer is not a task"
+                    raise _OutcomeUnknown(f"the upstream server no longer answers for its task {task} ({why})") from exc
+                failed: BaseException = exc
+            except (_Unavailable, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                failed = exc
+            if conn is not None and not (isinstance(failed, MCPError) and failed.code == REQUEST_TIMEOUT):
+                self.drop(conn)  # it failed: the next poll reconnects
+            if anyio.current_time() - failing_since > self.timeout:
+                raise _OutcomeUnknown(f"the upstream server could not be asked about its task {task} for "
+                                      f"{self.timeout:g}s ({_describe(failed)})") from failed
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _answer(self, conn: _Connection, task: str, state: str | None, now: TaskState, answered: set[str],
+                      ask: Ask | None) -> None:
+        """Put the task's new questions to the host (each once: a poll repeats the outstanding ones); their
+        answers go upstream with ``tasks/update``."""
+        asked = {k: r for k, r in (now.input_requests or {}).items() if k not in answered}
+        if not asked:
+            return
+        answers = await ask_all(asked, ask)
+        for key, answer in answers.items():
+            if isinstance(answer, types.ErrorData):
+                raise MCPError(INVALID_REQUEST, f"the upstream's task {task} needed {asked[key].method}, which the "
+                                                f"client could not answer: {answer.message}")
+        answered.update(answers)
+        responses = {k: a for k, a in answers.items() if not isinstance(a, types.ErrorData)}
+        await conn.client.session.send_request(
+            UpdateTask(params=UpdateTaskParams(task_id=task, request_state=state, input_responses=responses)),
+            types.EmptyResult, request_read_timeout_seconds=self.timeout)
+
+    async def _cancel(self, task: str, state: str | None) -> None:
+        """Ask the upstream to cancel its task (cooperative: it may finish all the same)."""
+        conn = self._conn
+        if conn is None or conn.stop.is_set():
+            return
+        try:
+            await conn.client.session.send_request(CancelTask(params=TaskParams(task_id=task, request_state=state)),
+                                                   types.EmptyResult, request_read_timeout_seconds=5)
+            log.info("asked the upstream to cancel its task %s, as its call was cancelled", task)
+        except Exception as exc:  # best effort: the call is cancelled either way
+            log.info("could not ask the upstream to cancel its task %s: %s", task, _describe(exc))
+
+
+async def _ended(task: str, now: TaskState, on_over: Callable[[], Awaitable[None]] | None) -> types.CallToolResult:
+    """A task that reached a terminal status: its result, or what its end means for the call."""
+    if now.status == "completed":
+        with contextlib.suppress(ValidationError):
+            return types.CallToolResult.model_validate(now.result or {}, by_name=False)
+    if on_over is not None:
+        await on_over()
+    if now.status == "completed":
+        raise _OutcomeUnknown(f"the result of the upstream server's task {task} is not a tool result")
+    if now.status == "cancelled":
+        said = f" ({now.status_message})" if now.status_message else ""
+        raise _OutcomeUnknown(f"the upstream server cancelled its task {task} before it completed{said}")
+    try:
+        error = types.ErrorData.model_validate(now.error or {}, by_name=False)
+    except ValidationError:
+        error = types.ErrorData(code=INTERNAL_ERROR, message=now.status_message or "the task failed")
+    if error.code == INTERNAL_ERROR:
+        raise _OutcomeUnknown(f"the upstream server's task {task} failed ({error.message})")
+    raise MCPError.from_error_data(error)
 
 
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:

@@ -15,6 +15,7 @@ This module is the proxy's front door; the code lives in one module per concept:
     _startup.py     checked first, served second: store and upstream opened and checked before serving
     _guarding.py    GuardingProxy: the server, tools/list and tools/call
     _guarded.py     a guarded call through Guard.run
+    _tasks.py       an upstream's answer with a task (2026-07-28): followed to its end, its handle recorded
     _confirm.py     the user's confirmation before a guarded call first runs (confirm = true)
     _exchange.py    a host's request answered by calling upstream, and the questions asked on the way
     _relay.py       everything but tools, passed through: resources, prompts, completions, logging
