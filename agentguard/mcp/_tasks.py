@@ -25,7 +25,7 @@ import mcp_types as types
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from pydantic import ConfigDict, ValidationError
 
-from .._drivers import active_claim
+from .._drive import active_claim
 from .._guard import Guard
 from .._steps import ClaimSteps
 from ..stores import DONE
@@ -148,7 +148,7 @@ def not_a_result(exc: ValidationError | RuntimeError) -> str:
 
 def _steps(guard: Guard) -> ClaimSteps | None:
     claim = active_claim.get()
-    return None if claim is None else ClaimSteps(guard._engine, claim, guard._codec_for)
+    return None if claim is None else ClaimSteps(guard._machine, claim, guard._codec_for)
 
 
 async def recorded_task(guard: Guard) -> TaskHandle | None:
