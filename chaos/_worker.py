@@ -44,6 +44,7 @@ from ._provider import ProviderError, charge, charge_sync
 CLEAR = (InProgressError, LeaseLostError, StoreError, ProviderError)  # what a caller may be told instead
 KINDS = ("async", "threads", "sync")
 TRIES = 2000
+STOP = threading.Event()  # a caller of this process failed the run: the others stop too
 
 T = TypeVar("T")
 
@@ -147,6 +148,8 @@ async def call_async(out: Lines, rng: random.Random, task_id: str, call: Callabl
 def call_sync(out: Lines, rng: random.Random, task_id: str, call: Callable[[], T]) -> T:
     """``call_async`` for a sync tool, in the calling thread."""
     for _ in range(TRIES):
+        if STOP.is_set():
+            raise GaveUp(f"{task_id}: another caller failed")
         try:
             with task(task_id):
                 result = call()
@@ -178,7 +181,6 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
     rng = random.Random(os.getpid())
     threads: list[threading.Thread] = []
     failed: list[BaseException] = []
-    stop = threading.Event()
 
     async with Guard(args.url, lease=args.lease, on_event=_on_event(out), connect_timeout=5, cache_size=0) as guard:
 
@@ -202,17 +204,17 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
         on_loop = script
         if args.tools == "threads":
             on_loop = [c for c in script if c[1] == "book"]
-            threads = _start_threads(guard, args, script, out, failed, stop)
+            threads = _start_threads(guard, args, script, out, failed)
         print("ready", flush=True)
         try:
             for task_id, tool, order_id, amount in on_loop:
-                if stop.is_set():
+                if STOP.is_set():
                     break
                 await asyncio.sleep(rng.uniform(0.05, 0.3))  # the model thinks before its next call
                 fn = charge_order if tool == "charge" else book
                 await call_async(out, rng, task_id, lambda fn=fn, o=order_id, a=amount: fn(o, a))
         except BaseException:
-            stop.set()
+            STOP.set()
             raise
         finally:
             for t in threads:
@@ -222,7 +224,7 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
 
 
 def _start_threads(guard: Guard, args: argparse.Namespace, script: list[tuple[str, str, str, int]], out: Lines,
-                   failed: list[BaseException], stop: threading.Event) -> list[threading.Thread]:
+                   failed: list[BaseException]) -> list[threading.Thread]:
     """``--threads`` threads calling the sync ``charge`` at once, each over every charge of the script from
     another place in it (so they run bodies side by side, and race on the repeated calls)."""
     rngs = threading.local()
@@ -234,13 +236,13 @@ def _start_threads(guard: Guard, args: argparse.Namespace, script: list[tuple[st
         start = n * len(charges) // args.threads
         try:
             for task_id, _, order_id, amount in [*charges[start:], *charges[:start]]:
-                if stop.is_set():
+                if STOP.is_set():
                     return
                 time.sleep(rngs.rng.uniform(0.05, 0.3))  # the model thinks before its next call
                 call_sync(out, rngs.rng, task_id, lambda o=order_id, a=amount: charge_order(o, a))
         except BaseException as exc:
             failed.append(exc)
-            stop.set()
+            STOP.set()
 
     threads = [threading.Thread(target=caller, args=(n,), name=f"caller-{n}") for n in range(args.threads)]
     _witness_connections(out, set(threads))
