@@ -194,7 +194,9 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
             await body_time()
             return {"order": order_id, "charge": answer["id"], "amount": amount}
 
-        @guard.once(operation="book", key="order_id")
+        # A step cut short by a death runs again: its sub-key reaches the provider, which honours it (the default,
+        # "hold", would leave it for a person: an OutcomeUnknownError, a failure of the run).
+        @guard.once(operation="book", key="order_id", on_unknown="retry")
         async def book(order_id: str, amount: int, op: Operation) -> dict[str, Any]:
             out.write(body=order_id, tools="async", pid=os.getpid(), t=time.time())
             answer = await op.step("charge", charge, args.provider, op.key("charge"), order_id, amount)
