@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,7 +339,7 @@ async def _replay_all(url: str, ops: list[tuple[str, str, str, int]]) -> tuple[d
         async def book(order_id: str, amount: int, op: Operation) -> dict[str, Any]:
             raise AssertionError(f"{order_id} ran again after the chaos run")
 
-        tools = {"charge": charge_order, "book": book}
+        tools: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {"charge": charge_order, "book": book}
         for task_id, tool, order_id, amount in ops:
             try:
                 with task(task_id):

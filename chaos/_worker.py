@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -103,14 +104,14 @@ def _witness_connections(out: Lines, callers: set[threading.Thread]) -> None:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        real = module.connect
+        real = getattr(module, "connect")  # noqa: B009 - (psycopg's is not typed as an attribute)
 
         def connect(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
             if threading.current_thread() in callers:
                 out.write(own_connection=_name, thread=threading.current_thread().name, pid=os.getpid())
             return _real(*args, **kwargs)
 
-        module.connect = connect
+        setattr(module, "connect", connect)  # noqa: B010
 
 
 def _on_event(out: Lines) -> Callable[[GuardEvent], None]:
@@ -214,7 +215,7 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
                     break
                 await asyncio.sleep(rng.uniform(0.05, 0.3))  # the model thinks before its next call
                 fn = charge_order if tool == "charge" else book
-                await call_async(out, rng, task_id, lambda fn=fn, o=order_id, a=amount: fn(o, a))
+                await call_async(out, rng, task_id, functools.partial(fn, order_id, amount))
         except BaseException:
             STOP.set()
             raise
@@ -241,7 +242,7 @@ def _start_threads(guard: Guard, args: argparse.Namespace, script: list[tuple[st
                 if STOP.is_set():
                     return
                 time.sleep(rngs.rng.uniform(0.05, 0.3))  # the model thinks before its next call
-                call_sync(out, rngs.rng, task_id, lambda o=order_id, a=amount: charge_order(o, a))
+                call_sync(out, rngs.rng, task_id, functools.partial(charge_order, order_id, amount))
         except BaseException as exc:
             failed.append(exc)
             STOP.set()
@@ -263,7 +264,7 @@ def run_sync(args: argparse.Namespace, script: list[tuple[str, str, str, int]], 
             if tool != "charge":
                 continue  # (a multi-step tool is async: the fleet's other workers book)
             time.sleep(rngs.rng.uniform(0.05, 0.3))  # the model thinks before its next call
-            call_sync(out, rngs.rng, task_id, lambda o=order_id, a=amount: charge_order(o, a))
+            call_sync(out, rngs.rng, task_id, functools.partial(charge_order, order_id, amount))
 
 
 if __name__ == "__main__":
