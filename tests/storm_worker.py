@@ -12,10 +12,10 @@ a thread, as a sync framework calls it) and the async one: the same operation, s
 async callers of different processes race for one record. The body appends its downstream key to EFFECTS
 (one line per execution: ``O_APPEND`` keeps the processes' lines whole).
 
-``--cold``: a new guard's first sync calls (a service started as requests arrive), in a process of their own
-(nothing of the store's drivers imported yet): CALLERS threads released by one barrier call a sync tool on one
-key; it prints one JSON line: the executions, the callers' distinct results and errors, and the database
-connections dropped while open (``ResourceWarning``).
+``--cold``: a new guard's first sync calls (a service started as requests arrive: its first call alone, then a
+burst), in a process of their own (nothing of the store's drivers imported yet): CALLERS threads released by
+one barrier call a sync tool on one key; it prints one JSON line: the burst's executions, the callers'
+distinct results and errors, and the database connections dropped while open (``ResourceWarning``).
 """
 
 from __future__ import annotations
@@ -119,6 +119,10 @@ def cold(url: str, callers: int, pool_size: int) -> None:
             runs.append(order_id)
             time.sleep(0.05)
             return {"order": order_id, "key": idempotency_key, "nonce": uuid.uuid4().hex}
+
+        with task("t-first"):
+            charge("o-first")  # the service's first call, alone (its store's schema is made)
+        runs.clear()
 
         def call(i: int) -> None:
             try:
