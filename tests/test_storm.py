@@ -43,13 +43,13 @@ POOL_SIZE = 4  # the guard's pool: capacity 12 a loop (pool_size x 3)
 WORKER = str(Path(__file__).with_name("storm_worker.py"))
 
 
+HOLD = 0.05  # seconds a body runs: its claim is live while the other callers arrive (they wait, then replay)
+
+
 def _body(runs: list[str], lock: threading.Lock, order_id: str, key: str) -> dict[str, str]:
     with lock:
         runs.append(order_id)
     return {"order": order_id, "key": key, "nonce": uuid.uuid4().hex}
-
-
-HOLD = 0.05  # seconds a body runs: its claim is live while the other callers arrive (they wait, then replay)
 
 
 def _one_execution_every_caller_its_result(runs: list[str], order: str, results: list[Any]) -> None:
@@ -214,7 +214,8 @@ async def test_a_thousand_coroutines_on_one_key_run_it_once(store_url: str) -> N
 
 
 def test_sixteen_processes_on_one_key_run_it_once(store_url: str, tmp_path: Path) -> None:
-    """On SQLite, 16 processes on one file; sync and async tools alike in every round."""
+    """16 processes on one SQLite file (on the Postgres pass, one database); sync and async callers in every
+    round."""
     effects, go = tmp_path / "effects", str(tmp_path / "go")
     held = []
     for r in range(ROUNDS):  # the barriers: held open here, so a process's open never blocks
