@@ -2,15 +2,22 @@
 
 A chaos run on a real fleet: 16 worker processes on one Postgres and 8 on one SQLite file, each making a
 scripted agent's calls (``chaos/_worker.py``) through the guard against a local provider that honours
-idempotency keys and counts charges (``chaos/_provider.py``). Meanwhile the runner SIGKILLs workers (and
-starts them again: the agent resumes), SIGSTOPs them past their lease and resumes them, terminates their
-Postgres connections (on SQLite: holds the file's write lock for a while), and restarts Postgres once.
+idempotency keys and counts charges (``chaos/_provider.py``). A third of the workers call async tools on an
+event loop, a third a sync tool from several threads at once (beside an async tool on the main thread's
+loop), a third a sync tool from their one thread: every way a call is claimed and completed (on the loop, in
+a sync tool's own thread, on the guard's portal) meets the faults, and sync and async callers race for the
+same records. Meanwhile the runner SIGKILLs workers (and starts them again: the agent resumes), SIGSTOPs them
+past their lease and resumes them, terminates their Postgres connections (psycopg's of sync tools' threads
+too; on SQLite: holds the file's write lock for a while), and restarts Postgres once.
 
 At the end it checks, and exits non-zero unless all hold:
 - exactly one charge per operation at the provider, and one key per operation across every takeover;
 - every caller got the stored result (the runner replays each operation through a guard whose bodies fail
-  if run) or a clear error (``InProgressError``, ``LeaseLostError``, ``StoreError``, the provider's refusal);
+  if run, async and sync) or a clear error (``InProgressError``, ``LeaseLostError``, ``StoreError``, the
+  provider's refusal);
 - no claim left held: every record is completed;
+- sync tools' calls were claimed in their own threads where the store has a sync executor (a SQLite file;
+  Postgres with psycopg), so the faults met that path and not only the portal's;
 and prints a summary (operations, faults injected, takeovers, replays) as its last lines.
 
 ``--short`` (the default, part of ``scripts/test.sh``) takes about a minute; ``--long`` several. The random
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import importlib.util
 import json
 import os
 import random
@@ -33,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +53,7 @@ from agentguard import Guard, Operation, task
 
 from ._judge import judge
 from ._provider import Provider
+from ._worker import KINDS
 
 LEASE = 2.0
 
@@ -53,6 +64,7 @@ class Plan:
     operations: int
     fault_seconds: float  # how long faults are injected
     deadline: float  # the whole run, faults and the finish
+    threads: int = 4  # the calling threads of each worker whose sync tool is called from threads
 
 
 SHORT = {"postgresql": Plan(16, 48, 15.0, 300.0), "sqlite": Plan(8, 32, 12.0, 300.0)}
@@ -66,9 +78,12 @@ class Faults:
     terminated: int = 0  # Postgres backends terminated
     locks: int = 0  # SQLite write locks held
     restarts: int = 0  # Postgres restarts
+    in_body: collections.Counter[str] = field(default_factory=collections.Counter)  # "kill sync": inside a body
 
     def describe(self, backend: str) -> str:
         parts = [f"{self.kills} SIGKILL", f"{self.stops} SIGSTOP past the lease"]
+        if self.in_body:
+            parts.append("inside a body: " + ", ".join(f"{n} {k}" for k, n in sorted(self.in_body.items())))
         if backend == "postgresql":
             parts += [f"{self.terminated} connections terminated", f"{self.restarts} Postgres restart"]
         else:
@@ -79,6 +94,8 @@ class Faults:
 @dataclass
 class Worker:
     index: int
+    kind: str  # how it calls its tools: chaos._worker.KINDS
+    ops: frozenset[str]  # the operations it calls (a worker with only sync tools books nothing)
     script: Path
     results: Path
     log: Path
@@ -86,6 +103,8 @@ class Worker:
     stopped_until: float | None = None
     starts: int = 0
     failed: str | None = None
+    read: int = 0  # how far the runner has read its results
+    bodies: set[str] = field(default_factory=set)  # the orders whose body it runs now, as far as the runner knows
 
 
 @dataclass
@@ -109,13 +128,18 @@ class Fleet:
             backend, url, provider, plan, rng, tmp, pg)
         self.faults = Faults()
         self.ops = operations(plan.operations, backend)
+        self.order_of = {task_id: order for task_id, _, order, _ in self.ops}
         self.workers: list[Worker] = []
         for i in range(plan.workers):
             # Each agent starts at another operation (so bodies run side by side from the start), then makes
-            # every other one, and a few twice; every operation is called by every worker.
+            # every other one, and a few twice; every operation is called by every worker (a booking by every
+            # worker with an async tool: a multi-step tool is async).
             start = i * len(self.ops) // plan.workers
             script = [*self.ops[start:], *self.ops[:start], *rng.sample(self.ops, 3)]
-            w = Worker(i, tmp / f"{backend}-{i}.json", tmp / f"{backend}-{i}.jsonl", tmp / f"{backend}-{i}.log")
+            kind = KINDS[i % len(KINDS)]
+            ops = frozenset(t for t, tool, _, _ in script if kind != "sync" or tool == "charge")
+            w = Worker(i, kind, ops, tmp / f"{backend}-{i}.json", tmp / f"{backend}-{i}.jsonl",
+                       tmp / f"{backend}-{i}.log")
             w.script.write_text(json.dumps(script))
             self.workers.append(w)
 
@@ -123,10 +147,11 @@ class Fleet:
 
     def start(self, w: Worker) -> None:
         w.starts += 1
+        w.bodies.clear()
         with open(w.log, "ab") as log:
             w.proc = subprocess.Popen(
                 [sys.executable, "-m", "chaos._worker", self.url, self.provider.url, str(w.script), str(w.results),
-                 "--lease", str(LEASE)],
+                 "--lease", str(LEASE), "--tools", w.kind, "--threads", str(self.plan.threads)],
                 stdout=subprocess.DEVNULL, stderr=log, cwd=Path(__file__).resolve().parent.parent,
             )
 
@@ -151,17 +176,47 @@ class Fleet:
 
     # -- faults -------------------------------------------------------------------------------------------
 
+    def target(self, fault: str) -> Worker | None:
+        """A running worker to hit: most often one inside a body (a death or a pause there is the one that
+        matters: its claim must be taken over, its stale completion refused), else any."""
+        live = self.running()
+        for w in live:
+            self.follow(w)
+        busy = [w for w in live if w.bodies]
+        if busy and self.rng.random() < 0.75:
+            w = self.rng.choice(busy)
+            self.faults.in_body[f"{fault} {w.kind}"] += 1
+            return w
+        return self.rng.choice(live) if live else None
+
+    def follow(self, w: Worker) -> None:
+        """Read what ``w`` wrote since last time: the bodies it started and has not answered yet."""
+        if not w.results.exists():
+            return
+        with open(w.results, "rb") as f:
+            f.seek(w.read)
+            new = f.read()
+        whole = new[: new.rfind(b"\n") + 1]  # (a line being written is read next time)
+        w.read += len(whole)
+        for line in whole.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if "body" in entry:
+                w.bodies.add(entry["body"])
+            elif "op" in entry:  # answered (a result, or an error: a body that raised, a lease lost)
+                w.bodies.discard(self.order_of.get(entry["op"]))
+
     def kill(self) -> None:
-        if live := self.running():
-            w = self.rng.choice(live)
+        if w := self.target("kill"):
             assert w.proc is not None
             w.proc.send_signal(signal.SIGKILL)
             w.proc.wait()
             self.faults.kills += 1
 
     def stop(self) -> None:
-        if live := self.running():
-            w = self.rng.choice(live)
+        if w := self.target("stop"):
             assert w.proc is not None
             w.proc.send_signal(signal.SIGSTOP)
             w.stopped_until = time.monotonic() + LEASE + self.rng.uniform(0.5, 1.5)  # past its lease
@@ -193,6 +248,7 @@ class Fleet:
 
     def run(self) -> Outcome:
         outcome = Outcome(self.backend, self.plan, self.faults)
+        started = time.monotonic()
         asyncio.run(_ensure_schema(self.url))
         for w in self.workers:
             self.start(w)
@@ -228,6 +284,7 @@ class Fleet:
             if w.failed:
                 outcome.problems.append(w.failed)
         self.verify(outcome)
+        outcome.summary.append(f"{self.backend}: {time.monotonic() - started:.0f}s")
         return outcome
 
     # -- the checks ---------------------------------------------------------------------------------------
@@ -235,11 +292,22 @@ class Fleet:
     def verify(self, outcome: Outcome) -> None:
         stats = self.provider.stats()
         stored, held = asyncio.run(_replay_all(self.url, self.ops))
+        held += _replay_sync(self.url, self.ops, stored)
         texts = [(w.index, w.results.read_text() if w.results.exists() else "") for w in self.workers]
-        verdict = judge(self.ops, stats, stored, held, texts)
+        # A sync executor in the callers' threads: a SQLite file's (stdlib sqlite3), Postgres' if psycopg is here.
+        own = self.backend == "sqlite" or importlib.util.find_spec("psycopg") is not None
+        verdict = judge(self.ops, stats, stored, held, texts, expected={w.index: w.ops for w in self.workers},
+                        kinds={w.index: w.kind for w in self.workers}, own_threads=own)
         outcome.problems += verdict.problems
         clear = ", ".join(f"{n} {k}" for k, n in sorted(verdict.errors.items())) or "none"
         events = verdict.events
+        count = collections.Counter(w.kind for w in self.workers)
+        kinds = "; ".join(
+            f"{kind} ({count[kind]} workers{f' x {self.plan.threads} threads' if kind == 'threads' else ''}): "
+            f"{verdict.by_kind[kind]} calls, {verdict.bodies[kind]} bodies run"
+            + (f", connections of their own threads {verdict.own[kind]}" if kind != "async" else "")
+            for kind in KINDS
+        )
         outcome.summary = [
             f"{self.backend}: {len(self.workers)} workers ({sum(w.starts for w in self.workers)} processes), "
             f"{len(self.ops)} operations, {verdict.calls} calls: {verdict.charges} charges at the provider "
@@ -247,6 +315,7 @@ class Fleet:
             f"{self.backend}: faults: {self.faults.describe(self.backend)}",
             f"{self.backend}: takeovers {events['takeover']}, replays {events['replayed']}, lease lost "
             f"{events['lease_lost']}, releases {events['released']}, clear errors: {clear}",
+            f"{self.backend}: tools {kinds}",
         ]
 
 
@@ -266,11 +335,11 @@ async def _replay_all(url: str, ops: list[tuple[str, str, str, int]]) -> tuple[d
         async def charge_order(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
             raise AssertionError(f"{order_id} ran again after the chaos run")
 
-        @guard.once(operation="book", key="order_id")
+        @guard.once(operation="book", key="order_id", on_unknown="retry")
         async def book(order_id: str, amount: int, op: Operation) -> dict[str, Any]:
             raise AssertionError(f"{order_id} ran again after the chaos run")
 
-        tools = {"charge": charge_order, "book": book}
+        tools: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {"charge": charge_order, "book": book}
         for task_id, tool, order_id, amount in ops:
             try:
                 with task(task_id):
@@ -281,6 +350,29 @@ async def _replay_all(url: str, ops: list[tuple[str, str, str, int]]) -> tuple[d
             if rec.state in ("running", "released"):
                 problems.append(f"{rec.task_id}: left {rec.state} (lease left: {rec.lease_left})")
     return results, problems
+
+
+def _replay_sync(url: str, ops: list[tuple[str, str, str, int]], stored: dict[str, Any]) -> list[str]:
+    """Every charge replayed through a sync tool whose body fails if run: the result the async replay got."""
+    problems: list[str] = []
+    with Guard(url, lease=LEASE, on_conflict="raise", cache_size=0) as guard:
+
+        @guard.once(key="order_id")
+        def charge_order(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
+            raise AssertionError(f"{order_id} ran again after the chaos run")
+
+        for task_id, tool, order_id, amount in ops:
+            if tool != "charge" or task_id not in stored:
+                continue
+            try:
+                with task(task_id):
+                    got = charge_order(order_id, amount)
+            except Exception as exc:
+                problems.append(f"{task_id}: no stored result for a sync tool ({type(exc).__name__}: {exc})")
+                continue
+            if got != stored[task_id]:
+                problems.append(f"{task_id}: a sync tool replays {got}, an async one {stored[task_id]}")
+    return problems
 
 
 async def _terminate_backends(url: str) -> int:

@@ -6,12 +6,14 @@ key and body gets the stored response again, marked as a replay, and creates not
 another body is refused (400); a request whose key is still being processed is refused (409). ``GET /stats``
 returns what happened: the charges created per order, the keys each order was charged under, the requests.
 
-Also the client the workers use (``charge``): one HTTP/1.0 request on asyncio's streams, no dependency.
+Also the clients the workers use: ``charge`` (async tools: one HTTP/1.0 request on asyncio's streams) and
+``charge_sync`` (sync tools: the same request on ``http.client``), no dependency.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -102,23 +104,42 @@ class Provider:
             }
 
 
+def _request(key: str, order: str, amount: int) -> tuple[bytes, dict[str, str]]:
+    data = json.dumps({"order": order, "amount": amount}).encode()
+    return data, {"Content-Type": "application/json", "Idempotency-Key": key, "Content-Length": str(len(data))}
+
+
+def _answer(status: int, payload: bytes) -> dict[str, Any]:
+    answer: dict[str, Any] = json.loads(payload)
+    if status != 200:
+        raise ProviderError(f"provider answered {status}: {answer.get('error')}")
+    return answer
+
+
 async def charge(url: str, key: str, order: str, amount: int) -> dict[str, Any]:
     """``POST /charge`` with ``key``; the provider's JSON answer, or ``ProviderError``."""
     host, port = url.removeprefix("http://").split(":")
-    data = json.dumps({"order": order, "amount": amount}).encode()
+    data, headers = _request(key, order, amount)
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        writer.write(
-            b"POST /charge HTTP/1.0\r\nHost: provider\r\nContent-Type: application/json\r\n"
-            + f"Idempotency-Key: {key}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
-        )
+        writer.write(b"POST /charge HTTP/1.0\r\nHost: provider\r\n"
+                     + "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() + b"\r\n" + data)
         await writer.drain()
         raw = await reader.read()
     finally:
         writer.close()
     head, _, payload = raw.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    answer: dict[str, Any] = json.loads(payload)
-    if status != 200:
-        raise ProviderError(f"provider answered {status}: {answer.get('error')}")
-    return answer
+    return _answer(int(head.split(b" ", 2)[1]), payload)
+
+
+def charge_sync(url: str, key: str, order: str, amount: int) -> dict[str, Any]:
+    """``charge`` for sync tools: the same request, in the calling thread."""
+    host, port = url.removeprefix("http://").split(":")
+    data, headers = _request(key, order, amount)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", "/charge", body=data, headers=headers)
+        response = conn.getresponse()
+        return _answer(response.status, response.read())
+    finally:
+        conn.close()

@@ -1,6 +1,6 @@
 """One worker process of the chaos fleet: a scripted agent's calls through the guard.
 
-    python -m chaos._worker STORE_URL PROVIDER_URL SCRIPT RESULTS [--lease S]
+    python -m chaos._worker STORE_URL PROVIDER_URL SCRIPT RESULTS [--lease S] [--tools KIND] [--threads N]
 
 SCRIPT is a JSON list of calls ``[task_id, tool, order_id, amount]``; the worker makes each one, as an agent
 does: it retries a call that was refused or failed (``InProgressError``, ``LeaseLostError``, ``StoreError``,
@@ -9,24 +9,66 @@ replayed or not, or the error's type), and one per guard event. Two tools: ``cha
 with the downstream key) and ``book`` (a multi-step operation whose step calls the provider with its
 sub-key). A worker killed mid-script is started again by the runner and makes its script again from the
 top: every answer it already had is a replay now.
+
+``--tools`` says how the worker calls them, so that every way a tool runs meets the faults:
+
+- ``async`` (the default): both tools async, one call at a time on the process's event loop;
+- ``threads``: ``charge`` a sync tool, called by ``--threads`` threads at once (each goes over every charge of
+  the script, from another place in it), while ``book`` runs on the event loop of the main thread, in the
+  same guard;
+- ``sync``: ``charge`` a sync tool called by the main thread, no event loop in the process (the script's
+  bookings are left out: a multi-step tool is async).
+
+The sync ``charge`` is the same operation as the async one (name, key field, arguments, result), so sync
+and async callers in other processes race for the same records. A sync caller's thread that opens a
+database connection of its own (its claim and completion made in that thread) writes a line saying so.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
 import sys
+import threading
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from agentguard import Guard, GuardError, GuardEvent, InProgressError, LeaseLostError, Operation, StoreError, task
 
-from ._provider import ProviderError, charge
+from ._provider import ProviderError, charge, charge_sync
 
 CLEAR = (InProgressError, LeaseLostError, StoreError, ProviderError)  # what a caller may be told instead
+KINDS = ("async", "threads", "sync")
+TRIES = 2000
+STOP = threading.Event()  # a caller of this process failed the run: the others stop too
+
+T = TypeVar("T")
+
+
+class GaveUp(Exception):
+    """A call that got no result in ``TRIES`` tries."""
+
+
+class Lines:
+    """RESULTS: one JSON line per answer or event, flushed as written (a SIGKILL loses at most one line, cut
+    short), from any thread."""
+
+    def __init__(self, path: str) -> None:
+        self._out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the life of the process
+        self._lock = threading.Lock()
+
+    def write(self, **line: Any) -> None:
+        text = json.dumps(line) + "\n"
+        with self._lock:
+            self._out.write(text)
+
+    def close(self) -> None:
+        self._out.close()
 
 
 def main() -> None:
@@ -36,63 +78,198 @@ def main() -> None:
     p.add_argument("script")
     p.add_argument("results")
     p.add_argument("--lease", type=float, default=2.0)
+    p.add_argument("--tools", choices=KINDS, default="async")
+    p.add_argument("--threads", type=int, default=4)
     args = p.parse_args()
     with open(args.script) as f:
         script = [tuple(c) for c in json.load(f)]
-    asyncio.run(run(args, script))
+    out = Lines(args.results)
+    if args.tools == "sync":
+        _witness_connections(out, {threading.current_thread()})
+        run_sync(args, script, out)
+    else:
+        asyncio.run(run(args, script, out))
+    out.write(done=True)
+    out.close()
 
 
-async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]]) -> None:
-    out = open(args.results, "a", buffering=1)  # noqa: SIM115, ASYNC230 - a line per answer, flushed as written
-    rng = random.Random(os.getpid())
+def _witness_connections(out: Lines, callers: set[threading.Thread]) -> None:
+    """Write a line whenever a sync caller's thread opens a database connection (stdlib sqlite3 or psycopg):
+    its claims and completions run in that thread, not only on the guard's loop. Seen from outside the
+    library, so the run shows which executor its faults met."""
+    import importlib
 
-    def write(**line: Any) -> None:
-        out.write(json.dumps(line) + "\n")
+    for name in ("sqlite3", "psycopg"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        real = getattr(module, "connect")  # noqa: B009 - (psycopg's is not typed as an attribute)
 
+        def connect(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            if threading.current_thread() in callers:
+                out.write(own_connection=_name, thread=threading.current_thread().name, pid=os.getpid())
+            return _real(*args, **kwargs)
+
+        setattr(module, "connect", connect)  # noqa: B010
+
+
+def _on_event(out: Lines) -> Callable[[GuardEvent], None]:
     def on_event(event: GuardEvent) -> None:
         if event.kind in ("takeover", "replayed", "lease_lost", "released", "claimed"):
-            write(event=event.kind, task=event.task_id, attempt=event.attempt, pid=os.getpid(), t=time.time())
+            out.write(event=event.kind, task=event.task_id, attempt=event.attempt, pid=os.getpid(), t=time.time())
 
-    async with Guard(args.url, lease=args.lease, on_event=on_event, connect_timeout=5, cache_size=0) as guard:
+    return on_event
+
+
+def _tried(out: Lines, task_id: str, exc: Exception) -> None:
+    """Note a failed try: a clear error (the caller tries again), or any other refusal (the run fails)."""
+    if isinstance(exc, CLEAR):
+        out.write(op=task_id, error=type(exc).__name__, body_ran=bool(getattr(exc, "body_ran", False)))
+        return
+    out.write(op=task_id, error=type(exc).__name__, unexpected=str(exc))
+    raise exc
+
+
+async def call_async(out: Lines, rng: random.Random, task_id: str, call: Callable[[], Awaitable[T]]) -> T:
+    """An agent's async call: tried again after a clear error until it gets a result."""
+    for _ in range(TRIES):
+        try:
+            with task(task_id):
+                result = await call()
+            out.write(op=task_id, result=result)
+            return result
+        except (*CLEAR, GuardError) as exc:
+            _tried(out, task_id, exc)
+        await asyncio.sleep(rng.uniform(0.05, 0.2))
+    out.write(op=task_id, error="gave up")
+    raise GaveUp(task_id)
+
+
+def call_sync(out: Lines, rng: random.Random, task_id: str, call: Callable[[], T]) -> T:
+    """``call_async`` for a sync tool, in the calling thread."""
+    for _ in range(TRIES):
+        if STOP.is_set():
+            raise GaveUp(f"{task_id}: another caller failed")
+        try:
+            with task(task_id):
+                result = call()
+            out.write(op=task_id, result=result)
+            return result
+        except (*CLEAR, GuardError) as exc:
+            _tried(out, task_id, exc)
+        time.sleep(rng.uniform(0.05, 0.2))
+    out.write(op=task_id, error="gave up")
+    raise GaveUp(task_id)
+
+
+def _sync_charge(guard: Guard, args: argparse.Namespace, out: Lines,
+                 rngs: threading.local) -> Callable[..., dict[str, Any]]:
+    """The sync ``charge`` tool: the same operation as the async one in ``run`` (``rngs.rng``: the calling
+    thread's random choices)."""
+
+    @guard.once(key="order_id")
+    def charge_order(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
+        out.write(body=order_id, tools="sync", pid=os.getpid(), t=time.time())
+        answer = charge_sync(args.provider, idempotency_key, order_id, amount)
+        time.sleep(rngs.rng.uniform(0.1, 0.5))  # the work after the provider call
+        return {"order": order_id, "charge": answer["id"], "amount": amount}
+
+    return charge_order
+
+
+async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]], out: Lines) -> None:
+    rng = random.Random(os.getpid())
+    threads: list[threading.Thread] = []
+    failed: list[BaseException] = []
+
+    async with Guard(args.url, lease=args.lease, on_event=_on_event(out), connect_timeout=5, cache_size=0) as guard:
 
         async def body_time() -> None:
             await asyncio.sleep(rng.uniform(0.1, 0.5))  # the work after the provider call
 
         @guard.once(key="order_id")
         async def charge_order(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
-            write(body=order_id, pid=os.getpid(), t=time.time())
+            out.write(body=order_id, tools="async", pid=os.getpid(), t=time.time())
             answer = await charge(args.provider, idempotency_key, order_id, amount)
             await body_time()
             return {"order": order_id, "charge": answer["id"], "amount": amount}
 
-        @guard.once(operation="book", key="order_id")
+        # A step cut short by a death runs again: its sub-key reaches the provider, which honours it (the default,
+        # "hold", would leave it for a person: an OutcomeUnknownError, a failure of the run).
+        @guard.once(operation="book", key="order_id", on_unknown="retry")
         async def book(order_id: str, amount: int, op: Operation) -> dict[str, Any]:
+            out.write(body=order_id, tools="async", pid=os.getpid(), t=time.time())
             answer = await op.step("charge", charge, args.provider, op.key("charge"), order_id, amount)
             await body_time()
             return {"order": order_id, "charge": answer["id"], "amount": amount, "booked": True}
 
-        tools = {"charge": charge_order, "book": book}
+        on_loop = script
+        if args.tools == "threads":
+            on_loop = [c for c in script if c[1] == "book"]
+            threads = _start_threads(guard, args, script, out, failed)
+        print("ready", flush=True)
+        try:
+            for task_id, tool, order_id, amount in on_loop:
+                if STOP.is_set():
+                    break
+                await asyncio.sleep(rng.uniform(0.05, 0.3))  # the model thinks before its next call
+                fn = charge_order if tool == "charge" else book
+                await call_async(out, rng, task_id, functools.partial(fn, order_id, amount))
+        except BaseException:
+            STOP.set()
+            raise
+        finally:
+            for t in threads:
+                await asyncio.to_thread(t.join)
+    if failed:
+        raise SystemExit(f"a caller's thread failed: {failed[0]!r}")
+
+
+def _start_threads(guard: Guard, args: argparse.Namespace, script: list[tuple[str, str, str, int]], out: Lines,
+                   failed: list[BaseException]) -> list[threading.Thread]:
+    """``--threads`` threads calling the sync ``charge`` at once, each over every charge of the script from
+    another place in it (so they run bodies side by side, and race on the repeated calls)."""
+    rngs = threading.local()
+    charge_order = _sync_charge(guard, args, out, rngs)
+    charges = [c for c in script if c[1] == "charge"]
+
+    def caller(n: int) -> None:
+        rngs.rng = random.Random(os.getpid() * 1000 + n)
+        start = n * len(charges) // args.threads
+        try:
+            for task_id, _, order_id, amount in [*charges[start:], *charges[:start]]:
+                if STOP.is_set():
+                    return
+                time.sleep(rngs.rng.uniform(0.05, 0.3))  # the model thinks before its next call
+                call_sync(out, rngs.rng, task_id, functools.partial(charge_order, order_id, amount))
+        except BaseException as exc:
+            failed.append(exc)
+            STOP.set()
+
+    threads = [threading.Thread(target=caller, args=(n,), name=f"caller-{n}") for n in range(args.threads)]
+    _witness_connections(out, set(threads))
+    for t in threads:
+        t.start()
+    return threads
+
+
+def run_sync(args: argparse.Namespace, script: list[tuple[str, str, str, int]], out: Lines) -> None:
+    rngs = threading.local()
+    rngs.rng = random.Random(os.getpid())
+    with Guard(args.url, lease=args.lease, on_event=_on_event(out), connect_timeout=5, cache_size=0) as guard:
+        charge_order = _sync_charge(guard, args, out, rngs)
         print("ready", flush=True)
         for task_id, tool, order_id, amount in script:
-            await asyncio.sleep(rng.uniform(0.05, 0.3))  # the model thinks before its next call
-            for _ in range(2000):
-                try:
-                    with task(task_id):
-                        result = await tools[tool](order_id, amount)
-                    write(op=task_id, result=result)
-                    break
-                except CLEAR as exc:
-                    write(op=task_id, error=type(exc).__name__, body_ran=bool(getattr(exc, "body_ran", False)))
-                except GuardError as exc:  # any other refusal is a failure of the run: say so, and stop
-                    write(op=task_id, error=type(exc).__name__, unexpected=str(exc))
-                    raise
-                await asyncio.sleep(rng.uniform(0.05, 0.2))
-            else:
-                write(op=task_id, error="gave up")
-                sys.exit(3)
-    write(done=True)
-    out.close()
+            if tool != "charge":
+                continue  # (a multi-step tool is async: the fleet's other workers book)
+            time.sleep(rngs.rng.uniform(0.05, 0.3))  # the model thinks before its next call
+            call_sync(out, rngs.rng, task_id, functools.partial(charge_order, order_id, amount))
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except GaveUp as exc:
+        print(f"gave up on {exc}", file=sys.stderr)
+        sys.exit(3)

@@ -7,13 +7,18 @@
  *   steps of multi-step operations (rows of agentguard_steps). Every store verb below is one `atomic`
  *   block, as each real statement is one atomic statement (or one transaction that first re-checks the
  *   claim: put_step, clear_step). Their guards are the statements' WHERE clauses, their effects the SET lists.
- *   The claim is modelled the general way (_claims.by_insert: the insert, then a separate read), which
- *   allows every interleaving the one-statement ways (the Postgres function, SQLite's one hop) allow.
+ * - The claim (stores/_claims.py): a worker follows, at each claim, either of the two claim plans, chosen
+ *   nondeterministically, so every hint the engine may follow is covered: "insert first" for a key likely
+ *   free (INSERT ... ON CONFLICT (scope, key) DO NOTHING; on a conflict, read the record and decide on it)
+ *   and "read first" for a key likely taken (a plain read; only if it read nothing, the insert, which
+ *   decides; a record read that is not a completed one goes on to the same decisions as the insert's loser).
+ *   Each statement is its own atomic step, which allows every interleaving that a plan run in one statement
+ *   or one hop (a read-or-claim function, SQLite's read and insert on one connection) allows.
  * - The database's clock (proctype Clock): one clock for every worker. A record's lease_until and
  *   expires_at are kept as the ticks left before them (`lease`, `ttl`), so the state space stays finite while
  *   the clock ticks forever. live = running and lease > 0; past retention = ttl == 0.
- * - Workers (proctype Worker): each runs Engine.begin, the body (with the heartbeat's renewals), then
- *   Engine.succeed or Engine.fail, one call per key. Any worker may pause for any number of ticks between
+ * - Workers (proctype Worker): each runs Machine.begin, the body (with the heartbeat's renewals), then
+ *   Machine.succeed or Machine.fail, one call per key. Any worker may pause for any number of ticks between
  *   any two statements (past its lease, past retention) and wake: spin explores every interleaving with
  *   the clock. A worker may crash (a SIGKILL: its local state is lost) and its agent resumes the call.
  * - The sweeper (proctype Sweeper): Guard.sweep, any time.
@@ -23,6 +28,9 @@
  *   fenced          no write lands with a fence other than the current holder's (no stale fence overwrites
  *                   a result, a step, a release or a lease)
  *   one_body        at most one body runs per live claim (no two workers in a body with the same claim)
+ *   granted         a body runs only under a claim the store granted this worker (the insert's row count or
+ *                   a fenced takeover decided it, never a read)
+ *   exclusive       a claim is never granted while another is live
  *   replay          every caller of an operation gets the one stored result (first caller and every replay)
  *   one_charge      the provider charges at most once per downstream key and sub-key
  *   step_origin     a step's recorded result is only ever read by the operation that recorded it, and a
@@ -33,6 +41,9 @@
  * Deliberately broken variants, which spin must refute (tests/test_model.py):
  *   -DBROKEN_FENCE_RESTART   a release deletes the row and a new row's fences start again at 1
  *   -DBROKEN_UNFENCED_COMPLETE  the completion is conditional on the state only, not on the fence
+ *   -DBROKEN_READ_FIRST      read first runs the body after reading "absent", whatever the insert answered
+ *   -DBROKEN_READ_FIRST_UPSERT  read first writes the claim after reading "absent" with an upsert (INSERT ...
+ *                            ON CONFLICT DO UPDATE): the read decided, the write does not check
  *
  * Sizes: -DW=workers (2-3), -DK=keys (1-2), -DSTEPKEY=the first key whose body is a multi-step operation
  * (one step through op.step; K: none).
@@ -60,7 +71,7 @@
 #define CALLS 2         /* calls per worker and key: an agent retries once after a released claim */
 #endif
 #ifndef MAX_VANISHED
-#define MAX_VANISHED 2  /* Engine.begin: bounded retries when the record vanishes between insert and read */
+#define MAX_VANISHED 2  /* Machine.begin: bounded retries when the record vanishes between insert and read */
 #endif
 #define SLOTS 5         /* step rows per key (one step name, one row per origin) */
 
@@ -116,6 +127,11 @@ inline new_fence(k) {
 #endif
 }
 
+inline exclusive(k) {
+    /* a claim is granted (an insert, a takeover) only where no other claim is live (ghost check) */
+    assert(!live(k))
+}
+
 inline answer(k, v) {
     /* every caller of one operation gets the same result: the one stored (ghost check) */
     if
@@ -147,6 +163,7 @@ inline claim(k) {
     atomic {
         if
         :: rec[k].state == absent ->
+            exclusive(k);
             new_fence(k);
             rec[k].state = running; rec[k].fence = fences[k]; rec[k].origin = fences[k];
             rec[k].lease = LEASE; rec[k].ttl = RETENTION; rec[k].result = 0;
@@ -183,6 +200,7 @@ inline take_over(k, seen, reset) {
 #else
            ((reset && rec[k].ttl == 0) || (!reset && (rec[k].state == running || rec[k].state == released))) ->
 #endif
+            exclusive(k);
             if  /* ghost: a reset (past retention) starts a new operation; a completed one is never continued */
             :: reset || rec[k].state == succeeded || rec[k].state == failed -> incs[k]++; rec[k].inc = incs[k]
             :: else
@@ -349,6 +367,25 @@ inline sweep_steps(k) {
 
 /* -- end of the store's verbs ----------------------------------------------------------------------------- */
 
+#ifdef BROKEN_READ_FIRST_UPSERT
+inline upsert(k) {
+    /* the broken variant's write after reading "absent", no statement of the store: INSERT ... ON CONFLICT
+       (scope, key) DO UPDATE SET fence = :new, state = running, ... (the read decided; the write checks nothing) */
+    atomic {
+        exclusive(k);
+        new_fence(k);
+        if
+        :: rec[k].state == absent -> rec[k].origin = fences[k]; incs[k]++; rec[k].inc = incs[k]
+        :: else
+        fi;
+        rec[k].state = running; rec[k].fence = fences[k]; rec[k].lease = LEASE; rec[k].ttl = RETENTION;
+        rec[k].result = 0; rec[k].holder = w + 1; orphan[k] = false;
+        myfence = rec[k].fence; myorigin = rec[k].origin; myinc = rec[k].inc; got = true;
+        printf("MSC: w%d upsert k%d: fence %d\n", w, k, myfence)
+    }
+}
+#endif
+
 #define ticking(k)  ((rec[k].state == running && rec[k].lease > 0) || (rec[k].state != absent && rec[k].ttl > 0))
 #define sweepable(k) (rec[k].state != absent && rec[k].ttl == 0 && !live(k))
 
@@ -390,11 +427,26 @@ end_sweeper:
 }
 #endif
 
-/* what Engine.begin decides on the record it read */
+/* what Machine.begin decides on the record it read */
 #define VANISHED 1
 #define REPLAY 2
 #define TAKE_OVER 3
 #define WAIT 4
+#define INSERT 5
+
+inline decide(on_absent) {
+    /* Machine.begin's decision, on what it read (local: folded into the read's step); on_absent: nothing read */
+    if
+    :: s_state == absent -> act = on_absent
+    :: else ->
+        stale = s_expired && !s_live;  /* past retention: a new operation */
+        if
+        :: !stale && (s_state == succeeded || s_state == failed) -> act = REPLAY
+        :: else -> act = (stale || !s_live -> TAKE_OVER : WAIT)
+        fi
+    fi;
+    s_state = absent; s_result = 0; s_live = false; s_expired = false
+}
 
 proctype Worker(byte w) {
     byte k, calls, crashes, vanished, val, i, j, x, act;
@@ -410,35 +462,43 @@ next_key:
     calls = 0;
 call:
     calls++;
-begin:  /* Engine.begin */
+begin:  /* Machine.begin */
     vanished = 0;
 claiming:
-    claim(k);  /* claim by insert: one statement decides */
+    if  /* the claim plan, either at each claim (the engine's hint: a key likely free, a key likely taken) */
+    :: goto read_first
+    :: skip
+    fi;
+inserting:  /* insert first: the insert decides; on a conflict, the record is read */
+    claim(k);
     if
     :: got -> goto claimed
     :: else
     fi;
-    atomic {
-        read(k);
-        if  /* Engine.begin's decision, on what it read (local: folded into the read's step) */
-        :: s_state == absent -> act = VANISHED
-        :: else ->
-            stale = s_expired && !s_live;  /* past retention: a new operation */
-            if
-            :: !stale && (s_state == succeeded || s_state == failed) -> act = REPLAY
-            :: else -> act = (stale || !s_live -> TAKE_OVER : WAIT)
-            fi
-        fi;
-        s_state = absent; s_result = 0; s_live = false; s_expired = false
-    }
+    atomic { read(k); decide(VANISHED) }
+    goto decided;
+read_first:  /* read first: a plain read; only if it read nothing, the insert (which decides) */
+    atomic { read(k); decide(INSERT) }
+decided:
     if
+    :: act == INSERT ->
+        atomic { act = 0; s_fence = 0; stale = false; printf("MSC: w%d read first k%d: absent, insert\n", w, k) }
+#if defined(BROKEN_READ_FIRST)
+        claim(k);  /* the broken variant: the insert does not decide, the body runs whatever it answered */
+        goto claimed
+#elif defined(BROKEN_READ_FIRST_UPSERT)
+        upsert(k);
+        goto claimed
+#else
+        goto inserting
+#endif
     :: act == VANISHED ->  /* the winner's row vanished (swept) between our insert and our read */
         atomic { act = 0; s_fence = 0; vanished++ }
         if
         :: vanished >= MAX_VANISHED -> goto in_progress
         :: else -> goto claiming
         fi
-    :: act == REPLAY -> goto replayed
+    :: act == REPLAY -> atomic { act = 0; s_fence = 0 }; goto replayed
     :: act == TAKE_OVER ->
         take_over(k, s_fence, stale);
         atomic { act = 0; s_fence = 0; stale = false }
@@ -451,6 +511,7 @@ claiming:
 
 claimed:  /* Engine.claimed: the heartbeat starts; the body runs */
     atomic {
+        assert(myfence != 0);  /* granted: the body runs under a claim the store granted this worker */
         for (i : 0 .. W - 1) {  /* at most one body runs per live claim */
             assert(i == w || in_body[i] != k + 1 || body_fence[i] != myfence)
         }
@@ -502,14 +563,14 @@ outcome:
     :: atomic { in_body[w] = 0; body_fence[w] = 0 }; goto fail     /* the body raised */
     fi;
 
-succeed:  /* Engine.succeed: the result, fenced (retried through an outage: a redo finds its own write) */
+succeed:  /* Machine.succeed: the result, fenced (retried through an outage: a redo finds its own write) */
     complete(k, succeeded, val);
     if
     :: ok -> goto finished
     :: else -> goto lease_lost
     fi;
 
-fail:  /* Engine.fail: the body raised; a cached error would be stored by complete (as succeed does, with
+fail:  /* Machine.fail: the body raised; a cached error would be stored by complete (as succeed does, with
           state failed); anything else releases the claim */
     release(k);
     atomic { in_body[w] = 0; body_fence[w] = 0; myfence = 0; myorigin = 0; myinc = 0; val = 0; ok = false }

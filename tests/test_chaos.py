@@ -1,17 +1,23 @@
-"""The chaos run's own checks (``chaos/``): its provider honours keys, and its verdict catches every broken
-outcome it promises to catch. The run itself (``python -m chaos --short``) is part of ``scripts/test.sh``."""
+"""The chaos run's own checks (``chaos/``): its provider honours keys, its verdict catches every broken
+outcome it promises to catch, and a fleet of each kind of worker (async tools, a sync tool from threads, a
+sync tool alone) makes its calls on the test's store. The run itself (``python -m chaos --short``) is part of
+``scripts/test.sh``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
+from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
+from chaos.__main__ import Fleet, Plan
 from chaos._judge import judge
-from chaos._provider import Provider, ProviderError, charge
+from chaos._provider import Provider, ProviderError, charge, charge_sync
 
-pytestmark = pytest.mark.storeless  # independent of the store's backend
+storeless = pytest.mark.storeless  # independent of the store's backend
 
 OPS = [("t-0", "charge", "o0", 100), ("t-1", "book", "o1", 101)]
 STORED = {"t-0": {"order": "o0", "charge": "ch_1"}, "t-1": {"order": "o1", "charge": "ch_2"}}
@@ -30,11 +36,13 @@ GOOD = _lines({"event": "takeover", "task": "t-0"}, {"op": "t-0", "result": STOR
               {"op": "t-1", "error": "InProgressError", "body_ran": False}, {"op": "t-1", "result": STORED["t-1"]})
 
 
+@storeless
 def test_a_clean_run_passes() -> None:
     v = judge(OPS, _stats(), STORED, [], [(0, GOOD), (1, GOOD + '\n{"op": "t-1", "res')])  # a line cut by a kill
     assert v.problems == [] and v.calls == 6 and v.charges == 2 and v.events["takeover"] == 2
 
 
+@storeless
 @pytest.mark.parametrize(("broken", "said"), [
     ({"stats": _stats(charges={"o0": ["ch_1", "ch_3"], "o1": ["ch_2"]})}, "o0: 2 charges"),
     ({"stats": _stats(charges={"o1": ["ch_2"]})}, "o0: 0 charges"),
@@ -55,6 +63,33 @@ def test_a_broken_run_is_caught(broken: dict[str, object], said: str) -> None:
     assert any(said in p for p in v.problems), v.problems
 
 
+SYNC_GOOD = _lines({"own_connection": "sqlite3", "thread": "caller-0"}, {"body": "o0", "tools": "sync"},
+                   {"op": "t-0", "result": STORED["t-0"]})  # a sync tool's worker: it books nothing
+
+
+@storeless
+def test_sync_workers_are_judged_on_the_calls_they_make() -> None:
+    v = judge(OPS, _stats(), STORED, [], [(0, GOOD), (1, SYNC_GOOD), (2, SYNC_GOOD)],
+              expected={0: {"t-0", "t-1"}, 1: {"t-0"}, 2: {"t-0"}}, kinds={0: "async", 1: "threads", 2: "sync"},
+              own_threads=True)
+    assert v.problems == [] and v.by_kind == {"async": 3, "threads": 1, "sync": 1}
+    assert v.bodies == {"threads": 1, "sync": 1} and v.own == {"threads": 1, "sync": 1}
+
+
+@storeless
+@pytest.mark.parametrize(("results", "own_threads", "said"), [
+    (_lines({"op": "t-0", "error": "InProgressError"}), False, "worker 1 has no answer for 1 operations"),
+    (_lines({"op": "t-0", "result": {"order": "o0", "charge": "ch_3"}}), False, "worker 1 got"),
+    (_lines({"op": "t-0", "error": "OutcomeUnknownError", "unexpected": "held"}), False, "OutcomeUnknownError"),
+    (_lines({"op": "t-0", "result": STORED["t-0"]}), True, "threads workers' sync tools never claimed"),
+])
+def test_a_broken_sync_worker_is_caught(results: str, own_threads: bool, said: str) -> None:
+    v = judge(OPS, _stats(), STORED, [], [(0, GOOD), (1, results)], expected={0: {"t-0", "t-1"}, 1: {"t-0"}},
+              kinds={0: "async", 1: "threads"}, own_threads=own_threads)
+    assert any(said in p for p in v.problems), v.problems
+
+
+@storeless
 def test_the_provider_honours_keys() -> None:
     provider = Provider().start()
     try:
@@ -74,6 +109,39 @@ def test_the_provider_honours_keys() -> None:
         provider.stop()
 
 
+@storeless
+def test_the_sync_client_is_the_async_ones_twin() -> None:
+    provider = Provider().start()
+    try:
+        first = charge_sync(provider.url, "k", "o0", 100)
+        assert asyncio.run(charge(provider.url, "k", "o0", 100)) == {**first, "replayed": True}
+        assert charge_sync(provider.url, "k", "o0", 100) == {**first, "replayed": True}
+        with pytest.raises(ProviderError, match="400"):
+            charge_sync(provider.url, "k", "o0", 999)
+        assert provider.stats()["charges"] == {"o0": ["ch_1"]}
+    finally:
+        provider.stop()
+
+
+@pytest.mark.slow
+def test_a_fleet_of_every_kind_of_worker_makes_its_calls(store_url: str, tmp_path: Path) -> None:
+    """Without faults: an async worker, a sync tool's worker with 3 threads and a sync tool's worker alone, on
+    the test's store, each make every call of their scripts; one charge per operation, every answer the stored
+    one (replayed async and sync), sync tools claiming in their own threads."""
+    provider = Provider().start()
+    try:
+        backend = make_url(store_url).get_backend_name()
+        outcome = Fleet(backend, store_url, provider, Plan(3, 6, 0.0, 120.0, threads=3), random.Random(7),
+                        tmp_path).run()
+    finally:
+        provider.stop()
+    assert outcome.problems == [], outcome.problems
+    summary = "\n".join(outcome.summary)
+    assert "6 operations" in summary and "6 charges at the provider" in summary, summary
+    assert "takeovers 0" in summary, summary
+
+
+@storeless
 def test_a_failed_rollback_does_not_hide_why_the_schema_failed() -> None:
     """Found by the chaos run: a worker starting while its connection was terminated (a Postgres restart,
     pg_terminate_backend) failed with "Can't reconnect until invalid transaction is rolled back" — the

@@ -2,12 +2,15 @@
 
 The model is the claim / heartbeat / completion / release / takeover / sweep / step protocol of
 ``agentguard/stores/_statements.py`` and ``agentguard/_machine.py``, with workers that crash, pause past their
-lease (and past retention) and wake, one database clock, a sweeper, and a provider that honours keys. spin
-explores every interleaving, exhaustively, for each configuration below and proves its assertions (no stale
-fence lands a write, one body per live claim, every caller gets the one stored result, one charge per key,
-a step's result stays with its operation) and the liveness formula (a crashed claim is eventually taken over,
-under weak fairness). Deliberately broken variants must be refuted, so the checker provably checks something;
-their counterexamples are printed as the sequence of store statements that breaks the property.
+lease (and past retention) and wake, one database clock, a sweeper, and a provider that honours keys. At each
+claim a worker follows either claim plan (insert first, for a key likely free; read first, for a key likely
+taken), chosen nondeterministically. spin explores every interleaving, exhaustively, for each configuration
+below and proves its assertions (no stale fence lands a write, one body per live claim, a body only under a
+claim granted to its worker, no claim granted while another is live, every caller gets the one stored result,
+one charge per key, a step's result stays with its operation) and the liveness formula (a crashed claim is
+eventually taken over, under weak fairness). Deliberately broken variants must be refuted, so the checker
+provably checks something; their counterexamples are printed as the sequence of store statements that breaks
+the property.
 
 ``AGENTGUARD_MODEL_FULL=1`` adds the larger configurations (a minute or two, a few GB of memory). spin and a C
 compiler are needed: ``scripts/test.sh`` installs them (``apt-get install spin``) and sets
@@ -63,6 +66,10 @@ BROKEN = [
      "holder"),
     ("a takeover without reset admits a completed record past retention (the predicate before this proof)",
      ["-DW=2", "-DK=1", "-DSTEPKEY=0", "-DCALLS=1", "-DMAXCRASH=0", "-DBUG_TAKEOVER_COMPLETED"], "myinc"),
+    ("read first runs the body after reading 'absent', whatever the insert answered",
+     ["-DW=2", "-DK=1", "-DCALLS=1", "-DMAXCRASH=0", "-DBROKEN_READ_FIRST"], "myfence!=0"),
+    ("read first claims with an upsert after reading 'absent' (the read decides, the write checks nothing)",
+     ["-DW=2", "-DK=1", "-DCALLS=1", "-DMAXCRASH=0", "-DBROKEN_READ_FIRST_UPSERT"], "lease>0"),
 ]
 BROKEN_LIVENESS = [
     ("leases never expire", ["-DW=2", "-DK=1", "-DCALLS=1", "-DMAXCRASH=1", "-DNOSWEEP", "-DBROKEN_NO_EXPIRY"]),
@@ -80,14 +87,16 @@ def _tools() -> tuple[str, str]:
     return spin, cc
 
 
-def _check(tmp: Path, defines: list[str], *, liveness: bool) -> str:
-    """Generate, compile and run the verifier for ``defines``; its report."""
+def _check(tmp: Path, defines: list[str], *, liveness: bool, refuted: bool = False) -> str:
+    """Generate, compile and run the verifier for ``defines``; its report. ``refuted``: a broken variant, whose
+    counterexample is found in a small corner of the state space: its verifier is compiled unoptimised (the
+    compiler's optimisation would cost several times the search)."""
     spin, cc = _tools()
     shutil.copy(MODEL, tmp / MODEL.name)
     subprocess.run([spin, "-a", *defines, MODEL.name], cwd=tmp, check=True, capture_output=True, timeout=120)
     flags = ["-DCOLLAPSE", "-DMEMLIM=3072"] + (["-DNFAIR=3"] if liveness else ["-DNOCLAIM"])
-    subprocess.run([cc, "-O2", "-w", *flags, "-o", "pan", "pan.c"], cwd=tmp, check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run([cc, "-O0" if refuted else "-O2", "-w", *flags, "-o", "pan", "pan.c"], cwd=tmp, check=True,
+                   capture_output=True, timeout=300)
     args = ["-a", "-f", "-N", "taken_over", "-w22"] if liveness else ["-w24"]
     done = subprocess.run(["./pan", "-m300000", *args], cwd=tmp, capture_output=True, text=True, timeout=900)
     return done.stdout + done.stderr
@@ -129,7 +138,8 @@ def test_every_interleaving_keeps_every_property(name: str, defines: list[str], 
     # reached is listed, with the line it prints when it runs.
     worker = report.split("unreached in proctype Worker", 1)[1].split("unreached in", 1)[0]
     must = ["take_over k%d (seen fence %d, reset", "take_over k%d (seen fence %d): refused",
-            "complete k%d fence %d: result", "complete k%d fence %d: refused", "release k%d fence %d\\n", "crashed"]
+            "complete k%d fence %d: result", "complete k%d fence %d: refused", "release k%d fence %d\\n", "crashed",
+            "read first k%d: absent, insert"]  # (both claim plans: insert first's statements are the ones above)
     if "-DSTEPKEY=0" not in defines:  # a plain body renews its lease (a step's writes renew it themselves)
         must.append("renew k%d fence %d\\n")
     if "-DSTEPKEY=0" in defines or "-DSTEPKEY=1" in defines:
@@ -151,7 +161,7 @@ def test_a_crashed_claim_is_eventually_taken_over(name: str, defines: list[str],
 
 @pytest.mark.parametrize(("name", "defines", "violated"), BROKEN, ids=[n for n, _, _ in BROKEN])
 def test_a_broken_protocol_is_refuted(name: str, defines: list[str], violated: str, tmp_path: Path) -> None:
-    report = _check(tmp_path, [*defines], liveness=False)
+    report = _check(tmp_path, [*defines], liveness=False, refuted=True)
     assert "errors: 1" in report and "assertion violated" in report, report[-3000:]
     # The shortest counterexample, for the reader (pytest -rA shows it).
     shortest = subprocess.run(["./pan", "-i", "-m2000", "-w24"], cwd=tmp_path, capture_output=True, text=True,
@@ -164,7 +174,7 @@ def test_a_broken_protocol_is_refuted(name: str, defines: list[str], violated: s
 
 @pytest.mark.parametrize(("name", "defines"), BROKEN_LIVENESS, ids=[n for n, _ in BROKEN_LIVENESS])
 def test_a_protocol_without_expiry_never_takes_over(name: str, defines: list[str], tmp_path: Path) -> None:
-    report = _check(tmp_path, defines, liveness=True)
+    report = _check(tmp_path, defines, liveness=True, refuted=True)
     assert "acceptance cycle" in report and "errors: 1" in report, report[-3000:]
     story = _counterexample(tmp_path, defines)
     print(f"counterexample ({name}):\n  " + "\n  ".join(story))
