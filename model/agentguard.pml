@@ -509,7 +509,7 @@ decided:
     :: act == WAIT -> atomic { act = 0; s_fence = 0; stale = false }; goto claiming  /* a live claim: wait, claim again */
     fi;
 
-claimed:  /* Engine.claimed: the heartbeat starts; the body runs */
+claimed:  /* Machine.claimed: the heartbeat starts; the body runs */
     atomic {
         assert(myfence != 0);  /* granted: the body runs under a claim the store granted this worker */
         for (i : 0 .. W - 1) {  /* at most one body runs per live claim */
@@ -579,13 +579,13 @@ fail:  /* Machine.fail: the body raised; a cached error would be stored by compl
     :: else -> goto next
     fi;
 
-replayed:  /* Engine.replayed: the stored outcome (checked against what other callers got, in read) */
+replayed:  /* Machine.replayed: the stored outcome (checked against what other callers got, in read) */
     goto next;
 
-lease_lost:  /* Engine.lease_lost: a clear error; the other worker's outcome stands */
+lease_lost:  /* Machine.lease_lost: a clear error; the other worker's outcome stands */
     goto finished;
 
-in_progress:  /* Engine.in_progress: a clear error, nothing ran; the agent retries */
+in_progress:  /* Machine.in_progress: a clear error, nothing ran; the agent retries */
     vanished = 0;
     if
     :: calls < CALLS -> goto call

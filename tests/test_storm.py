@@ -161,11 +161,6 @@ def test_a_thousand_threads_on_one_key_run_it_once(store_url: str) -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a known bug: SQLStore.direct() (stores/_store.py) makes the sync executor without a lock, so a new guard's "
-    "first sync calls, made at once from many threads, each make a DirectPostgres with a cap of its own: up to "
-    "one connection a thread (seen: up to 1,000 made, 228-577 connections dropped open, 'too many clients' on a "
-    "server of 600). Remove this mark with the fix (a lock around the making)"))
 def test_a_new_guards_first_thousand_sync_calls_stay_within_its_connections(store_url: str) -> None:
     """The storm is a new guard's first sync calls but one, in a process of its own: a service started (its
     first call alone) as a thousand requests arrive. One execution, one result, and its connections stay within

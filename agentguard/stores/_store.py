@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,7 @@ class SQLStore(AttemptVerbs):
         self._one = self._executor.one
         self._direct: DirectSQLite | DirectPostgres | None = None
         self._no_direct = False  # (Postgres: no psycopg, or a URL it cannot be given)
+        self._making_direct = threading.Lock()
         self._reads_here = self.dialect.name == "sqlite" and not self.dialect.memory  # (see claim)
         on_fork(self)
 
@@ -98,6 +100,7 @@ class SQLStore(AttemptVerbs):
         self._executor.after_fork(refusal)
         if direct is not None:
             direct.after_fork()
+        self._making_direct = threading.Lock()  # (a lock held by another thread at the fork stays held here)
         if shared:  # (a sync tool's claims in its own thread too: they take the general path, which refuses)
             self._direct, self._no_direct = None, True
         waiters = getattr(self.dialect, "waiters", None)
@@ -133,15 +136,19 @@ class SQLStore(AttemptVerbs):
             d = self.dialect
             if d.memory or self._no_direct or not self._executor.schema_ready:
                 return None
-            if isinstance(d, SQLite):
-                self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, d.claim_unsynced,
-                                            self._executor.error, d.waiters)
-            else:
-                kwargs = connect_kwargs(self.url, d.options.pg_synchronous_commit) if available() else None
-                if kwargs is None:
-                    self._no_direct = True
-                    return None
-                self._direct = DirectPostgres(kwargs, d.capacity, self.sql, self._executor.error)
+            # One executor, however many threads come at once: each made its own, with a cap of its own, and a
+            # new guard's first thousand sync calls opened hundreds of connections (tests/test_storm.py).
+            with self._making_direct:
+                if self._direct is None and not self._no_direct:
+                    if isinstance(d, SQLite):
+                        self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql,
+                                                    d.claim_unsynced, self._executor.error, d.waiters)
+                    else:
+                        kwargs = connect_kwargs(self.url, d.options.pg_synchronous_commit) if available() else None
+                        if kwargs is None:
+                            self._no_direct = True
+                        else:
+                            self._direct = DirectPostgres(kwargs, d.capacity, self.sql, self._executor.error)
         return self._direct
 
     # -- a call's verbs ------------------------------------------------------------------------------------
