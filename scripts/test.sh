@@ -206,11 +206,22 @@ as_pg "$PGBIN/pg_ctl" -D "$PGTMP/data" -l "$PGTMP/log" -w -t 60 start -o \
   >/dev/null
 export AGENTGUARD_TEST_PG_URL="postgresql+asyncpg://agentguard@127.0.0.1:$PGPORT/postgres"
 
+# Each pass on a few workers (pytest-xdist): every test has a store of its own (a SQLite file, an emptied
+# Postgres database) and binds no fixed port, and most of a test's time is spent waiting (leases, processes,
+# a server), so 2 cores keep more than 2 of them busy. AGENTGUARD_TEST_WORKERS=0 runs a pass in one process.
+WORKERS=${AGENTGUARD_TEST_WORKERS:-3}
+# Line and branch coverage of agentguard/ across both passes (and the processes tests start, where they load
+# coverage: .coveragerc-less, pyproject's [tool.coverage]), printed at the end; AGENTGUARD_COVERAGE=0 skips it.
+COVERAGE=${AGENTGUARD_COVERAGE:-1}
+export COVERAGE_FILE="$SCRATCH/coverage"
 run_pytest() {
   local backend=$1; shift
   echo "== pytest on $backend"
+  local opts=()
+  [ "$WORKERS" = 0 ] || opts+=(-n "$WORKERS")
+  [ "$COVERAGE" = 0 ] || opts+=(--cov=agentguard --cov-branch --cov-append --cov-report=)
   set +e
-  AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest "$@"
+  AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest "${opts[@]}" "$@"
   local rc=$?
   set -e
   if [ $rc -eq 5 ]; then echo "pytest collected no tests on $backend: failing" >&2; return 1; fi
@@ -226,6 +237,11 @@ fi
 run_pytest sqlite "$@"
 run_pytest postgres "$@"
 echo "== all tests passed on sqlite and postgres"
+if [ "$COVERAGE" != 0 ]; then
+  echo "== coverage of agentguard/ (lines and branches, both passes)"
+  .venv/bin/python -m coverage report --skip-covered --sort=cover | tail -n 40
+  .venv/bin/python scripts/executors_covered.py "$COVERAGE_FILE"
+fi
 
 # -- the chaos run: a fleet of workers under SIGKILL, SIGSTOP, cut connections and a Postgres restart -------
 if [ "$CHAOS" = 1 ]; then

@@ -30,8 +30,7 @@ from agentguard.integrations import (
     temporal,
 )
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 ADAPTERS: dict[str, tuple[ModuleType, str]] = {  # adapter → (module, its framework's decorator)
     "openai_agents": (openai_agents, "@function_tool"),
     "langchain": (langchain, "@tool"),

@@ -19,9 +19,7 @@ from agentguard.integrations.ag2 import GuardToolError, once, refusals
 
 from charges import Ledger
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 def script(*turns: Sequence[int]) -> TrackingConfig:
     """One model turn per argument (the charge calls it makes for order o-1, by amount), then "done".
 

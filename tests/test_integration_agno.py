@@ -22,9 +22,7 @@ from agentguard.integrations.agno import GuardToolError, once
 
 from charges import Ledger
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 @dataclass
 class Scripted(Model):
     """Each turn lists the amounts of the charge calls for order o-1 in one assistant message; then it answers

@@ -17,9 +17,7 @@ from agentguard.integrations.anthropic import once
 
 from fake_anthropic import FakeMessagesAPI, result_text, tool_results
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Ledger:
     def __init__(self) -> None:
         self.charges: list[tuple[str, int, str]] = []

@@ -18,8 +18,7 @@ from agentguard.integrations.claude_agent_sdk import once
 
 from fake_anthropic import FakeMessagesAPI, result_text, tool_results
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 TOOL = "mcp__payments__charge"  # how Claude Code names the SDK server's tool
 
 

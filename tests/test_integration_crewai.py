@@ -33,6 +33,7 @@ from agentguard import Guard, GuardEvent, task
 from agentguard.integrations.crewai import once
 
 pytestmark = [
+    pytest.mark.storeless,  # the adapter layer, not the store's SQL: runs once
     pytest.mark.anyio,
     # CrewAI reads its own deprecated fields (function_calling_llm, ...) on every Agent and Crew it builds
     pytest.mark.filterwarnings("ignore::DeprecationWarning:crewai"),

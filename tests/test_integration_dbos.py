@@ -24,8 +24,7 @@ from agentguard import Guard, MissingTaskError, task  # noqa: E402
 from agentguard.integrations import dbos as dbos_adapter  # noqa: E402
 from tests.fake_provider import FakeProvider  # noqa: E402
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 LEASE = 1.0  # the crashed worker's claim expires this fast, so recovery can take it over
 
 

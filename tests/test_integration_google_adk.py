@@ -22,8 +22,7 @@ from agentguard.integrations.google_adk import once
 
 from charges import Ledger
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 Turn = Sequence[tuple[str, dict[str, Any]]]
 
 

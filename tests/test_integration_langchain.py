@@ -23,9 +23,7 @@ from langgraph.types import Command, interrupt
 from agentguard import Guard, GuardEvent, current_key, task
 from agentguard.integrations.langchain import GuardToolException, ToolGuard, once
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Ledger:
     """A provider that deduplicates by idempotency key, like Stripe; counts real charges and every attempt."""
 

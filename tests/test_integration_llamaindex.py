@@ -21,6 +21,7 @@ from agentguard.integrations.llamaindex import GuardToolError, once
 from charges import Ledger
 
 pytestmark = [
+    pytest.mark.storeless,  # the adapter layer, not the store's SQL: runs once
     pytest.mark.anyio,
     # the workflow engine lists the agent's members with inspect.getmembers, touching pydantic's deprecated
     # attributes (LlamaIndex's warnings, not ours)

@@ -17,9 +17,7 @@ from agentguard.integrations.openai_agents import guard_tool, once
 
 from charges import Ledger
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 @pytest.fixture(autouse=True)
 def _no_tracing() -> Iterator[None]:
     set_tracing_disabled(True)  # nothing is exported anywhere; no API key needed

@@ -25,9 +25,7 @@ from agentguard.integrations.pydantic_ai import GuardTools, ToolSpec, once
 
 from charges import Ledger
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Receipt(BaseModel):
     charge_id: str
     amount_cents: int

@@ -16,9 +16,7 @@ from agentguard.integrations.smolagents import guard_tool, once
 
 from charges import Ledger
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Scripted(Model):
     """Each turn lists the amounts of the charge calls the model makes for order o-1 in one message; then
     it answers. Keeps the messages it was given, so a test reads what the model was told."""

@@ -20,9 +20,7 @@ from agentguard.integrations.strands import once
 
 from charges import Ledger
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Scripted(Model):
     """Each turn lists the amounts of the charge calls for order o-1 in one assistant message; then it answers
     "done". Keeps the messages of its last call, so a test reads what the model was told."""

@@ -34,8 +34,7 @@ from agentguard import Guard, KeyReuseError, MissingTaskError, task  # noqa: E40
 from agentguard.integrations import temporal as temporal_adapter  # noqa: E402
 from tests.fake_provider import FakeProvider  # noqa: E402
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 LEASE = 1.0  # the killed worker's claim expires this fast, so Temporal's retry can take it over
 TASK_QUEUE = "agentguard-payments"
 

@@ -25,8 +25,7 @@ from upstream_log import charges
 import agentguard
 from agentguard.mcp import META_REPLAYED, GuardingProxy, parse_config
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_ROOT = Path(agentguard.__file__).resolve().parent.parent
 

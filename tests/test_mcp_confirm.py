@@ -22,8 +22,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from agentguard import Guard
 from agentguard.mcp import META_REPLAYED, GuardingProxy, parse_config
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 ROOT = Path(__file__).resolve().parent.parent
 CONFIRMED = '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\nconfirm = true\n'
 PAY = {"order_id": "o-1", "amount_cents": 4900, "task_id": "ticket-7"}

@@ -18,9 +18,7 @@ from agentguard.downstream import shape_key
 from agentguard.mcp import META_KEY, META_REPLAYED, ConfigError, GuardingProxy, guarded_tool, parse_config
 from tests.conftest import tid
 
-pytestmark = pytest.mark.anyio
-
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 @pytest.fixture(params=["legacy", "auto"])
 def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -22,7 +22,7 @@ from upstream_log import charges
 
 from agentguard.mcp import META_REPLAYED
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.storeless, pytest.mark.anyio, pytest.mark.slow]
 
 PAY = {"order_id": "o-1", "amount_cents": 4900, "task_id": "ticket-9"}
 

@@ -22,6 +22,8 @@ sys.path.insert(0, str(ROOT / "servers"))
 from guarded_payments import build_server  # noqa: E402
 from payments_demo import IdempotencyError, Ledger  # noqa: E402
 
+pytestmark = pytest.mark.storeless  # the MCP layer, not the store's SQL: runs once
+
 CHARGE = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd"}
 
 

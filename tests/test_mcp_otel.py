@@ -20,8 +20,7 @@ from agentguard import Guard
 from agentguard.mcp import GuardingProxy, parse_config
 from agentguard.otel import instrument, reset
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 TRACE, HOST_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 
 

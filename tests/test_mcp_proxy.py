@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT / "servers"))
 import shifting_upstream  # noqa: E402
 from payments_demo import build_server  # noqa: E402
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 CHARGE = {"order_id": "o-1", "amount_cents": 4900, "currency": "usd"}
 
 

@@ -20,8 +20,7 @@ from mcp import Client, MCPError
 
 from agentguard.mcp import META_REPLAYED, GuardingProxy, StartupError, parse_config
 
-pytestmark = pytest.mark.anyio
-
+pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 GUARDED = '[tools.pay]\nkey = ["order_id"]\nforward_key_to = "idempotency_key"\n'
 KEPT = {"com.example.mcp/kept": "kept", "dev.acme/kept": True}
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import full_upstream
 import shifting_upstream
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.skipif(
+pytestmark = [pytest.mark.storeless, pytest.mark.anyio, pytest.mark.slow, pytest.mark.skipif(
     not Path("/proc/self/cmdline").exists(), reason="finds the processes to signal through /proc"
 )]
 
