@@ -22,6 +22,7 @@ from benchmarks._drivers import dsn_of
 from conftest import BACKEND, ROOT
 
 
+@pytest.mark.serial  # (Postgres' transaction ids and WAL counters are the cluster's: other tests' would count)
 def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> None:
     out = tmp_path / "bench.json"
     cmd = [python, "-m", "benchmarks", "--quick", "--only", BACKEND, "--json", str(out)]
