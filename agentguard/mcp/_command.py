@@ -23,8 +23,8 @@ from mcp.server.lowlevel.server import NotificationOptions
 
 from .._redact import redact_text
 from ._config import ConfigError, load_config
-from ._guarding import GuardingProxy
 from ._http import http_token, parse_address, serve_http
+from ._server import GuardingProxy
 from ._startup import StartupError
 
 log = logging.getLogger("agentguard.mcp")

@@ -23,8 +23,8 @@ import anyio
 import anyio.abc
 
 from ._config import Config
-from ._guarding import GuardingProxy
 from ._oauth import AccessTokens, KeysUnavailable, oauth_app
+from ._server import GuardingProxy
 from ._startup import StartupError
 
 log = logging.getLogger("agentguard.mcp")

@@ -13,8 +13,8 @@ This module is the proxy's front door; the code lives in one module per concept:
     _upstream.py    the upstream connection: reconnection, its tools, its notifications and subscriptions,
                     what a failure means for a call
     _startup.py     checked first, served second: store and upstream opened and checked before serving
-    _guarding.py    GuardingProxy: the server, tools/list and tools/call
-    _guarded.py     a guarded call through Guard.run
+    _server.py      GuardingProxy: the server, tools/list and tools/call
+    _guarded_call.py  one guarded call through Guard.run
     _tasks.py       an upstream's answer with a task (2026-07-28): followed to its end, its handle recorded
     _confirm.py     the user's confirmation before a guarded call first runs (confirm = true)
     _exchange.py    a host's request answered by calling upstream, and the questions asked on the way
@@ -32,9 +32,9 @@ Logs go to stderr only: stdout is the protocol.
 from __future__ import annotations
 
 from ._command import main
-from ._guarded import _FinalError as _FinalError  # stored records name it agentguard.mcp.proxy:_FinalError
-from ._guarded import _HeldUnknown as _HeldUnknown  # (and this one likewise)
-from ._guarding import GuardingProxy
+from ._guarded_call import _FinalError as _FinalError  # stored records name it agentguard.mcp.proxy:_FinalError
+from ._guarded_call import _HeldUnknown as _HeldUnknown  # (and this one likewise)
+from ._server import GuardingProxy
 from ._startup import StartupError
 from ._transports import UpstreamTarget
 from ._upstream import Upstream

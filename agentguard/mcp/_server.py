@@ -1,7 +1,7 @@
 """The guarding proxy: an MCP server in front of the upstream, guarding the tools its config names.
 
 ``tools/list`` relays the upstream's tools (``_tools.py``). ``tools/call`` runs a guarded tool through
-:meth:`Guard.run` (``_guarded.py``) and passes any other one through; either way the call is an exchange
+:meth:`Guard.run` (``_guarded_call.py``) and passes any other one through; either way the call is an exchange
 (``_exchange.py``), so the upstream's progress and questions reach the host, and a guarded call runs to its end
 whatever the host does. Everything else (resources, prompts, completions, logging) is relayed (``_relay.py``),
 and the upstream's notifications reach the hosts (``_hub.py``).
@@ -24,7 +24,7 @@ from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND
 from ._config import Config
 from ._confirm import client_name
 from ._exchange import Exchange, Exchanges, digest
-from ._guarded import GuardedCall, not_sent
+from ._guarded_call import GuardedCall, not_sent
 from ._hub import Hub
 from ._meta import audit_ids
 from ._relay import ProxyServer, Relayer, cleaned
