@@ -3,7 +3,7 @@
     agentguard demo                                  the offline demo, on the embedded SQLite store
     agentguard ls [--json] [--state S] [--task T]    the latest records (--state unknown: held on an unknown outcome)
     agentguard show KEY | timeline TASK | forget KEY | stats [--since 1h]   (see agentguard._cli_ledger)
-    agentguard resolve KEY (--result JSON | --retry | --abandon)
+    agentguard resolve KEY (--result JSON | --retry | --abandon) [--revision REV]
     agentguard sweep [--batch N]                     delete records past their retention
     agentguard console [--port N] [--host H]         a local web page: tasks, timelines, held outcomes (console extra)
     agentguard mcp-proxy --config agentguard.toml    the guarding MCP proxy (the mcp extra)
@@ -24,7 +24,8 @@ refused (it exists only inside the process that opened it).
     {"records": [{"scope": str, "task_id": str, "operation": str, "state": str, "attempts": int,
                   "age_seconds": float, "lease_left_seconds": float | null, "key": str, "audit": object | null}]}
     {"unknown": [{"scope": str, "key": str, "task_id": str, "operation": str, "step": str | null,
-                  "held": "step" | "body" | "not_stored", "attempts": int, "age_seconds": float}]}  # --unknown
+                  "held": "step" | "body" | "not_stored", "attempts": int, "age_seconds": float,
+                  "revision": str}]}  # --unknown
 
 Exit status: 0 done; 1 an error, named on stderr; 2 a usage error — and ``agentguard`` with no command,
 which prints the help (nothing was done, so a script that forgot the command must not read success);
@@ -121,7 +122,7 @@ async def _unknown(url: str, scope: str | None, limit: int) -> list[dict[str, An
     return [
         {"scope": r["scope"], "key": r["key"], "task_id": r["task_id"], "operation": r["operation"],
          "step": r["step"], "held": r["held"], "attempts": int(r["attempts"]),
-         "age_seconds": round(float(r["age"]), 3)}
+         "age_seconds": round(float(r["age"]), 3), "revision": r["revision"]}
         for r in rows
     ]
 
@@ -154,7 +155,7 @@ def _ls(args: argparse.Namespace) -> int:
             for r in held:
                 how = f"step={r['step']!r}" if r["step"] is not None else f"held={r['held']}"
                 print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  "
-                      f"{how}  attempts={r['attempts']}  age={_age(r['age_seconds'])}")
+                      f"{how}  attempts={r['attempts']}  age={_age(r['age_seconds'])}  revision={r['revision']}")
         return 0
     rows = _arun(_records(ref.url, scope, args.task_id, args.limit, args.state))
     if args.json:
@@ -180,7 +181,8 @@ def _resolve(args: argparse.Namespace) -> int:
         from ._guard import Guard
 
         async with Guard(ref.url) as guard:
-            return await guard.resolve(await full_key(guard, args.key, scope), scope=scope, **kwargs)
+            return await guard.resolve(await full_key(guard, args.key, scope), scope=scope, revision=args.revision,
+                                       **kwargs)
 
     print(_arun(go()))
     return 0
@@ -295,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.add_argument("--json", action="store_true",
                       help='print one JSON document for scripts: {"records": [{scope, task_id, operation, state, '
                            "attempts, age_seconds, lease_left_seconds, key, audit}]}; with --unknown "
-                           '{"unknown": [{scope, key, task_id, operation, step, held, attempts, age_seconds}]}')
+                           '{"unknown": [{scope, key, task_id, operation, step, held, attempts, age_seconds, '
+                           "revision}]}")
     p_ls.set_defaults(run=_ls)
 
     add_commands(sub, _store_options, _existing_store, _positive)
@@ -316,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--retry", action="store_true",
                      help="run it again (the same key or sub-key) on the next call")
     how.add_argument("--abandon", action="store_true", help="give the operation up: every later call errors")
+    p_resolve.add_argument("--revision", metavar="REV",
+                           help="the revision of the record you decided on (agentguard ls --unknown prints it): if "
+                                "the record changed since, nothing is done and what changed is said (exit 1); the "
+                                "same decision made twice is done once ('already applied', exit 0)")
     p_resolve.set_defaults(run=_resolve)
 
     p_sweep = sub.add_parser("sweep", help="delete records past their retention",

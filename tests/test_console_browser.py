@@ -220,7 +220,8 @@ def test_a_second_settle_from_a_stale_tab_is_refused_on_the_page(store_url: str,
         second.fill("textarea#result", '{"id": "ch_guess"}')
         assert submit(second, "record result") == 409
         message = second.get_by_role("alert").inner_text()
-        assert "is held on an unknown outcome" in message and "nothing was changed" in message
+        assert "changed since revision" in message and "nothing was changed" in message
+        assert "another operator cleared its step for a retry" in message  # what changed, and by whom
         shot(second, "second-settle")
     answer = json.loads(seed(store_url, "resume", "t-held").stdout)
     assert answer["ok"]["charge"]["id"] != "ch_guess"  # the retry stood: the step ran again

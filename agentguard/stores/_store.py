@@ -22,6 +22,7 @@ from .._fork import on_fork
 from .._redact import redact_url
 from ._attempts import AttemptVerbs
 from ._claims import READING
+from ._decisions import Decided, How, decide
 from ._dialects import SQLite, dialect_for
 from ._direct import DirectSQLite, NotNow
 from ._direct_pg import DirectPostgres, available, connect_kwargs
@@ -31,6 +32,7 @@ from ._listen import News
 from ._schema import DONE, Listing, Record, create_schema, listing_from_row, record_from_row
 from ._statements import WATCHED_DDL, Statements
 from ._sweep import paced
+from ._views import read
 
 if TYPE_CHECKING:
     from ._protocols import LedgerStore, Store
@@ -290,11 +292,19 @@ class SQLStore(AttemptVerbs):
 
     # -- an operator's verbs -------------------------------------------------------------------------------
 
-    async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[tuple[Any, ...]]:
-        async def run(conn: AsyncConnection) -> list[tuple[Any, ...]]:
-            return [tuple(r) for r in await conn.execute(self.sql.unknown, {"scope": scope, "limit": limit})]
+    async def unknown(self, *, scope: str | None = None, limit: int = 100, offset: int = 0) -> list[tuple[Any, ...]]:
+        params = {"scope": scope, "limit": limit, "offset": offset}
 
-        return await self._executor.run("listing unknown outcomes", run, body_ran=None)
+        async def run(conn: AsyncConnection) -> list[tuple[Any, ...]]:
+            return [tuple(r) for r in await conn.execute(self.sql.unknown, params)]
+
+        return await read(self, "listing unknown outcomes", run)  # (a person's read: _views)
+
+    async def decide(self, scope: str, key: str, how: How, value: str | None, retention: float, *,
+                     seen: str | None = None) -> Decided:
+        """A person's decision on a held (or abandoned) record, made only on the revision ``seen`` if given
+        (``_decisions``)."""
+        return await decide(self, scope, key, how, value, retention, seen=seen)
 
     async def resolve_step(self, scope: str, key: str, name: str, state: str | None, result: str | None) -> bool:
         """Settle a started step: record it done with ``result``, or (state None) clear it for a retry."""
