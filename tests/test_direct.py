@@ -215,29 +215,6 @@ def _in_task(task_id: str, tool: Any, n: int) -> Any:
         return tool(n)
 
 
-async def test_an_existing_record_is_read_on_the_loop_as_the_claim_reads_it(tmp_path: Path) -> None:
-    """An async tool's claim reads a record already there on its own loop's thread, without a hop: the same
-    record the general claim finds (and nothing when there is none, so that the general claim inserts)."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'r.db'}"
-    store, general = SQLStore(url), General(url)
-    await store.ensure_schema()
-    await general.ensure_schema()
-    direct = store.direct()
-    assert direct is not None
-    try:
-        assert direct.read_now(_params("k", 1)) is None
-        assert await store.claim(_params("k", 1)) == 1  # (absent: claimed by the general claim)
-        for state in ("running", "succeeded"):
-            if state == "succeeded":
-                assert await store.complete("s", "k", 1, "succeeded", "r", 60.0)
-            here, there = direct.read_now(_params("k", 2)), await general.claim(_params("k", 2))
-            assert here is not None and _same(here, there) and here.state == state
-            assert _same(await store.claim(_params("k", 3)), there)
-    finally:
-        await store.dispose()
-        await general.dispose()
-
-
 def test_a_hot_write_waits_for_the_write_lock_and_other_errors_pass_at_once(tmp_path: Path) -> None:
     """``_aiosqlite.written`` (every hot write on SQLite): a write lock held by another connection is waited
     for in short sleeps and the write lands once it is released; any other error is raised at once, and the

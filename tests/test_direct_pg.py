@@ -411,11 +411,9 @@ def test_the_direct_connections_have_the_general_paths_settings(databases: Calla
         conn = direct._local.conn[0]
         assert conn.execute("SELECT current_setting('application_name'), current_setting('synchronous_commit')"
                             ).fetchone() == there == ("agentguard", "local")
-        claim_sql, claim_args = direct._claim
-        insert_sql, insert_args = direct._insert
-        complete_sql, complete_args = direct._complete
+        claim_sql, claim_args = direct._compiled(store.sql.claim)
+        complete_sql, complete_args = direct._compiled(store.sql.complete)
         for sql, args, expected in ((claim_sql, claim_args(_params("k2", 2)), "off"),
-                                    (insert_sql, insert_args(_params("k3", 3)), "off"),
                                     (complete_sql, complete_args({**_params("k", 1), "state": "succeeded",
                                                                   "result": "r"}), "local")):
             with conn.transaction(force_rollback=True):

@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 
 from agentguard.stores import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Record, SQLStore
+from agentguard.stores._schema import UNBOUND
 
 T = TypeVar("T")
 
@@ -149,6 +150,7 @@ class Protocol:
         if row is None or row.owner != owner or row.state != RUNNING:
             return False
         row.state, row.lease_until, row.expires_at = RELEASED, None, self.now + self.retention
+        row.fingerprint = UNBOUND  # a claim undone while it was made: its body never started, it binds nothing
         return True
 
     def abandon(self, key: str, result: str) -> bool:
