@@ -29,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from agentguard.stores import Record, SQLStore
-from agentguard.stores._claims import TURNS, Ask, Claimed, Progress, arun, insert_first, read_first, run
+from agentguard.stores._claims import TURNS, Ask, Claimed, InsertFirst, Plan, ReadFirst, arun, run
 from agentguard.stores._direct import BUSY_NOW, NOT_NOW, DirectSQLite, NotNow
 from agentguard.stores._direct_pg import DirectPostgres
 from agentguard.stores._verbs import asks
@@ -59,43 +59,44 @@ def _scripted(plan: Callable[..., Any], rows: list[Any]) -> tuple[Claimed, list[
         asked.append(ask.stmt)
         return next(answers)
 
-    got = run(Progress(plan(READ, CLAIM, {"scope": "s", "key": "k"})), fetch)
+    got = run(plan(READ, CLAIM, {"scope": "s", "key": "k"}), fetch)
     assert next(answers, "none left") == "none left", "the plan asked fewer statements than scripted"
     return got, asked
 
 
 @pytest.mark.storeless
 def test_insert_first_decides_by_the_insert_and_reads_only_what_it_found_taken() -> None:
-    assert _scripted(insert_first, [(11,)]) == (11, ["claim"])
-    got, asked = _scripted(insert_first, [None, ROW])
+    assert _scripted(InsertFirst, [(11,)]) == (11, ["claim"])
+    got, asked = _scripted(InsertFirst, [None, ROW])
     assert isinstance(got, Record) and (got.key, got.state, got.fence) == ("k", "running", 7)
     assert asked == ["claim", "read"]
-    assert _scripted(insert_first, [None, None]) == (None, ["claim", "read"])  # swept in between: vanished
+    assert _scripted(InsertFirst, [None, None]) == (None, ["claim", "read"])  # swept in between: vanished
 
 
 @pytest.mark.storeless
 def test_read_first_answers_a_record_there_and_else_lets_the_insert_decide() -> None:
-    got, asked = _scripted(read_first, [ROW])
+    got, asked = _scripted(ReadFirst, [ROW])
     assert isinstance(got, Record) and got.fence == 7 and asked == ["read"]  # a replay: one statement, no write
-    assert _scripted(read_first, [None, (11,)]) == (11, ["read", "claim"])
-    got, asked = _scripted(read_first, [None, None, ROW])  # another caller inserted between our read and insert
+    assert _scripted(ReadFirst, [None, (11,)]) == (11, ["read", "claim"])
+    got, asked = _scripted(ReadFirst, [None, None, ROW])  # another caller inserted between our read and insert
     assert isinstance(got, Record) and asked == ["read", "claim", "read"]
-    assert _scripted(read_first, [None, None] * TURNS) == (None, ["read", "claim"] * TURNS)  # bounded
+    assert _scripted(ReadFirst, [None, None] * TURNS) == (None, ["read", "claim"] * TURNS)  # bounded
 
 
 @pytest.mark.storeless
 async def test_a_plan_handed_on_goes_on_at_the_statement_it_waits_for() -> None:
-    """Progress made by one executor (here: the read), the rest by another: the same statements, once each."""
-    progress = Progress(read_first(READ, CLAIM, {"scope": "s", "key": "k"}))
-    assert progress.ask is READ
-    progress.answered(None)
-    assert progress.ask is CLAIM
+    """A plan run by one executor as far as it could (here: the read), the rest by another: the same statements,
+    once each."""
+    plan = ReadFirst(READ, CLAIM, {"scope": "s", "key": "k"})
+    assert plan.ask is READ
+    plan.answered(None)
+    assert plan.ask is CLAIM
 
     async def fetch(ask: Ask) -> Any:
         assert ask is CLAIM
         return (11,)
 
-    assert await arun(progress, fetch) == 11 and progress.ask is None and progress.answer == 11
+    assert await arun(plan, fetch) == 11 and plan.ask is None and plan.answer == 11
 
 
 # -- the executors ---------------------------------------------------------------------------------------------
@@ -265,25 +266,25 @@ async def test_a_completion_announces_a_watched_record_through_every_executor(st
 # -- the claim plans, each run by each executor ------------------------------------------------------------------
 
 
-def planner(store: SQLStore, executor: str) -> Callable[[Progress, dict[str, Any]], Awaitable[Claimed]]:
+def planner(store: SQLStore, executor: str) -> Callable[[Plan], Awaitable[Claimed]]:
     """``executor`` running the rest of a claim plan."""
     if executor == "general":
         fetch = fetcher(store, "general")
-        return lambda progress, params: arun(progress, lambda ask: fetch(ask, params))
+        return lambda plan: arun(plan, lambda ask: fetch(ask, plan.params))
     if executor == "lane":
         return store._executor.claim
     direct = _direct(store)
     if executor == "at once":
         assert isinstance(direct, DirectSQLite)
 
-        async def at_once(progress: Progress, params: dict[str, Any]) -> Claimed:
-            assert direct.advance_now(progress, params) is progress, "refused at once with the lock free"
-            return progress.answer
+        async def at_once(plan: Plan) -> Claimed:
+            assert direct.advance_now(plan) is plan, "refused at once with the lock free"
+            return plan.answer
 
         return at_once
 
-    async def thread(progress: Progress, params: dict[str, Any]) -> Claimed:
-        return await asyncio.to_thread(run, progress, lambda ask: direct._fetch(ask, params))
+    async def thread(plan: Plan) -> Claimed:
+        return await asyncio.to_thread(run, plan, lambda ask: direct._fetch(ask, plan.params))
 
     return thread
 
@@ -306,7 +307,7 @@ async def _in_state(store: SQLStore, key: str, state: str) -> None:
         assert await fetch(a.release, _fenced(key, 1, retention=60.0, audit=None, raised=None, bound=1))
 
 
-@pytest.mark.parametrize("plan", [insert_first, read_first], ids=["insert first", "read first"])
+@pytest.mark.parametrize("plan", [InsertFirst, ReadFirst], ids=["insert first", "read first"])
 async def test_every_executor_runs_each_claim_plan_as_the_general_path_does(store: SQLStore, plan: Any) -> None:
     """Each plan, in each state a claim meets, run by each executor: the same answer (our fence, or the record
     there) and the same rows as the general path's."""
@@ -318,7 +319,7 @@ async def test_every_executor_runs_each_claim_plan_as_the_general_path_does(stor
             key = f"k-{executor.replace(' ', '-')}-{state}"
             await _in_state(store, key, state)
             params = _claim(key, 5)
-            answers.setdefault(executor, []).append(await runner(Progress(plan(a.read, a.claim, params)), params))
+            answers.setdefault(executor, []).append(await runner(plan(a.read, a.claim, params)))
     fence, running, succeeded, released = answers["general"]
     assert fence == 5 and isinstance(running, Record) and isinstance(succeeded, Record)
     assert isinstance(released, Record) and (running.state, succeeded.state, released.state) == (
@@ -348,13 +349,13 @@ async def test_a_plan_refused_at_once_goes_on_where_it_stopped(store_url: str) -
             key = f"k-{state}"
             await _in_state(store, key, state)
             params = _claim(key, 5)
-            progress = Progress(read_first(a.read, a.claim, params))
-            got = direct.advance_now(progress, params)
+            plan = ReadFirst(a.read, a.claim, params)
+            got = direct.advance_now(plan)
             if state == "absent":
-                assert got is NOT_NOW and progress.ask is a.claim  # read at once; the insert would sync
-                assert await store._executor.claim(progress, params) == 5
+                assert got is NOT_NOW and plan.ask is a.claim  # read at once; the insert would sync
+                assert await store._executor.claim(plan) == 5
             else:
-                assert got is progress and isinstance(progress.answer, Record)  # a replay, at once
+                assert got is plan and isinstance(plan.answer, Record)  # a replay, at once
         assert direct.now(a.complete, _fenced("k-absent", 5, state="succeeded", result="r", retention=60.0,
                                               audit=None)) is NOT_NOW
         assert direct.commits_now == 0

@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from ._claims import Progress
+from ._claims import Plan
 from ._statements import Compiled
 
 log = logging.getLogger("agentguard.store")
@@ -216,18 +216,18 @@ def fetch_row(drv: Any, sql: str, args: Sequence[Any], writes: bool, waiting: Wa
     return drv._execute(_statement, drv._conn, sql, args, writes, waiting)
 
 
-def fetch_plan(drv: Any, progress: Progress, params: dict[str, Any], compiled: Callable[[Any], Compiled], *,
-               claim_unsynced: bool, waiting: Waiters | None = None) -> Any:
+def fetch_plan(drv: Any, plan: Plan, compiled: Callable[[Any], Compiled], *, claim_unsynced: bool,
+               waiting: Waiters | None = None) -> Any:
     """The rest of a claim plan in one hop (awaitable): each statement it asks, on the connection's thread."""
-    return drv._execute(_advance, drv._conn, progress, params, compiled, claim_unsynced, waiting)
+    return drv._execute(_advance, drv._conn, plan, compiled, claim_unsynced, waiting)
 
 
-def _advance(conn: Any, progress: Progress, params: dict[str, Any], compiled: Callable[[Any], Compiled],
-             claim_unsynced: bool, waiting: Waiters | None) -> None:
-    while (ask := progress.ask) is not None:
+def _advance(conn: Any, plan: Plan, compiled: Callable[[Any], Compiled], claim_unsynced: bool,
+             waiting: Waiters | None) -> None:
+    while (ask := plan.ask) is not None:
         sql, args = compiled(ask.stmt)
-        progress.answered(statement(conn, sql, args(params), writes=ask.writes, waits=True, waiting=waiting,
-                                    claim_unsynced=claim_unsynced and ask.claims))
+        plan.answered(statement(conn, sql, args(plan.params), writes=ask.writes, waits=True, waiting=waiting,
+                                claim_unsynced=claim_unsynced and ask.claims))
 
 
 def insert_rows(drv: Any, sql: str, rows: Sequence[Sequence[Any]], *, unsynced: bool) -> Any:

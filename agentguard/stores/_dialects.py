@@ -40,7 +40,7 @@ from ._aiosqlite import BUSY_MS, Opened, Waiters, connector
 from ._aiosqlite import fetch_plan as aiosqlite_plan
 from ._aiosqlite import fetch_row as aiosqlite_row
 from ._aiosqlite import insert_rows as aiosqlite_rows
-from ._claims import Progress, insert_first, read_first
+from ._claims import InsertFirst, Plan, ReadFirst
 from ._schema import TABLE
 from ._statements import Compiled, compiler
 from ._verbs import Plans
@@ -140,7 +140,7 @@ class Dialect:
         """One statement on the driver connection ``drv``: its first row, or None. ``writes``: it writes."""
         raise NotImplementedError
 
-    def fetch_plan(self, drv: Any, progress: Progress, params: dict[str, Any]) -> Awaitable[Any]:
+    def fetch_plan(self, drv: Any, plan: Plan) -> Awaitable[Any]:
         """The rest of a claim plan in one driver call on ``drv`` (only where ``plans_in_one_hop``)."""
         raise NotImplementedError(f"{self.name} runs no plan in one driver call")
 
@@ -241,7 +241,7 @@ class SQLite(Dialect):
         # A read costs no round trip and never waits for the writer (WAL): every claim reads first, so that a
         # replay never takes the write lock; whatever executor runs it, in one hop at most (``fetch_plan``).
         # No separate read is cheaper.
-        self.plans = Plans(read_first, read_first)
+        self.plans = Plans(ReadFirst, ReadFirst)
         self.waiters = Waiters()  # this store's writes waiting for the write lock, on any thread
 
     def driver_dialect(self) -> Any:
@@ -293,9 +293,9 @@ class SQLite(Dialect):
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any], writes: bool = True) -> Awaitable[Any]:
         return aiosqlite_row(drv, sql, args, writes, self.waiters)  # type: ignore[no-any-return]
 
-    def fetch_plan(self, drv: Any, progress: Progress, params: dict[str, Any]) -> Awaitable[Any]:
+    def fetch_plan(self, drv: Any, plan: Plan) -> Awaitable[Any]:
         return aiosqlite_plan(  # type: ignore[no-any-return]
-            drv, progress, params, self.compiled, claim_unsynced=self.claim_unsynced, waiting=self.waiters)
+            drv, plan, self.compiled, claim_unsynced=self.claim_unsynced, waiting=self.waiters)
 
     def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
                   ) -> Awaitable[Any]:
@@ -335,7 +335,7 @@ class Postgres(Dialect):
         # A first call's plain insert costs the server about a sixth less than a read that misses and then the
         # insert (benchmarks: --load's server CPU per call); a key likely taken is read first, one round trip
         # for a replay, where the insert that finds it taken and then the read cost two.
-        self.plans = Plans(insert_first, read_first)
+        self.plans = Plans(InsertFirst, ReadFirst)
         self.claim_unsynced = self.unsynced_in_statement = options.pg_claim_unsynced
 
     def driver_dialect(self) -> Any:

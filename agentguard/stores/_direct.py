@@ -43,7 +43,7 @@ from sqlalchemy.engine import make_url
 from .._errors import StoreError
 from .._fork import abandon
 from ._aiosqlite import HANDOFF_MAX, Unsynced, Waiters, busy, statement
-from ._claims import Ask, Progress
+from ._claims import Ask, Plan
 from ._statements import Compiled, Statements
 from ._verbs import Plans, SyncVerbs
 
@@ -187,16 +187,17 @@ class DirectSQLite(SyncVerbs):
             self._committed_now()
         return rows[0] if rows else None
 
-    def advance_now(self, progress: Progress, params: dict[str, Any]) -> Progress | NotNow:
-        """As much of a plan as can be made at once on an event loop's thread (:meth:`now`, statement by
-        statement): ``progress`` once it ended; else ``NOT_NOW``/``BUSY_NOW``, the plan waiting at the statement
+    def advance_now(self, plan: Plan) -> Plan | NotNow:
+        """As much of a claim plan as can be made at once on an event loop's thread (:meth:`now`, statement by
+        statement): ``plan`` once it ended; else ``NOT_NOW``/``BUSY_NOW``, the plan waiting at the statement
         refused (made again later, or by another executor)."""
-        while (ask := progress.ask) is not None:
+        params = plan.params
+        while (ask := plan.ask) is not None:
             row = self.now(ask, params)
             if row is NOT_NOW or row is BUSY_NOW:
                 return row
-            progress.answered(row)
-        return progress
+            plan.answered(row)
+        return plan
 
     def _committed_now(self) -> None:
         self.commits_now += 1

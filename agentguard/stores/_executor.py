@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import StoreError
 from .._redact import redact_text
-from ._claims import CLAIMING, Claimed, Progress, arun
+from ._claims import CLAIMING, Claimed, Plan, arun
 from ._dialects import Dialect
 from ._engines import Engines
 from ._lane import Lane
@@ -158,19 +158,20 @@ class Executor:
         args = getter(params)
         return await self._on_lane(engine, lane, what, lambda drv: self._fetch(drv, sql, args, writes), body_ran)
 
-    async def claim(self, progress: Progress, params: dict[str, Any]) -> Claimed:
+    async def claim(self, plan: Plan) -> Claimed:
         """The rest of a claim plan (``_claims``): statement by statement through :meth:`one` (each a round trip,
         the claim's insert gathered under load), or, where the dialect runs a plan in one driver call (SQLite),
         in one hop, retried as one statement is."""
         if not self.dialect.plans_in_one_hop:
-            return await arun(progress, lambda ask: self.one(ask.what, ask.stmt, params, body_ran=ask.body_ran,
-                                                              writes=ask.writes, many=ask.many))
+            params = plan.params
+            return await arun(plan, lambda ask: self.one(ask.what, ask.stmt, params, body_ran=ask.body_ran,
+                                                          writes=ask.writes, many=ask.many))
         if not self.schema_ready:
             await self.ensure_schema()
         engine, lane = self.engines.here()
         fetch_plan = self.dialect.fetch_plan
-        await self._on_lane(engine, lane, CLAIMING, lambda drv: fetch_plan(drv, progress, params), False)
-        return progress.answer
+        await self._on_lane(engine, lane, CLAIMING, lambda drv: fetch_plan(drv, plan), False)
+        return plan.answer
 
     async def _gathered(self, engine: AsyncEngine, lane: Lane, what: str, stmt: Any, many: Many,
                         params: dict[str, Any], body_ran: bool | None) -> Any:

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .._fork import on_fork
 from .._redact import redact_url
 from ._attempts import AttemptVerbs
-from ._claims import Ask, Claimed, Progress
+from ._claims import Ask, Claimed
 from ._dialects import SQLite, dialect_for
 from ._direct import DirectSQLite, NotNow
 from ._direct_pg import DirectPostgres, available, connect_kwargs
@@ -167,21 +167,21 @@ class SQLStore(AttemptVerbs):
         visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
         """
         a = self._asks
-        progress = Progress((self._plans.taken if likely_taken else self._plans.free)(a.read, a.claim, params))
+        plan = (self._plans.taken if likely_taken else self._plans.free)(a.read, a.claim, params)
         direct = self._direct
         if direct is None and self._reads_here:
             if not self._executor.schema_ready:  # (the first callers wait for it together, then all go at once)
                 await self._executor.ensure_schema()
             direct = self.direct()
         if isinstance(direct, DirectSQLite):
-            await direct.at_once(lambda: direct.advance_now(progress, params))
-            if progress.ask is None:
-                if isinstance(progress.answer, int):
+            await direct.at_once(lambda: direct.advance_now(plan))
+            if plan.ask is None:
+                if isinstance(plan.answer, int):
                     # A first call lets the loop's other tasks run once, as a claim that hops does: callers
                     # whose bodies never suspend take turns. (Cancelled here, the engine releases the claim.)
                     await asyncio.sleep(0)
-                return progress.answer
-        return await self._executor.claim(progress, params)
+                return plan.answer
+        return await self._executor.claim(plan)
 
     def _ask(self, ask: Ask, params: dict[str, Any]) -> Any:
         return self._one(ask.what, ask.stmt, params, body_ran=ask.body_ran, writes=ask.writes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ._claims import CLAIMING, READING, Ask, Claimed, PlanMaker, Progress, run
+from ._claims import CLAIMING, READING, Ask, Claimed, PlanMaker, run
 from ._schema import Record, record_from_row
 from ._statements import Statements
 
@@ -106,7 +106,7 @@ class SyncVerbs:
     def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Claimed:
         """What ``SQLStore.claim`` answers: our fence, the record there, or None (it vanished)."""
         plan = (self._plans.taken if likely_taken else self._plans.free)(self._asks.read, self._asks.claim, params)
-        return run(Progress(plan), lambda ask: self._fetch(ask, params))
+        return run(plan, lambda ask: self._fetch(ask, params))
 
     def read(self, scope: str, key: str) -> Record | None:
         return record(scope, key, self._fetch(self._asks.read, key_params(scope, key)))
