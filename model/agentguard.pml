@@ -7,8 +7,9 @@
  *   steps of multi-step operations (rows of agentguard_steps). Every store verb below is one `atomic`
  *   block, as each real statement is one atomic statement (or one transaction that first re-checks the
  *   claim: put_step, clear_step). Their guards are the statements' WHERE clauses, their effects the SET lists.
- *   The claim is modelled the general way (_claims.by_insert: the insert, then a separate read), which
- *   allows every interleaving the one-statement ways (the Postgres function, SQLite's one hop) allow.
+ *   The claim is modelled insert first (_claims.InsertFirst: the insert, then a separate read). Read first
+ *   (_claims.ReadFirst) adds no interleaving: a record its first read returns is the one an insert that
+ *   conflicted at that moment, then a read at once, would return; and if nothing was read, it is insert first.
  * - The database's clock (proctype Clock): one clock for every worker. A record's lease_until and
  *   expires_at are kept as the ticks left before them (`lease`, `ttl`), so the state space stays finite while
  *   the clock ticks forever. live = running and lease > 0; past retention = ttl == 0.

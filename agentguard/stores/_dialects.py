@@ -231,7 +231,7 @@ class SQLite(Dialect):
 
     @property
     def claim_unsynced(self) -> bool:  # type: ignore[override]
-        """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.read_or_claim``)."""
+        """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.Unsynced``)."""
         return self.options.sqlite_synchronous.upper() == "FULL"
 
     def __init__(self, url: str, options: Options) -> None:
