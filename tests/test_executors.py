@@ -247,10 +247,9 @@ async def test_every_executor_answers_each_statement_as_the_general_path_does(st
         assert isinstance(direct, DirectSQLite) and direct.commits_now == writes  # (every write made on the loop)
 
 
+@pytest.mark.postgres
 async def test_a_completion_announces_a_watched_record_through_every_executor(store: SQLStore) -> None:
     """Postgres: a completion of a record a waiter watches notifies it in the same statement, whoever runs it."""
-    if not store.announces:
-        pytest.skip("only Postgres announces outcomes")
     a = asks(store.sql)
     answers: dict[str, tuple[int, str | None]] = {}
     for executor in ["general", *EXECUTORS]:
@@ -330,14 +329,13 @@ async def test_every_executor_runs_each_claim_plan_as_the_general_path_does(stor
     assert all(r == rows["general"] for r in rows.values()) and len(rows["general"]) == 1
 
 
+@pytest.mark.skipif(BACKEND != "sqlite", reason="SQLite's loop executor: runs in the SQLite pass")
 async def test_a_plan_refused_at_once_goes_on_where_it_stopped(store_url: str) -> None:
     """SQLite: the loop's thread makes at once only what never waits and never syncs. At ``EXTRA`` a claim's
     insert would sync: the plan's read is made at once, the insert handed on to aiosqlite's thread (one hop),
     and the answer is the general path's; a completion is refused at once whatever the level but ``NORMAL``/
     ``OFF``; with the write lock held elsewhere, a write is refused as busy (its caller waits in line, or hops),
     a read is made at once (WAL)."""
-    if BACKEND != "sqlite":
-        pytest.skip("SQLite's loop executor")
     store = SQLStore(store_url, clock=CLOCK, sqlite_synchronous="EXTRA")
     await _with_clock(store)
     holder = None
@@ -414,3 +412,49 @@ async def test_the_direct_verbs_ask_what_the_stores_verbs_ask(store: SQLStore) -
     assert all(_same(a, b) for a, b in zip(ours, theirs, strict=True)), (ours, theirs)
     assert ours[0] == 11 and ours[3] is True and ours[4] is True and ours[7] == 21 and ours[9] == (22, 21)
     assert ours[11].fingerprint == "" and ours[12] is None  # released by its owner: unbound; a stale fence
+
+
+async def test_the_same_hint_takes_the_same_plan_on_every_executor(store: SQLStore,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim asks the same statements whoever runs it: for a key likely taken, a read first (a replay: that read
+    alone), on every backend and executor; for one likely free, the dialect's plan (Postgres: the insert first;
+    SQLite: the read first, which costs no round trip there). Before, a replaying task's sync call on Postgres
+    asked the read-or-claim function while its async call read first."""
+    a = asks(store.sql)
+    names = {id(a.read.stmt): "read", id(a.claim.stmt): "claim"}
+    sent: list[str] = []
+    direct = _direct(store)
+    real_fetch = type(direct)._fetch
+
+    def spied_fetch(self: Any, ask: Ask, params: dict[str, Any]) -> Any:
+        sent.append(names[id(ask.stmt)])
+        return real_fetch(self, ask, params)
+
+    monkeypatch.setattr(type(direct), "_fetch", spied_fetch)
+    if isinstance(direct, DirectSQLite):  # the store's own claim: at once on the loop's thread
+        real_now = DirectSQLite.now
+
+        def spied_now(self: DirectSQLite, ask: Ask, params: dict[str, Any]) -> Any:
+            sent.append(names[id(ask.stmt)])
+            return real_now(self, ask, params)
+
+        monkeypatch.setattr(DirectSQLite, "now", spied_now)
+    else:  # the store's own claim: through the lane, statement by statement
+        real_one = store._executor.one
+
+        async def spied_one(what: str, stmt: Any, params: dict[str, Any], **kw: Any) -> Any:
+            sent.append(names[id(stmt)])
+            return await real_one(what, stmt, params, **kw)
+
+        monkeypatch.setattr(store._executor, "one", spied_one)
+    free = ["claim", "read"] if isinstance(store.dialect.plans.free(a.read, a.claim, {}), InsertFirst) else ["read"]
+    for likely_taken, expected in ((True, ["read"]), (False, free)):
+        for via in ("store", "thread"):
+            key = f"k-{via}-{likely_taken}"
+            await _in_state(store, key, "succeeded")
+            sent.clear()
+            if via == "store":
+                got = await store.claim(_claim(key, 5), likely_taken)
+            else:
+                got = await asyncio.to_thread(direct.claim, _claim(key, 5), likely_taken)
+            assert isinstance(got, Record) and sent == expected, (via, likely_taken, sent)
