@@ -35,10 +35,10 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 @pytest.mark.parametrize(("synchronous", "first_call_hops"), [
-    ("FULL", ["_statement"]),  # the synced completion
+    ("FULL", ["statement"]),  # the synced completion
     ("NORMAL", []),
     ("OFF", []),
-    ("EXTRA", ["_advance", "_statement"]),  # every commit syncs: the rest of the claim plan, the completion
+    ("EXTRA", ["_advance", "statement"]),  # every commit syncs: the rest of the claim plan, the completion
 ])
 async def test_a_step_hops_only_if_it_could_block_the_loop(store_url: str, hops: list[str], synchronous: str,
                                                           first_call_hops: list[str]) -> None:

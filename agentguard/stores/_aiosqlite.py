@@ -9,9 +9,9 @@ aiosqlite runs each connection on a thread of its own and hands every call to it
 - :func:`fetch_plan` runs the rest of a claim plan (``_claims``) there: its statements, one hop;
 - :func:`insert_rows` runs :func:`inserted` there: a batch of rows in one transaction, one hop.
 
-Each statement runs through :func:`statement`, as it does on a sync tool's own connection (``_direct``): a write
-waits for SQLite's write lock in short sleeps of its own (:func:`written`), a claim's insert commits unsynced
-where the store's claims do (:class:`Unsynced`).
+Each statement runs through :func:`statement`: a write waits for SQLite's write lock in short sleeps of its own
+(:func:`written`, as on a sync tool's own connection: ``_direct``), a claim's insert commits unsynced where the
+store's claims do (:class:`Unsynced`).
 """
 
 from __future__ import annotations
@@ -140,15 +140,16 @@ def written(conn: Any, sql: str, args: Sequence[Any], *, waits: bool = True, wai
     turned off around the statement; False: ``conn`` never waits by itself (a direct connection, opened with
     a busy timeout of 0), two statements fewer. ``waiting``: told while the write waits, if it does."""
     if not waits:
-        return _patiently(conn, sql, args, waiting)
+        return patiently(conn, sql, args, waiting)
     conn.execute("PRAGMA busy_timeout = 0")
     try:
-        return _patiently(conn, sql, args, waiting)
+        return patiently(conn, sql, args, waiting)
     finally:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
 
 
-def _patiently(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None = None) -> list[Any]:
+def patiently(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None = None) -> list[Any]:
+    """``sql`` on ``conn``, whose busy handler never waits: SQLITE_BUSY waited out in :func:`written`'s sleeps."""
     try:
         return list(conn.execute(sql, args).fetchall())  # fetch all: the statement ends, it commits
     except sqlite3.OperationalError as exc:
@@ -190,30 +191,25 @@ class Unsynced:
         self.conn.execute("PRAGMA synchronous = FULL")
 
 
-def statement(conn: Any, sql: str, args: Sequence[Any], *, writes: bool, claim_unsynced: bool, waits: bool,
+def statement(conn: Any, sql: str, args: Sequence[Any], writes: bool, claim_unsynced: bool,
               waiting: Waiters | None) -> Any:
-    """One hot statement on ``conn`` (autocommit): its first row, or None. ``writes``: it takes the write lock,
-    waited for as :func:`written` waits; a read does not wait for the writer (WAL). ``claim_unsynced``: a
-    claim's insert, not synced (:class:`Unsynced`). ``waits``, ``waiting``: as for :func:`written` (a read on a
-    connection that never waits by itself is retried as a write is: a WAL read may find the lock busy for a
-    moment, while another connection recovers it)."""
+    """One hot statement on an aiosqlite connection's thread (autocommit): its first row, or None. ``writes``: it
+    takes the write lock, waited for as :func:`written` waits; a read waits for nothing but the connection's
+    busy handler (WAL: never for the writer). ``claim_unsynced``: a claim's insert, not synced (:class:`Unsynced`).
+    ``waiting``: as for :func:`written`."""
     if not writes:
-        rows = conn.execute(sql, args).fetchall() if waits else _patiently(conn, sql, args, waiting)
+        rows = conn.execute(sql, args).fetchall()
     elif claim_unsynced:
         with Unsynced(conn):
-            rows = written(conn, sql, args, waits=waits, waiting=waiting)
+            rows = written(conn, sql, args, waiting=waiting)
     else:
-        rows = written(conn, sql, args, waits=waits, waiting=waiting)
+        rows = written(conn, sql, args, waiting=waiting)
     return rows[0] if rows else None
-
-
-def _statement(conn: Any, sql: str, args: Sequence[Any], writes: bool, waiting: Waiters | None) -> Any:
-    return statement(conn, sql, args, writes=writes, claim_unsynced=False, waits=True, waiting=waiting)
 
 
 def fetch_row(drv: Any, sql: str, args: Sequence[Any], writes: bool, waiting: Waiters | None = None) -> Any:
     """:func:`statement` in one hop (awaitable)."""
-    return drv._execute(_statement, drv._conn, sql, args, writes, waiting)
+    return drv._execute(statement, drv._conn, sql, args, writes, False, waiting)
 
 
 def fetch_plan(drv: Any, plan: Plan, compiled: Callable[[Any], Compiled], *, claim_unsynced: bool,
@@ -226,8 +222,7 @@ def _advance(conn: Any, plan: Plan, compiled: Callable[[Any], Compiled], claim_u
              waiting: Waiters | None) -> None:
     while (ask := plan.ask) is not None:
         sql, args = compiled(ask.stmt)
-        plan.answered(statement(conn, sql, args(plan.params), writes=ask.writes, waits=True, waiting=waiting,
-                                claim_unsynced=claim_unsynced and ask.claims))
+        plan.answered(statement(conn, sql, args(plan.params), ask.writes, claim_unsynced and ask.claims, waiting))
 
 
 def insert_rows(drv: Any, sql: str, rows: Sequence[Sequence[Any]], *, unsynced: bool) -> Any:

@@ -42,7 +42,7 @@ from sqlalchemy.engine import make_url
 
 from .._errors import StoreError
 from .._fork import abandon
-from ._aiosqlite import HANDOFF_MAX, Unsynced, Waiters, busy, statement
+from ._aiosqlite import HANDOFF_MAX, Unsynced, Waiters, busy, patiently
 from ._claims import Ask, Plan
 from ._statements import Compiled, Statements
 from ._verbs import Plans, SyncVerbs
@@ -153,13 +153,20 @@ class DirectSQLite(SyncVerbs):
         self.commits_now = 0
 
     def _fetch(self, ask: Ask, params: dict[str, Any]) -> Any:
-        """``ask`` in a sync tool's thread: its first row, or None; the write lock waited for here."""
+        """``ask`` in a sync tool's thread: its first row, or None. The write lock is waited for here, in short
+        sleeps (``_aiosqlite.patiently``: the connection's busy handler never waits); a read is retried so too (a
+        WAL read may find the lock busy for a moment, while another connection recovers it)."""
         sql, args = self._compiled(ask.stmt)
+        conn = self._conn()
         try:
-            return statement(self._conn(), sql, args(params), writes=ask.writes, waits=False, waiting=self.waiters,
-                             claim_unsynced=self._claim_unsynced and ask.claims)
+            if ask.claims and self._claim_unsynced:
+                with Unsynced(conn):
+                    rows = patiently(conn, sql, args(params), self.waiters)
+            else:
+                rows = patiently(conn, sql, args(params), self.waiters)
         except (sqlite3.Error, OSError) as exc:
             raise self._error(ask.what, exc, ask.body_ran) from exc
+        return rows[0] if rows else None
 
     def now(self, ask: Ask, params: dict[str, Any]) -> Any:
         """``ask`` on an event loop's thread, if it can be made at once (see the module docstring): its first row,
