@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_processes import killed_mid_body, survive
 
 from agentguard import Guard, RecordChangedError, ResultNotStoredError, task
 from agentguard.stores import SQLStore
@@ -24,7 +25,6 @@ from agentguard.stores import _views as views
 from agentguard.stores._decisions import parse_revision
 
 from console_server import held, seed, seeded
-from test_processes import killed_mid_body, survive
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +134,7 @@ def test_decisions_sent_at_once_from_many_processes_are_made_once(store_url: str
     """Six guards (each its own engine and connections, in threads of their own) send a decision on the same
     revision at the same moment: one is made; the others are answered "already applied" (the same decision)
     or refused with what changed (another)."""
-    key, runs, _ = asyncio.run(unstorable(store_url))
+    key, _, _ = asyncio.run(unstorable(store_url))
     seen = asyncio.run(record_of(store_url, key)).revision
     barrier = threading.Barrier(6)
     answers: list[str] = [""] * 6
