@@ -151,17 +151,23 @@ class Console:
         number = self._page(request)
         filters = {k: v for k, v in (("task", task), ("key", key), ("operation", operation), ("scope", scope),
                                      ("state", state)) if v}
-        # the held outcomes head the first page (each a scan of the records: not again on every later one)
-        held = await views.held(self.store, scope=scope, limit=HELD_SHOWN) if number == 1 else None
+
+        async def held() -> views.Page[views.HeldRow] | None:
+            # the held outcomes head the first page (a scan of the records: not again on every later one)
+            return await views.held(self.store, scope=scope, limit=HELD_SHOWN) if number == 1 else None
+
         if key is not None:  # a key, or its start (as `agentguard show` takes it)
             found = await prefixes.keys(self.store, key, scope=scope, limit=KEYS_SHOWN + 1)
             if len(found) == 1:
                 return RedirectResponse(pages.record_href(found[0][1], found[0][0]), 303)
-            return HTMLResponse(pages.tasks_page(self._frame(request), views.Page(0.0, 0, 0, []), held, filters,
-                                                 PER_PAGE, found=found, shown=KEYS_SHOWN))
-        listing = await views.tasks(self.store, scope=scope, state=state, operation=operation, task=task,
-                                    offset=(number - 1) * PER_PAGE, limit=PER_PAGE)
-        return HTMLResponse(pages.tasks_page(self._frame(request), listing, held, filters, PER_PAGE))
+            return HTMLResponse(pages.tasks_page(self._frame(request), views.Page(0.0, 0, 0, []), await held(),
+                                                 filters, PER_PAGE, found=found, shown=KEYS_SHOWN))
+        # (two reads at once, each on a connection of its own: the page waits for the longer, not for both)
+        listing, shown = await asyncio.gather(
+            views.tasks(self.store, scope=scope, state=state, operation=operation, task=task,
+                        offset=(number - 1) * PER_PAGE, limit=PER_PAGE),
+            held())
+        return HTMLResponse(pages.tasks_page(self._frame(request), listing, shown, filters, PER_PAGE))
 
     async def task(self, request: Request) -> Response:
         scope, task_id = self._arg(request, "scope", "scope"), self._arg(request, "id", "task")

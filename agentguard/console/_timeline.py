@@ -81,8 +81,8 @@ class Row:
 def _seconds(s: float) -> str:
     if s == 0:
         return "0"
-    if abs(s) < 1:
-        return f"{s * 1000:.0f} ms"
+    if abs(s) < 1:  # (a burst's axis is a few milliseconds long: 0.5 ms, not a second "+0")
+        return f"{s * 1000:.3g} ms"
     if abs(s) < 120:
         return f"{s:.3g} s"
     if abs(s) < 7200:
