@@ -456,6 +456,9 @@ def test_a_task_of_many_operations_is_shown_a_page_at_a_time_with_its_attempts(
             assert sorted(marks) == sorted(line[0] for line in lines)
             seen += shown
         assert sorted(seen) == sorted(keys)
+        beyond = client.get("/task", params={"scope": "default", "id": "big", "page": "4"})
+        assert beyond.status_code == 200 and count_of(beyond.text) == "no operations on page 4: there are 250"
+        assert "« first" in beyond.text and "next ›" not in beyond.text
 
 
 def _marks(svg: str) -> list[tuple[float, float]]:

@@ -238,12 +238,14 @@ async def task(store: SQLStore, scope: str, task_id: str, *, offset: int = 0, li
         f"SELECT s.key, s.origin, s.name, s.seq, s.state, s.updated_at FROM {STEPS} s"
         " WHERE s.scope = :scope AND s.key IN :keys ORDER BY s.key, s.seq"
     ).bindparams(bindparam("keys", expanding=True))
+    count = text(f"SELECT COUNT(*) FROM {TABLE} c WHERE c.scope = :scope AND c.task_id = :task_id")
 
     async def run(conn: AsyncConnection) -> Page[RecordRow]:
         params = {"scope": scope, "task_id": task_id, "limit": limit, "offset": offset}
         rows = list(await conn.execute(records, params))
-        if not rows:
-            return Page(await _now(conn, now), 0, offset, [])
+        if not rows:  # (past the last page, or no such task: how many records it has, and the clock)
+            total = int((await conn.execute(count, params)).scalar_one()) if offset else 0
+            return Page(await _now(conn, now), total, offset, [])
         origins = {r[1]: r[13] for r in rows}
         by_key: dict[str, list[StepRow]] = {}
         for s in await conn.execute(steps, {"scope": scope, "keys": list(origins)}):
