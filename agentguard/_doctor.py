@@ -66,6 +66,7 @@ class Settings:
     pool_size: int = 10  # the pool_size the user's guards run with (the connection budget)
     workers: int = 1  # worker processes that will share the store
     race: bool = True  # run the live race (it writes to a scratch scope, then deletes what it wrote)
+    keep: bool = False  # leave what the race wrote, to be read (it expires with the race's retention)
     timeout: float = 10.0  # seconds to connect
 
 
@@ -287,7 +288,8 @@ def privileges_line(tables: Sequence[TableFacts], *, role: str, schema: str | No
     if schema is None:
         if first_schema is None:
             return Line("privileges", FAIL, f"no schema of the search_path ({search_path}) exists",
-                        f"CREATE SCHEMA agentguard AUTHORIZATION {role}; ALTER ROLE {role} SET search_path = agentguard")
+                        f"CREATE SCHEMA agentguard AUTHORIZATION {role}; "
+                        f"ALTER ROLE {role} SET search_path = agentguard")
         return Line("privileges", FAIL, f"as {role}: no use of schema {first_schema}, the first on the search_path "
                                         f"({search_path})", f"GRANT USAGE, CREATE ON SCHEMA {first_schema} TO {role}")
     absent = [t.name for t in tables if not t.present]
@@ -400,6 +402,11 @@ class PG:
         if isinstance(exc, TimeoutError):
             return Line("store", FAIL, f"no answer from {self.where} within {self.timeout:g} s",
                         "check the URL's host and port, and firewalls between this machine and the server")
+        if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
+            # (SQLAlchemy hands the URL's query to asyncpg.connect() as it stands: libpq's names are refused)
+            option = str(exc).rsplit(" ", 1)[-1].strip("'")
+            return Line("store", FAIL, f"the URL's query option {option!r} is not one asyncpg takes",
+                        "drop it, or spell it as asyncpg does (libpq's sslmode=require is ssl=require)")
         if isinstance(exc, OSError):
             why = exc.strerror or _why(exc)
             return Line("store", FAIL, f"cannot connect to {self.where}: {why}",
@@ -592,7 +599,8 @@ class PGFault:
             await admin.fetch(f"SELECT 1 FROM {TABLE} WHERE scope = $1 FOR UPDATE", scope)
             me = await admin.fetchval("SELECT pg_backend_pid()")
             proceed.set()
-            killed, deadline = [], time.monotonic() + HOLD_SECONDS
+            killed: list[int] = []
+            deadline = time.monotonic() + HOLD_SECONDS
             while not killed and time.monotonic() < deadline:
                 # Behind our lock directly, or behind another backend queued for the same row (Postgres queues a
                 # row's waiters behind the first one): only statements on the scratch record wait there.
@@ -610,7 +618,7 @@ class PGFault:
                     await asyncio.sleep(0.01)
             for pid in killed:
                 await _one(killer, "SELECT pg_terminate_backend($1)", pid)
-            while killed and time.monotonic() < deadline and await _one(
+            while killed and time.monotonic() < deadline and await _one(  # noqa: ASYNC110 - the server's state
                     killer, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])", killed):
                 await asyncio.sleep(0.01)  # (gone before the lock is let go: killed while it waited)
             state = await admin.fetchval(f"SELECT state FROM {TABLE} WHERE scope = $1", scope)
@@ -652,41 +660,45 @@ def _filesystem(path: Path) -> str | None:
     return kind
 
 
+def _sqlite_file(path: Path, race: bool) -> tuple[Line | None, str]:
+    """The ``store`` line of a SQLite file, from the filesystem (None: no file yet, and the race will make it),
+    and how to name the file."""
+    folder = path.parent
+    fs = _filesystem(folder)
+    named = f"SQLite file {path}" + (f" (on {fs})" if fs else "")
+    if path.is_dir():
+        return Line("store", FAIL, f"{path} is a folder", "name a database file in the URL"), named
+    if fs in NETWORK_FILESYSTEMS:
+        return Line("store", FAIL, named, "SQLite's locks are not reliable on a network filesystem: put the file on "
+                                          "a local disk, or use Postgres for workers on several machines"), named
+    if path.exists():
+        return Line("store", OK, f"{named}, {path.stat().st_size:,} bytes"), named
+    base = folder
+    while not base.exists():  # (the guard makes the missing folders)
+        base = base.parent
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        why = (f"{base} is not a folder" if not base.is_dir() else
+               f"its folder {folder} is not writable" if base == folder else f"{base} is not writable")
+        return Line("store", FAIL, f"no file at {path}: {why}", "give a path in a folder this user may write"), named
+    if not race:
+        return Line("store", WARN, f"no file at {path} yet: the first guard creates it (the folder is writable); "
+                                   "nothing else to check (run without --no-race to make it)"), named
+    return None, named
+
+
 async def check_sqlite(url: str, path: Path, settings: Settings, report: Report) -> None:
     from .stores._dialects import SQLite
 
-    folder = path.parent
-    fs = _filesystem(folder)
-    on = f" (on {fs})" if fs else ""
-    if path.is_dir():
-        report.add(Line("store", FAIL, f"{path} is a folder", "name a database file in the URL"))
-        return
-    if fs in NETWORK_FILESYSTEMS:
-        report.add(Line("store", FAIL, f"SQLite file {path}{on}",
-                        "SQLite's locks are not reliable on a network filesystem: put the file on a local disk, or "
-                        "use Postgres for workers on several machines"))
-        return
-    if not path.exists():
-        base = folder
-        while not base.exists():  # (the guard makes the missing folders)
-            base = base.parent
-        if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
-            why = (f"{base} is not a folder" if not base.is_dir() else
-                   f"its folder {folder} is not writable" if base == folder else f"{base} is not writable")
-            report.add(Line("store", FAIL, f"no file at {path}: {why}", "give a path in a folder this user may write"))
-            return
-        if not settings.race:
-            report.add(Line("store", WARN, f"no file at {path} yet: the first guard creates it (the folder is "
-                                           "writable); nothing else to check (run without --no-race to make it)"))
-            return
+    line, named = _sqlite_file(path, settings.race)
+    if line is None:
         from ._guard import Guard
 
         async with Guard(url) as guard:  # what the first guard would do
             await guard.ensure_schema()
-        report.add(Line("store", OK, f"SQLite file {path}{on}: created it now (with empty tables), as the first "
-                                     "guard would"))
-    else:
-        report.add(Line("store", OK, f"SQLite file {path}{on}, {path.stat().st_size:,} bytes"))
+        line = Line("store", OK, f"{named}: created it now (with empty tables), as the first guard would")
+    report.add(line)
+    if line.status != OK:
+        return
     try:
         conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5, isolation_level=None)
     except sqlite3.Error as exc:
@@ -815,6 +827,8 @@ class Fault(Protocol):
 
 @dataclass
 class RaceResult:
+    scope: str = ""
+    key: str = ""  # the downstream key the body got
     callers: int = 0
     threads: int = 0
     coroutines: int = 0
@@ -852,13 +866,13 @@ async def race(guards: Sequence[Guard], scope: str, fault: Fault | None, callers
     async def abody(key: str) -> dict[str, Any]:
         ran()
         deadline = time.monotonic() + RACE_SECONDS
-        while not proceed.is_set() and time.monotonic() < deadline:
+        while not proceed.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110 - set from another thread
             await asyncio.sleep(0.005)
         return {"charged": 1, "key": key}
 
     options: dict[str, Any] = {"arguments": {"amount": 1}, "task_id": "doctor-race", "scope": scope}
     loop = asyncio.get_running_loop()
-    result = RaceResult(callers=callers, guards=len(guards))
+    result = RaceResult(scope=scope, callers=callers, guards=len(guards))
     waits: list[asyncio.Future[Any]] = []
     for i in range(callers):
         guard = guards[i % len(guards)]
@@ -870,7 +884,11 @@ async def race(guards: Sequence[Guard], scope: str, fault: Fault | None, callers
                     outcome: Any = guard.run_sync("doctor_race", body, **options)
                 except BaseException as exc:  # (handed to the loop, which classifies it)
                     outcome = exc
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+                def settle() -> None:
+                    if not done.done():
+                        done.set_result(outcome)
+
+                loop.call_soon_threadsafe(settle)
 
             threading.Thread(target=call, name=f"agentguard-doctor-{i}", daemon=True).start()
             waits.append(done)
@@ -881,7 +899,7 @@ async def race(guards: Sequence[Guard], scope: str, fault: Fault | None, callers
     try:
         async with asyncio.timeout(RACE_SECONDS):
             if fault is not None:
-                while not started.is_set() and not all(w.done() for w in waits):
+                while not started.is_set() and not all(w.done() for w in waits):  # noqa: ASYNC110 - threads set it
                     await asyncio.sleep(0.005)
                 if started.is_set():
                     result.fault = await fault.hold(scope, proceed)
@@ -905,6 +923,8 @@ async def race(guards: Sequence[Guard], scope: str, fault: Fault | None, callers
             values.append(o.value)
             result.results += 1
             result.replayed += o.replayed
+    if values and isinstance(values[0], dict):
+        result.key = str(values[0].get("key", ""))
     if any(v != values[0] for v in values):
         result.failures.append(f"callers got different results: {sorted(map(str, values))}")
     if values and not result.failures:
@@ -992,6 +1012,10 @@ async def _race_and_clean(url: str, settings: Settings, report: Report, fault: F
     if result is not None:
         report.race = asdict(result)
         report.add(race_line(result, fault.what))
+    if settings.keep:
+        report.add(Line("scratch scope", OK, f"kept what the race wrote in {scope} (--keep): `agentguard ls --scope "
+                                             f"{scope}` shows it; it expires within the hour"))
+        return
     try:
         counts = await clean(scope)
     except Exception as exc:

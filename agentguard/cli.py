@@ -209,7 +209,8 @@ def _doctor(args: argparse.Namespace) -> int:
     _check_driver(ref.url)
     from ._doctor import Settings, run
 
-    settings = Settings(pool_size=args.pool_size, workers=args.workers, race=not args.no_race, timeout=args.timeout)
+    settings = Settings(pool_size=args.pool_size, workers=args.workers, race=not args.no_race, keep=args.keep,
+                        timeout=args.timeout)
     return run(ref.url, settings, as_json=args.json)
 
 
@@ -365,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the pool_size your guards use, for the connection budget (default: 10, Guard's)")
     p_doctor.add_argument("--no-race", action="store_true",
                           help="skip the live race: check only, write nothing")
+    p_doctor.add_argument("--keep", action="store_true",
+                          help="leave what the race wrote (its scope is printed) for `agentguard ls --scope S`; "
+                               "it expires within the hour")
     p_doctor.add_argument("--timeout", type=_seconds, default=10.0, metavar="SECONDS",
                           help="how long to wait for a connection (default: 10)")
     p_doctor.add_argument("--json", action="store_true",

@@ -110,6 +110,24 @@ def test_a_healthy_store_passes_every_line_and_its_race_runs_the_body_once(store
     assert scope.startswith("agentguard-doctor-") and "(1 record, " in lines(doc)["scratch scope"]["found"]
 
 
+def test_the_race_leaves_one_execution_in_the_store_itself(store_url: str, tmp_path: Path) -> None:
+    """Read back from the store, not from the doctor's own count: with --keep the race's scope stays, and holds
+    one record, completed once (fence and attempts of one claim), and a ledger with one entry that ran the body."""
+    code, doc = report("--url", store_url, "--pool-size", "2", "--keep", cwd=tmp_path)
+    assert code == 0, doc
+    assert_race_ran_once(doc)
+    scope = doc["race"]["scope"]
+    assert scope.startswith("agentguard-doctor-") and f"kept what the race wrote in {scope}" in (
+        lines(doc)["scratch scope"]["found"])
+    [(state, attempts, result)] = rows(store_url, "SELECT state, attempts, result FROM agentguard_calls "
+                                                  f"WHERE scope = '{scope}'")
+    assert (state, attempts) == ("succeeded", 1) and json.loads(result) == {"charged": 1, "key": doc["race"]["key"]}
+    assert doc["race"]["key"]
+    ledger = dict(rows(store_url, "SELECT kind, count(*) FROM agentguard_attempts "
+                                  f"WHERE scope = '{scope}' GROUP BY kind"))
+    assert ledger == {"ran": 1, "replayed": 8}, ledger  # (7 callers of the race, and the call after it)
+
+
 def test_the_table_a_person_reads(store_url: str, tmp_path: Path) -> None:
     out = doctor("--url", store_url, "--pool-size", "2", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -126,6 +144,10 @@ def test_a_wrong_url_exits_1_saying_what_to_change(tmp_path: Path) -> None:
     cases = [  # (URL, the failed check, what its line says, what its fix says)
         ("postgresql+asyncpg://u:hunter2-secret@127.0.0.1:1/db", "store", "cannot connect to 127.0.0.1:1",
          "check the URL's host and port"),
+        ("postgresql+asyncpg://u:hunter2-secret@127.0.0.1:1/db?sslmode=require", "store",
+         "the URL's query option 'sslmode' is not one asyncpg takes", "sslmode=require is ssl=require"),
+        ("postgresql+asyncpg://u:hunter2-secret@127.0.0.1:notaport/db", "store", "malformed store URL",
+         "postgresql+asyncpg://user:password@host:5432/db"),
         ("mysql://u:hunter2-secret@h/db", "store", "unsupported store URL 'mysql://u:***@h/db'",
          "postgresql+asyncpg://"),
         (f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'agentguard.db'}", "store", "a-file is not a folder",
@@ -239,6 +261,45 @@ def test_a_read_only_database_fails_before_anything_is_written(store_url: str, t
     code, doc = report("--url", store_url, "--pool-size", "2", cwd=tmp_path)
     assert code == 0 and lines(doc)["server"]["status"] == "ok", doc
     assert_race_ran_once(doc)
+
+
+@pytest.fixture
+def standby() -> Iterator[str]:
+    """A hot standby of a primary of its own (two throwaway clusters, streaming replication): its URL."""
+    from benchmarks._pgserver import PgServer, _free_port
+
+    if BACKEND != "postgres":
+        pytest.skip("Postgres-only test (AGENTGUARD_TEST_BACKEND=postgres)")
+    primary = PgServer(fsync=False)
+    try:
+        port = make_url(primary.start()).port
+    except RuntimeError as exc:
+        primary.stop()
+        pytest.fail(f"cannot start a throwaway PostgreSQL cluster: {exc}")
+    assert primary.tmp is not None
+    data, standby_port = primary.tmp / "standby", _free_port()
+    try:
+        primary._run("pg_basebackup", "-D", str(data), "-R", "-X", "stream", "--no-sync", "-h", "127.0.0.1",
+                     "-p", str(port), "-U", "agentguard")
+        # (a standby's max_connections may not be below its primary's)
+        primary._run("pg_ctl", "-D", str(data), "-l", str(primary.tmp / "standby.log"), "-w", "-t", "60", "start",
+                     "-o", f"-p {standby_port} -k {primary.tmp} -c listen_addresses=127.0.0.1 -c max_connections=300")
+        yield f"postgresql+asyncpg://agentguard@127.0.0.1:{standby_port}/postgres"
+    finally:
+        if (data / "postmaster.pid").exists():
+            primary._run("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
+        primary.stop()
+
+
+@pytest.mark.postgres
+def test_a_hot_standby_fails_before_anything_is_written(standby: str, tmp_path: Path) -> None:
+    code, doc = report("--url", standby, cwd=tmp_path)
+    server = lines(doc)["server"]
+    assert code == 1 and server["status"] == "FAIL" and server["found"].endswith(
+        "a hot standby (read-only: every claim would be refused)"), doc
+    assert "point the URL at the primary" in server["fix"]
+    assert [line["check"] for line in doc["lines"] if line["status"] == "FAIL"] == ["server"], doc
+    assert lines(doc)["live race"]["found"] == "skipped: fix the failed lines above first" and doc["race"] is None
 
 
 @pytest.mark.postgres
