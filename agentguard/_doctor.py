@@ -588,7 +588,7 @@ class PGFault:
     def __init__(self, pg: PG) -> None:
         self.pg = pg
 
-    async def hold(self, scope: str, proceed: threading.Event) -> dict[str, Any]:
+    async def hold(self, scope: str, proceed: threading.Event, returned: threading.Event) -> dict[str, Any]:
         from .stores._schema import TABLE
 
         admin = killer = None
@@ -777,17 +777,18 @@ class SQLiteFault:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    async def hold(self, scope: str, proceed: threading.Event) -> dict[str, Any]:
+    async def hold(self, scope: str, proceed: threading.Event, returned: threading.Event) -> dict[str, Any]:
         from .stores._schema import TABLE
 
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         try:
             await asyncio.to_thread(conn.execute, "BEGIN IMMEDIATE")
             proceed.set()
-            await asyncio.sleep(0.5)  # (the completion comes within milliseconds, and waits for the lock)
+            caught = await asyncio.to_thread(returned.wait, HOLD_SECONDS)
+            await asyncio.sleep(0.3)  # (the completion is the winner's next statement: it waits for the lock)
             row = conn.execute(f"SELECT state FROM {TABLE} WHERE scope = ?", (scope,)).fetchone()
             conn.execute("ROLLBACK")
-            return {"caught": True, "state": None if row is None else row[0], "backends": []}
+            return {"caught": caught, "state": None if row is None else row[0], "backends": []}
         finally:
             proceed.set()
             conn.close()
@@ -820,8 +821,9 @@ async def _sqlite_clean(path: Path, scope: str) -> dict[str, int]:
 class Fault(Protocol):
     what: str
 
-    async def hold(self, scope: str, proceed: threading.Event) -> dict[str, Any]:
-        """Make the store fail for the winner's completion, then set ``proceed`` (the body returns)."""
+    async def hold(self, scope: str, proceed: threading.Event, returned: threading.Event) -> dict[str, Any]:
+        """Make the store fail for the winner's completion: set ``proceed`` (the body returns, then sets
+        ``returned``) once the fault is in place."""
         ...
 
 
@@ -849,7 +851,7 @@ async def race(guards: Sequence[Guard], scope: str, fault: Fault | None, callers
     for the winner's completion once its body has run."""
     from ._errors import GuardError, StoreError
 
-    lock, started, proceed = threading.Lock(), threading.Event(), threading.Event()
+    lock, started, proceed, returned = threading.Lock(), threading.Event(), threading.Event(), threading.Event()
     executions = 0
 
     def ran() -> None:
@@ -861,6 +863,7 @@ async def race(guards: Sequence[Guard], scope: str, fault: Fault | None, callers
     def body(key: str) -> dict[str, Any]:
         ran()
         proceed.wait(RACE_SECONDS)
+        returned.set()
         return {"charged": 1, "key": key}
 
     async def abody(key: str) -> dict[str, Any]:
@@ -868,6 +871,7 @@ async def race(guards: Sequence[Guard], scope: str, fault: Fault | None, callers
         deadline = time.monotonic() + RACE_SECONDS
         while not proceed.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110 - set from another thread
             await asyncio.sleep(0.005)
+        returned.set()
         return {"charged": 1, "key": key}
 
     options: dict[str, Any] = {"arguments": {"amount": 1}, "task_id": "doctor-race", "scope": scope}
@@ -902,7 +906,7 @@ async def race(guards: Sequence[Guard], scope: str, fault: Fault | None, callers
                 while not started.is_set() and not all(w.done() for w in waits):  # noqa: ASYNC110 - threads set it
                     await asyncio.sleep(0.005)
                 if started.is_set():
-                    result.fault = await fault.hold(scope, proceed)
+                    result.fault = await fault.hold(scope, proceed, returned)
             proceed.set()
             outcomes = await asyncio.gather(*waits, return_exceptions=True)
     except TimeoutError:

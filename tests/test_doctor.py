@@ -205,42 +205,68 @@ def role(store_url: str) -> Iterator[str]:
         run_sql(PG_URL, f"DROP ROLE {name}")
 
 
-@pytest.mark.postgres
-def test_a_role_without_the_rights_fails_with_the_grants_that_make_it_pass(store_url: str, role: str,
-                                                                            tmp_path: Path) -> None:
-    url = make_url(store_url).set(username=role).render_as_string(False)
+def role_url(store_url: str, role: str) -> str:
     run_sql(store_url, "REVOKE ALL ON SCHEMA public FROM PUBLIC")  # (as an emptied database has it; a new one not)
+    return make_url(store_url).set(username=role).render_as_string(False)
 
-    def privileges() -> tuple[int, dict[str, Any], dict[str, str]]:
-        code, doc = report("--url", url, "--pool-size", "2", cwd=tmp_path)
-        return code, doc, lines(doc)["privileges"]
+
+def privileges(url: str, cwd: Path) -> tuple[int, dict[str, Any], dict[str, str]]:
+    code, doc = report("--url", url, "--pool-size", "2", cwd=cwd)
+    return code, doc, lines(doc)["privileges"]
+
+
+@pytest.mark.postgres
+def test_a_role_without_the_schemas_rights_fails_with_the_grants_that_make_it_pass(store_url: str, role: str,
+                                                                                    tmp_path: Path) -> None:
+    url = role_url(store_url, role)
 
     # No use of the schema at all: the tables cannot be found, nor made.
-    code, doc, line = privileges()
+    code, doc, line = privileges(url, tmp_path)
     assert code == 1 and line["status"] == "FAIL" and "no use of schema public" in line["found"], line
     assert line["fix"] == f"GRANT USAGE, CREATE ON SCHEMA public TO {role}"
     assert lines(doc)["live race"]["status"] == "-" and doc["race"] is None  # (nothing written)
     assert rows(store_url, "SELECT to_regclass('agentguard_calls')") == [(None,)]
     run_sql(store_url, line["fix"])
 
-    # The tables made by another role (a migration), none of their rights granted to this one.
+    # The use of the schema but not the right to create in it, and no tables yet: a guard of this role could
+    # not make them.
     run_sql(store_url, f"REVOKE CREATE ON SCHEMA public FROM {role}")
+    code, doc, line = privileges(url, tmp_path)
+    assert code == 1 and line["status"] == "FAIL", line
+    assert line["found"] == (f"as {role}: agentguard_calls, agentguard_steps, agentguard_attempts absent, and this "
+                             "role may not create tables in schema public (nor may a guard of it; a role that may "
+                             "can create them by running a guard once)")
+    assert line["fix"] == f"GRANT CREATE ON SCHEMA public TO {role}" and doc["race"] is None
+    run_sql(store_url, line["fix"])
 
-    async def make_tables() -> None:
+    # As printed, the grant was enough: every line passes, and the race (making the tables) runs the body once.
+    code, doc, line = privileges(url, tmp_path)
+    assert code == 0 and line["status"] == "ok", doc
+    assert_race_ran_once(doc)
+
+
+@pytest.mark.postgres
+def test_a_role_without_rights_on_tables_another_made_fails_with_the_grants_that_make_it_pass(
+        store_url: str, role: str, tmp_path: Path) -> None:
+    url = role_url(store_url, role)
+    run_sql(store_url, f"GRANT USAGE ON SCHEMA public TO {role}")
+
+    async def make_tables() -> None:  # (by another role, as a migration would)
         async with Guard(store_url) as guard:
             await guard.ensure_schema()
 
     asyncio.run(make_tables())
-    code, doc, line = privileges()
+    code, doc, line = privileges(url, tmp_path)
     assert code == 1 and line["status"] == "FAIL", line
     assert "no SELECT on agentguard_calls, agentguard_steps, agentguard_attempts" in line["found"], line
     assert line["fix"] == (f"GRANT USAGE ON SEQUENCE public.agentguard_attempts_id_seq TO {role}; GRANT SELECT, "
                            "INSERT, UPDATE, DELETE ON agentguard_attempts, agentguard_calls, agentguard_steps TO "
                            f"{role}")
+    assert doc["race"] is None
     run_sql(store_url, line["fix"])
 
     # As printed, the grants were enough: every line passes, and the race runs the body once as this role.
-    code, doc, line = privileges()
+    code, doc, line = privileges(url, tmp_path)
     assert code == 0 and line["status"] == "ok", doc
     assert_race_ran_once(doc)
 
