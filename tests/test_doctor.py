@@ -453,3 +453,24 @@ def test_behind_pgbouncer_in_session_mode_every_line_passes(store_url: str, pgbo
     assert f"the URL names {pgbouncer}" in pooler["found"]
     assert lines(doc)["listen/notify"]["status"] == "ok"
     assert_race_ran_once(doc)
+
+
+@pytest.mark.storeless
+def test_the_verdicts_of_a_far_clock_and_a_tight_role_limit() -> None:
+    """Two lines a test server cannot be made to show honestly, judged from the values they are made of: a
+    database clock 5 s ahead warns (leases follow the database's clock alone), and a role's CONNECTION LIMIT
+    below one worker's budget fails naming the limit and a pool_size that fits."""
+    from agentguard import _doctor
+
+    async def ahead() -> float:
+        return time.time() + 5.0
+
+    line = asyncio.run(_doctor._clock(ahead))
+    assert line.status == "warn" and line.found.startswith("+5000.0 ms ± ") and not line.fix, line
+    line = _doctor.budget_line(pool_size=10, workers=2, max_connections=1000, reserved=3, in_use=0, role_limit=50,
+                               db_limit=-1, pooling="none")
+    assert line.status == "FAIL" and "more than the role's CONNECTION LIMIT 50 allows" in line.found, line
+    assert line.fix == ("lower pool_size to 2, raise the role's CONNECTION LIMIT, or put a pooler in session mode "
+                        "in front")
+    per, _ = _doctor.worker_connections(2)
+    assert 2 * per <= 50 < 2 * _doctor.worker_connections(3)[0]  # (2 fits, 3 does not)
