@@ -52,11 +52,16 @@ def ticked(doc: str) -> list[str]:
 # -- what the code defines ---------------------------------------------------------------------------------
 
 
+@cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 class Module:
     """A module's top-level names and its classes' members (``self.x`` assigned in a method included)."""
 
     def __init__(self, path: Path) -> None:
-        tree = ast.parse(path.read_text())
+        tree = _tree(path)
         self.names: set[str] = set()
         self.classes: dict[str, tuple[set[str], list[str]]] = {}
         for node in _top_level(tree.body):
@@ -115,10 +120,13 @@ def _members(cls: ast.ClassDef) -> set[str]:
 
 @cache
 def modules() -> dict[str, Module]:
-    """Every module of the code, by its dotted name (a package by its own)."""
+    """Every module of the code, by its dotted name (a package by its own); of the tests, their helpers
+    (``conftest``), not the test files (a test a doc names is looked up in its file)."""
     found = {}
     for top in CODE:
         for path in sorted((ROOT / top).rglob("*.py")):
+            if top == "tests" and path.name.startswith("test_"):
+                continue
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
@@ -126,6 +134,7 @@ def modules() -> dict[str, Module]:
     return found
 
 
+@cache
 def _named(short: str) -> list[Module]:
     """The modules a doc may mean by ``short`` (``_keys``, ``stores._attempts``, ``agentguard._context``)."""
     return [m for name, m in modules().items() if name == short or name.endswith("." + short)]
@@ -170,6 +179,18 @@ def resolves(ref: str) -> bool:
     return False
 
 
+@cache
+def _defined(path: Path) -> frozenset[str]:
+    """The functions and classes ``path`` defines, at any depth (a test in a class too)."""
+    return frozenset(n.name for n in ast.walk(_tree(path))
+                     if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef))
+
+
+@cache
+def _package_dirs() -> list[Path]:
+    return [ROOT / "agentguard", *(d for d in (ROOT / "agentguard").rglob("*") if (d / "__init__.py").exists())]
+
+
 def path_problem(token: str) -> str | None:
     """What is wrong with the path ``token`` names (None: it exists, and so does the test or the name it names).
     A path may name a module without its ``.py`` (``stores/_views``) and a name in it (``stores/_lane.Lane``)."""
@@ -191,7 +212,7 @@ def path_problem(token: str) -> str | None:
         where = [ROOT / "agentguard" / path, ROOT / path]
     elif "/" not in path and path.endswith(".py"):
         where = [ROOT / top / path for top in ("tests", "benchmarks", "chaos", "scripts")]
-        where += [d / path for d in (ROOT / "agentguard").rglob("*") if d.is_dir()] + [ROOT / "agentguard" / path]
+        where += [d / path for d in _package_dirs()]
     elif "/" not in path and path.endswith(".md"):
         where = [ROOT / path, ROOT / "docs" / path]
     else:
@@ -199,11 +220,8 @@ def path_problem(token: str) -> str | None:
     found = [w for w in where if w.exists()]
     if not found:
         return f"{path} does not exist"
-    if test:
-        defined = {n.name for f in found if f.suffix == ".py" for n in ast.walk(ast.parse(f.read_text()))
-                   if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
-        if test not in defined:
-            return f"{path} defines no {test}"
+    if test and not any(test in _defined(f) for f in found if f.suffix == ".py"):
+        return f"{path} defines no {test}"
     return None
 
 
@@ -262,7 +280,7 @@ def _imports(runtime: bool) -> dict[str, set[str]]:
     for name in names:
         path = ROOT / (name.replace(".", "/") + ("/__init__.py" if (ROOT / name.replace(".", "/")).is_dir()
                                                  else ".py"))
-        tree = ast.parse(path.read_text())
+        tree = _tree(path)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         skipped = {id(n) for node in ast.walk(tree) if runtime and isinstance(node, ast.If)
                    and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
