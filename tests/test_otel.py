@@ -5,6 +5,7 @@ metric reader collect what is recorded."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
