@@ -14,8 +14,9 @@ from pydantic_ai.tools import ToolDefinition
 from .._errors import GuardError
 from .._guard import Guard
 from .._names import argument_names
+from .._refusals import replay_note as note_for
 from ._common import ToolsArg, ToolSpec, call_ids, check_spec, check_specs, resolve_task, tool_specs
-from ._pydantic_ai_run import HINT, deps_task_id, refuse
+from ._pydantic_ai_run import HINT, deps_task_id, noted_return, refuse
 
 
 class GuardTools(AbstractCapability[Any]):
@@ -24,7 +25,8 @@ class GuardTools(AbstractCapability[Any]):
     ``tools``: ``["charge"]``, ``{"charge": "order_id"}`` or ``{"charge": ToolSpec(key=..., returns=...)}``.
     The arguments are the ones pydantic-ai validated; the ``RunContext`` never enters the fingerprint.
     Inside the tool, ``agentguard.current_key()`` is the downstream key. Do not also put ``once`` on a
-    tool guarded here: one guard per tool.
+    tool guarded here: one guard per tool. A replay is a ``ToolReturn``: the value unchanged, the replay note
+    beside it for the model, ``metadata`` marking it (``replay_note=False``: the bare value).
     """
 
     def __init__(
@@ -34,11 +36,13 @@ class GuardTools(AbstractCapability[Any]):
         *,
         task_id: Callable[[RunContext[Any]], str] | None = None,
         scope: str | None = None,
+        replay_note: bool = True,
     ) -> None:
         self.guard = guard
         self.tools: dict[str, ToolSpec] = tool_specs(tools)
         self.task_id = task_id
         self.scope = scope
+        self.replay_note = replay_note
 
     def __repr__(self) -> str:
         return f"GuardTools(tools={sorted(self.tools)!r})"
@@ -83,4 +87,6 @@ class GuardTools(AbstractCapability[Any]):
             )
         except GuardError as exc:
             refuse(exc)
+        if outcome.replayed and self.replay_note:
+            return noted_return(outcome.value, note_for(outcome.operation, outcome.task_id))
         return outcome.value
