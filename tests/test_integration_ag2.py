@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from ag2 import Agent, Context, tool
-from ag2.events import ToolCallEvent, ToolErrorEvent, ToolResultEvent, ToolResultsEvent
+from ag2.events import TextInput, ToolCallEvent, ToolErrorEvent, ToolResultEvent, ToolResultsEvent
 from ag2.testing import TestConfig, TrackingConfig
 from ag2.tools.final import FunctionTool
 
@@ -45,10 +45,21 @@ def results(config: TrackingConfig) -> dict[str, ToolResultEvent]:
     return out
 
 
-def data(result: ToolResultEvent) -> Any:
+def data(result: ToolResultEvent, task_id: str | None = None) -> Any:
+    """The value of a tool result; of a replay (``task_id``: its task), after the note it must start with."""
     assert not isinstance(result, ToolErrorEvent), result
-    (part,) = result.result.parts
+    if task_id is None:
+        (part,) = result.result.parts
+        assert "dev.agentguard/replayed" not in result.result.metadata
+    else:
+        note, part = result.result.parts
+        assert isinstance(note, TextInput) and note.content == NOTE.format(task=task_id)
+        assert result.result.metadata == {"dev.agentguard/replayed": True}
     return part.data  # type: ignore[union-attr]
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
 
 
 def charge_tool(guard: Guard, ledger: Ledger) -> FunctionTool:
@@ -76,9 +87,35 @@ async def test_retry_after_a_timeout_and_parallel_duplicates_charge_once(guard: 
     assert len(ledger.charges) == 1
     out = results(config)
     first = {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
-    assert [data(out[c]) for c in ("c0_0", "c1_0", "c2_0", "c2_1")] == [first] * 4
+    assert data(out["c0_0"]) == first  # the replays tell the model so, before the same value
+    assert [data(out[c], "ticket-1") for c in ("c1_0", "c2_0", "c2_1")] == [first] * 3
     (record,) = await guard.records()
     assert record.task_id == "ticket-1" and ledger.charges[0][2] == record.key
+
+
+async def test_a_string_result_is_replayed_after_the_note_and_replay_note_false_tells_nothing(guard: Guard) -> None:
+    ledger = Ledger()
+
+    def text_tool(quiet: bool) -> FunctionTool:
+        @tool
+        @once(guard, key="order_id", replay_note=not quiet)
+        def charge(order_id: str, amount_cents: int) -> str:
+            """Charge an order."""
+            return "charged " + ledger.charge(order_id, amount_cents, current_key())["charge_id"]
+
+        return charge
+
+    config = script([500], [500])
+    with task("t-text"):
+        await Agent("billing", config=config, tools=[text_tool(False)]).ask("go")
+    first, again = results(config)["c0_0"].result.parts, results(config)["c1_0"].result.parts
+    assert [p.content for p in first] == ["charged ch_1"]  # type: ignore[attr-defined]
+    assert [p.content for p in again] == [NOTE.format(task="t-text"), "charged ch_1"]  # type: ignore[attr-defined]
+    config = script([500], [500])
+    with task("t-quiet"):
+        await Agent("billing", config=config, tools=[text_tool(True)]).ask("go")
+    assert results(config)["c1_0"].result.parts == results(config)["c0_0"].result.parts
+    assert len(ledger.charges) == 2  # two tasks, each charged once
 
 
 async def test_other_arguments_reach_the_model_as_a_tool_error_saying_nothing_ran(guard: Guard) -> None:
