@@ -219,6 +219,16 @@ async def _recorded(m: Machine, plan: Callable[[Claim, Any], Plan[T]], claim: Cl
 # -- answering a request in a sync tool's thread ---------------------------------------------------------------
 
 
+# The requests a sync tool's thread answers itself, with the store's statements on a connection of its own
+# (``Direct``: the same statements, parameters and answers as the store's verbs of the same names).
+_IN_THREAD: dict[type[Request], Callable[[Direct, Any], Any]] = {
+    ClaimKey: lambda d, r: d.claim(r.params, r.likely_taken),
+    TakeOver: lambda d, r: d.take_over(r.params),
+    Complete: lambda d, r: d.complete(r.scope, r.key, r.fence, r.state, r.result, r.retention, r.audit),
+    Release: lambda d, r: d.release(r.scope, r.key, r.fence, r.retention, r.audit, raised=r.raised, bound=r.bound),
+}
+
+
 class InThread:
     """Answers a sync call's requests in its own thread where the store can, else on the portal's loop."""
 
@@ -229,14 +239,9 @@ class InThread:
 
     def answer(self, request: Request) -> Any:
         m, direct, kind = self.m, self.direct, type(request)
-        if direct is not None:
+        if direct is not None and kind in _IN_THREAD:
             try:
-                if kind is ClaimKey:
-                    got = direct.claim(request.params, request.likely_taken)  # type: ignore[attr-defined]
-                    return got
-                if kind is Complete:
-                    r: Any = request
-                    return direct.complete(r.scope, r.key, r.fence, r.state, r.result, r.retention, r.audit)
+                return _IN_THREAD[kind](direct, request)
             except StoreError:
                 pass  # the same statement, on the portal: it decides (retries, fails closed)
         if kind is StartBeat:

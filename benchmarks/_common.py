@@ -177,16 +177,15 @@ class Raw:
         sql = SQLStore(url).sql
         self.label, self.obs, self.fetch, self.close = label, obs, fetch, close
         self.claim_sql, self.complete_sql, self.read_sql = (str(s.text) for s in (sql.claim, sql.complete, sql.read))
-        self.cof_sql = None if sql.claim_or_fetch is None else str(sql.claim_or_fetch.text)
 
     def claim_params(self, key: str, order: str, fence: int) -> dict[str, Any]:
         p = self.obs.claim
         return {**p, "key": key, "fence": fence, "operation": p["operation"].replace('"o-1"', f'"{order}"')}
 
-    async def first(self, key: str, order: str, result: str, *, cof: bool = False) -> None:
-        """Claim (or the store's read-or-claim, ``cof``), then complete: what a first call asks."""
+    async def first(self, key: str, order: str, result: str) -> None:
+        """Claim, then complete: what a first call asks."""
         fence = secrets.randbits(62)
-        await self.fetch(self.cof_sql if cof and self.cof_sql else self.claim_sql, self.claim_params(key, order, fence))
+        await self.fetch(self.claim_sql, self.claim_params(key, order, fence))
         await self.fetch(self.complete_sql, {**self.obs.complete, "key": key, "fence": fence, "result": result})
 
     async def read(self, key: str) -> Any:

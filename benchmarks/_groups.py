@@ -112,8 +112,8 @@ def _floors(
     raw: Raw, store: Store, keys: dict[str, list[str]], orders: list[str], fresh: Callable[[str], Prepare],
     first_ref: str, replay_ref: str,
 ) -> tuple[list[Variant], list[Variant]]:
-    """The raw driver's claim + complete and its SELECT of a completed record (the floors), the store's own
-    1-round-trip claim run raw (Postgres), and the store alone: first-call and replay variants."""
+    """The raw driver's claim + complete and its SELECT of a completed record (the floors), and the store alone
+    (its claim of a completed key by each plan: ``_claims``): first-call and replay variants."""
     scope, done, body = raw.obs.claim["scope"], raw.obs.complete, Body()
 
     async def result(i: int, key: str) -> str:
@@ -130,7 +130,7 @@ def _floors(
     def raw_first(tag: str) -> Call:
         async def call(i: int) -> None:
             key = keys[tag][i]
-            await raw.first(key, orders[i], await result(i, key), cof=tag == "cof")
+            await raw.first(key, orders[i], await result(i, key))
 
         return call
 
@@ -141,10 +141,6 @@ def _floors(
         if await raw.fetch(raw.claim_sql, raw.claim_params(keys["miss"][i], orders[i], 1)):
             raise AssertionError("a claim-miss claimed")
         json.loads((await raw.read(keys["miss"][i]))["result"])
-
-    async def read_or_claim_hit(i: int) -> None:
-        rows = await raw.fetch(raw.cof_sql or "", raw.claim_params(keys["hit"][i], orders[i], 1))
-        json.loads(rows[0]["result"])
 
     async def store_first(i: int) -> None:
         key = keys["store"][i]
@@ -158,19 +154,24 @@ def _floors(
         rec = await store.read(scope, keys["sread"][i])
         json.loads(rec.result)  # type: ignore[union-attr,arg-type]
 
-    async def store_claim_hit(i: int) -> None:
-        if not isinstance(await store.claim(raw.claim_params(keys["shit"][i], orders[i], 1)), Record):
-            raise AssertionError("the store's claim of a completed key did not return its record")
+    def store_claim_hit(tag: str, likely_taken: bool) -> Call:
+        async def call(i: int) -> None:
+            got = await store.claim(raw.claim_params(keys[tag][i], orders[i], 1), likely_taken)
+            if not isinstance(got, Record):
+                raise AssertionError("the store's claim of a completed key did not return its record")
 
-    V, label, cof = Variant, f"raw {raw.label}", raw.cof_sql is not None
+        return call
+
+    V, label = Variant, f"raw {raw.label}"
     firsts = [V(first_ref, raw_first("raw"), fresh("raw"), first_ref),
-              *[V(f"{label}: read-or-claim + complete", raw_first("cof"), fresh("cof"), first_ref)] * cof,
               V("store only (SQLStore): claim + complete", store_first, fresh("store"), first_ref)]
     replays = [V(replay_ref, select, completed("sel"), replay_ref),
                V(f"{label}: claim-miss + SELECT", claim_miss_select, completed("miss"), replay_ref),
-               *[V(f"{label}: read-or-claim, hit", read_or_claim_hit, completed("hit"), replay_ref)] * cof,
                V("store only (SQLStore): SELECT", store_read, completed("sread"), replay_ref),
-               V("store only (SQLStore): claim, existing key", store_claim_hit, completed("shit"), replay_ref)]
+               V("store only (SQLStore): claim, existing key", store_claim_hit("shit", False), completed("shit"),
+                 replay_ref),
+               V("store only (SQLStore): claim likely taken, existing key", store_claim_hit("thit", True),
+                 completed("thit"), replay_ref)]
     return firsts, replays
 
 

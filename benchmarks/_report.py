@@ -130,6 +130,8 @@ def peers_table(peers: dict[str, Any]) -> str:
 
 
 def targets_table(targets: list[Target]) -> str:
+    if not targets:  # (a run that measured nothing with a target: a peer not installed, say)
+        return "== Targets\n(none measured in this run)"
     width = max(len(t.what) for t in targets)
     lines = ["== Targets"]
     for t in targets:

@@ -1,6 +1,7 @@
-"""The whole-calls scenario both direct paths are held to (``tests/test_direct.py``: SQLite;
+"""The whole-calls scenario both sync-thread executors are held to (``tests/test_direct.py``: SQLite;
 ``tests/test_direct_pg.py``: Postgres): the same sequence of sync calls through a store that takes the
-shortcut and through one that does not must give the same results, runs, events and records."""
+shortcut and through one that does not (:class:`General`) must give the same results, runs, events and
+records."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ import pytest
 
 from agentguard import Guard, GuardEvent, KeyReuseError, task
 from agentguard.stores import SQLStore
+
+
+class General(SQLStore):
+    """The store without its shortcuts: every call takes the general path (no statement in a sync tool's thread,
+    none on an event loop's own)."""
+
+    def direct(self) -> None:  # type: ignore[override]
+        return None
+
 
 # The records' columns compared (times aside): key, state, fence - origin, attempts, result, lease_until IS NULL.
 CALL_ROWS = ("SELECT key, state, fence - origin, attempts, result, lease_until IS NULL FROM agentguard_calls"
@@ -43,7 +53,7 @@ def whole_sync_calls(store: SQLStore, rows: Callable[[], list[tuple[Any, ...]]],
             seen.append(charge("o-1", 5))  # replayed from the store: the task is replaying (Postgres)
             replaying = [bool(guard._machine.replaying._tasks)]
             with pytest.raises(KeyReuseError):
-                charge("o-1", 6)  # (asked as a replay: the read-or-claim function on Postgres' direct path)
+                charge("o-1", 6)  # (asked as a replay: read first, on either path)
             with pytest.raises(ConnectionError):
                 charge("o-flaky", 1)  # a claim won: the task is not replaying any more
             replaying.append(bool(guard._machine.replaying._tasks))

@@ -1,20 +1,21 @@
-"""Sync tools on a SQLite file claim and complete in their own thread (``stores/_direct.py``, ``_drive.InThread``): a
-shortcut that must equal the general path (the portal's loop, aiosqlite). Proved three ways: the direct
-statements answer what the store's verbs answer, state by state; whole guarded calls leave the same records
-and report the same events either way; and real threads racing on one key run its body once."""
+"""SQLite's executors on a stdlib ``sqlite3`` connection of the calling thread (``stores/_direct.py``): a sync
+tool's own thread, and an async tool's event loop where a write can be made at once. Their statements and
+plans are proved equal to the general path's in tests/test_executors.py (and under the state machine,
+tests/test_stateful_store.py); here, whole guarded calls leave the same records and report the same events
+either way, real threads racing on one key run its body once, a claim made in a thread is renewed, and the
+waiting policies: a hot write waits for the lock in short sleeps on a thread, never on a loop's thread, whose
+commits are checkpointed."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import sqlite3
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from direct_calls import CALL_ROWS, check_whole_sync_calls, whole_sync_calls
+from direct_calls import CALL_ROWS, General, check_whole_sync_calls, whole_sync_calls
 from sqlalchemy.engine import make_url
 
 from agentguard import Guard, task
@@ -25,78 +26,6 @@ from conftest import BACKEND
 
 pytestmark = [pytest.mark.anyio,
               pytest.mark.skipif(BACKEND != "sqlite", reason="SQLite's shortcut: runs in the SQLite pass")]
-
-
-class General(SQLStore):
-    """The store without the shortcut: every call takes the general path."""
-
-    def direct(self) -> None:  # type: ignore[override]
-        return None
-
-
-def _params(key: str, fence: int, fingerprint: str = "f") -> dict[str, Any]:
-    return {"scope": "s", "key": key, "task_id": "t", "operation": "op", "fingerprint": fingerprint,
-            "arg_hashes": "{}", "fence": fence, "tool": "op", "arguments": None, "owner": f"o{fence}",
-            "lease": 30.0, "retention": 60.0, "audit": None}
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal answers: the same fence, or the same record (its ttl aside: a clock reading)."""
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return a._replace(ttl=0.0) == b._replace(ttl=0.0)  # type: ignore[attr-defined]
-    return bool(a == b) and type(a) is type(b)
-
-
-async def _answer(verb: Callable[..., Any], *args: Any) -> Any:
-    got = verb(*args)
-    return await got if inspect.isawaitable(got) else got
-
-
-@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
-async def test_the_direct_statements_answer_as_the_store_does(tmp_path: Path, synchronous: str) -> None:
-    """Three paths, state by state: a sync tool's thread (``claim``, ``complete``), the event loop's thread
-    (``claim_now``, ``complete_now``, through the store's own verbs), and the general path (aiosqlite)."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
-    store, general = SQLStore(url, sqlite_synchronous=synchronous), General(url, sqlite_synchronous=synchronous)
-    await store.ensure_schema()
-    await general.ensure_schema()
-    direct = store.direct()
-    assert direct is not None
-    paths = {"sync tool's thread": (direct.claim, direct.complete),
-             "event loop's thread": (store.claim, store.complete), "general": (general.claim, general.complete)}
-    try:
-        answers: dict[str, list[tuple[str, Any]]] = {}
-        for i, (path, (claim, complete)) in enumerate(paths.items()):  # each path on a key of its own
-            key, steps = f"k{i}", answers.setdefault(path, [])
-
-            def done(fence: int, result: str, key: str = key) -> tuple[Any, ...]:
-                return ("s", key, fence, "succeeded", result, 60.0, None)
-
-            steps.append(("claim absent", await _answer(claim, _params(key, 11))))
-            steps.append(("claim running", await _answer(claim, _params(key, 12))))
-            steps.append(("complete, other fence", await _answer(complete, *done(99, "r"))))
-            steps.append(("complete", await _answer(complete, *done(11, "r"))))
-            steps.append(("complete again", await _answer(complete, *done(11, "r"))))
-            steps.append(("complete, other result", await _answer(complete, *done(11, "x"))))
-            steps.append(("claim completed", await _answer(claim, _params(key, 13))))
-            steps.append(("claim, other arguments", await _answer(claim, _params(key, 14, "g"))))
-            if path == "event loop's thread":  # made there, not on the general path
-                assert direct.commits_now >= (5 if direct.completes_now else 1), direct.commits_now
-        for path, steps in answers.items():
-            for (what, a), (_, b) in zip(steps, answers["general"], strict=True):
-                a = a._replace(key="k") if isinstance(a, tuple) else a
-                b = b._replace(key="k") if isinstance(b, tuple) else b
-                assert _same(a, b), (path, what, a, b)
-        steps = answers["general"]
-        assert steps[0][1] == 11 and steps[3][1] is True and steps[6][1].state == "succeeded"
-        # The same rows, column for column (times aside).
-        rows = sqlite3.connect(tmp_path / "a.db").execute(
-            "SELECT key, task_id, operation, fingerprint, arg_hashes, state, fence, origin, tool, arguments,"
-            " attempts, owner, result, audit, lease_until IS NULL FROM agentguard_calls ORDER BY key").fetchall()
-        assert rows[0][1:] == rows[1][1:] == rows[2][1:] and len(rows) == 3
-    finally:
-        await store.dispose()
-        await general.dispose()
 
 
 @pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
@@ -213,29 +142,6 @@ def test_a_claim_made_in_its_own_thread_is_renewed_while_its_body_runs(tmp_path:
 def _in_task(task_id: str, tool: Any, n: int) -> Any:
     with task(task_id):
         return tool(n)
-
-
-async def test_an_existing_record_is_read_on_the_loop_as_the_claim_reads_it(tmp_path: Path) -> None:
-    """An async tool's claim reads a record already there on its own loop's thread, without a hop: the same
-    record the general claim finds (and nothing when there is none, so that the general claim inserts)."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'r.db'}"
-    store, general = SQLStore(url), General(url)
-    await store.ensure_schema()
-    await general.ensure_schema()
-    direct = store.direct()
-    assert direct is not None
-    try:
-        assert direct.read_now(_params("k", 1)) is None
-        assert await store.claim(_params("k", 1)) == 1  # (absent: claimed by the general claim)
-        for state in ("running", "succeeded"):
-            if state == "succeeded":
-                assert await store.complete("s", "k", 1, "succeeded", "r", 60.0)
-            here, there = direct.read_now(_params("k", 2)), await general.claim(_params("k", 2))
-            assert here is not None and _same(here, there) and here.state == state
-            assert _same(await store.claim(_params("k", 3)), there)
-    finally:
-        await store.dispose()
-        await general.dispose()
 
 
 def test_a_hot_write_waits_for_the_write_lock_and_other_errors_pass_at_once(tmp_path: Path) -> None:

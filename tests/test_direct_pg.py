@@ -1,9 +1,9 @@
-"""Sync tools on Postgres claim and complete in their own thread, over psycopg (``stores/_direct_pg.py``,
-``_drive.InThread``): a shortcut that must equal the general path (asyncpg on the portal's loop). Proved on a real
-server: the direct statements answer what the store's verbs answer, state by state; whole guarded calls leave
-the same records and report the same events either way; real threads run each body once; the connections
-stay within the pool's capacity and are let go with their threads; and a server that drops them, or goes
-away, never gets a body run twice."""
+"""Postgres' sync-thread executor, over psycopg (``stores/_direct_pg.py``): a sync tool's statements in its own
+thread. Its statements and plans are proved equal to the general path's (asyncpg on the portal's loop) in
+tests/test_executors.py (and under the state machine, tests/test_stateful_store.py); here, on a real server:
+whole guarded calls leave the same records and report the same events either way; real threads run each body
+once; the connections stay within the pool's capacity and are let go with their threads, carry the general
+path's session settings, and a server that drops them, or goes away, never gets a body run twice."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from direct_calls import CALL_ROWS, check_whole_sync_calls, whole_sync_calls
+from direct_calls import CALL_ROWS, General, check_whole_sync_calls, whole_sync_calls
 from sqlalchemy.engine import make_url
 
 from agentguard import Guard, GuardEvent, StoreError, task
@@ -25,16 +25,6 @@ from conftest import BACKEND, PG_URL, _pg_admin, pg_database, pg_database_done, 
 
 pytestmark = [pytest.mark.postgres,
               pytest.mark.skipif(BACKEND != "postgres", reason="Postgres' shortcut: runs in the Postgres pass")]
-
-ROWS = ("SELECT key, task_id, operation, fingerprint, arg_hashes, state, fence - origin, tool, arguments, attempts,"
-        " owner IS NULL, result, audit, lease_until IS NULL, watched FROM agentguard_calls ORDER BY key")
-
-
-class General(SQLStore):
-    """The store without the shortcut: every call takes the general path."""
-
-    def direct(self) -> None:  # type: ignore[override]
-        return None
 
 
 @pytest.fixture
@@ -56,13 +46,6 @@ def _params(key: str, fence: int, fingerprint: str = "f", owner: str | None = No
     return {"scope": "s", "key": key, "task_id": "t", "operation": "op", "fingerprint": fingerprint,
             "arg_hashes": "{}", "fence": fence, "tool": "op", "arguments": None, "owner": owner or f"o{fence}",
             "lease": 30.0, "retention": 60.0, "audit": None}
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal answers: the same fence, or the same record (its key and ttl aside: a clock reading)."""
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return a._replace(ttl=0.0, key="k") == b._replace(ttl=0.0, key="k")  # type: ignore[attr-defined]
-    return bool(a == b) and type(a) is type(b)
 
 
 def _direct(store: SQLStore) -> DirectPostgres:
@@ -90,54 +73,6 @@ def _backends_gone(url: str, pids: set[int]) -> bool:
             return True
         threading.Event().wait(0.01)
     return False
-
-
-@pytest.mark.parametrize("unsynced", [False, True])
-def test_the_direct_statements_answer_as_the_store_does(databases: Callable[[], str], unsynced: bool) -> None:
-    url = databases()
-    store = SQLStore(url, pg_claim_unsynced=unsynced)
-
-    async def go() -> None:
-        await store.ensure_schema()
-        direct = _direct(store)
-        try:
-            steps: list[tuple[str, Any]] = []
-            for i, via_direct in enumerate((True, False)):  # each path on keys of its own, the same steps
-                key = f"k{i}"
-
-                async def claim(p: dict[str, Any], likely: bool = False, via: bool = via_direct) -> Any:
-                    return direct.claim(p, likely) if via else await store.claim(p, likely)
-
-                async def complete(fence: int, result: str, via: bool = via_direct, key: str = key) -> Any:
-                    args = ("s", key, fence, "succeeded", result, 60.0, '{"a": 1}')
-                    return direct.complete(*args) if via else await store.complete(*args)
-
-                steps.append(("claim absent", await claim(_params(key, 11))))
-                steps.append(("claim running", await claim(_params(key, 12))))
-                assert await store.watch("s", key, lambda _: None) > 0  # (a waiter listens: completion announces)
-                steps.append(("complete, other fence (lost)", await complete(99, "r")))
-                steps.append(("complete", await complete(11, "r")))
-                steps.append(("complete again", await complete(11, "r")))
-                steps.append(("complete, other result", await complete(11, "x")))
-                steps.append(("claim completed", await claim(_params(key, 13))))
-                steps.append(("claim, other arguments", await claim(_params(key, 14, "g"))))
-                # A replaying task's: the direct claim asks the read-or-claim function (before: the plain claim).
-                steps.append(("claim completed, replaying", await claim(_params(key, 15), True)))
-                steps.append(("claim absent, replaying", await claim(_params(key + "-new", 16), True)))
-                steps.append(("claim running, replaying", await claim(_params(key + "-new", 17), True)))
-            half = len(steps) // 2
-            for (what, a), (_, b) in zip(steps[:half], steps[half:], strict=True):
-                assert _same(a, b), (what, a, b)
-            assert steps[0][1] == 11 and steps[1][1].state == "running" and steps[2][1] is False
-            assert steps[3][1] is True and steps[5][1] is False and steps[6][1].state == "succeeded"
-            assert steps[7][1].fingerprint == "f"  # (the engine refuses it: KeyReuseError)
-            assert steps[8][1].state == "succeeded" and steps[9][1] == 16 and steps[10][1].state == "running"
-        finally:
-            await store.dispose()
-
-    asyncio.run(go())
-    rows = [tuple(r)[1:] for r in pg_execute(url, ROWS)]
-    assert len(rows) == 4 and rows[:2] == rows[2:]  # the same rows, column for column
 
 
 def test_whole_sync_calls_equal_the_general_path(databases: Callable[[], str]) -> None:
@@ -411,11 +346,9 @@ def test_the_direct_connections_have_the_general_paths_settings(databases: Calla
         conn = direct._local.conn[0]
         assert conn.execute("SELECT current_setting('application_name'), current_setting('synchronous_commit')"
                             ).fetchone() == there == ("agentguard", "local")
-        claim_sql, claim_args = direct._claim
-        insert_sql, insert_args = direct._insert
-        complete_sql, complete_args = direct._complete
+        claim_sql, claim_args = direct._compiled(store.sql.claim)
+        complete_sql, complete_args = direct._compiled(store.sql.complete)
         for sql, args, expected in ((claim_sql, claim_args(_params("k2", 2)), "off"),
-                                    (insert_sql, insert_args(_params("k3", 3)), "off"),
                                     (complete_sql, complete_args({**_params("k", 1), "state": "succeeded",
                                                                   "result": "r"}), "local")):
             with conn.transaction(force_rollback=True):

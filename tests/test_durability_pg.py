@@ -49,8 +49,7 @@ async def test_the_claim_alone_commits_unsynced(store_url: str, unsynced: bool) 
         assert server != "off"  # (the server's own setting: synced)
         expected = "off" if unsynced else server
         params = _params()
-        assert store.sql.claim_or_fetch is not None
-        assert await _setting_after(store, store.sql.claim_or_fetch, params) == expected
+        assert await _setting_after(store, store.sql.claim, params) == expected
         # A takeover is a claim too: of a released record here.
         assert await store.claim(params) == 1
         assert await store.release(params["scope"], params["key"], 1, 60.0)

@@ -309,34 +309,32 @@ SHAPES = [
 
 
 async def test_a_copied_batch_stores_what_the_inserts_store_but_a_refused_entry(store_url: str) -> None:
-    """The ledger's batches go to the driver whole (``Dialect.copies``: Postgres' COPY; on SQLite one hop to
-    aiosqlite's thread, where sqlite3 binds the rows), a shortcut beside the general path's executemany of
-    INSERTs through SQLAlchemy: both store the same entries; a batch with an entry the database refuses stores
-    its other entries either way (written again one by one) and says how many it left out; a store that cannot
-    write at all (its table gone) says so as a ``StoreError``, trying no entry on its own."""
+    """The ledger's batches go to the driver whole (Postgres' COPY; on SQLite one hop to aiosqlite's thread, where
+    sqlite3 binds the rows), beside the general path's INSERT of each entry through SQLAlchemy (run here, as the
+    reference): both store the same entries; a batch with an entry the database refuses stores its other entries
+    (written again one by one) and says how many it left out; a store that cannot write at all (its table gone)
+    says so as a ``StoreError``, trying no entry on its own."""
+    from agentguard.stores._attempts import WRITTEN
+
     store = SQLStore(store_url)
-    dialect = store._executor.dialect
-    assert dialect.copies
-    stored: dict[bool, list[dict[str, Any]]] = {}
     kept = (*SHAPES[0][:6], "kept beside a refused entry", *SHAPES[0][7:])
     try:
-        for copies in (True, False):
-            dialect.copies = copies
-            assert await store.write_attempts(SHAPES) == 0
-            bad = [kept, (*SHAPES[1][:2], None, *SHAPES[1][3:])]  # a task id missing
-            assert await store.write_attempts(bad) == 1
-            entries = await store.read_attempts()
-            stored[copies] = [{k: v for k, v in e.as_dict().items() if k != "id"} for e in entries]
-            await raw_exec(store_url, "DELETE FROM agentguard_attempts")
+        assert await store.write_attempts(SHAPES) == 0
+        bad = [kept, (*SHAPES[1][:2], None, *SHAPES[1][3:])]  # a task id missing
+        assert await store.write_attempts(bad) == 1
+        copied = [{k: v for k, v in e.as_dict().items() if k != "id"} for e in await store.read_attempts()]
+        await raw_exec(store_url, "DELETE FROM agentguard_attempts")
+        async with store.engine().begin() as conn:  # the general path's way, one INSERT per entry
+            for row in (*SHAPES, kept):
+                await conn.execute(store.attempt_sql.insert, dict(zip(WRITTEN, row, strict=True)))
+        inserted = [{k: v for k, v in e.as_dict().items() if k != "id"} for e in await store.read_attempts()]
         await raw_exec(store_url, "DROP TABLE agentguard_attempts")
-        for copies in (True, False):
-            dialect.copies = copies
-            with pytest.raises(StoreError, match="writing the attempt ledger"):
-                await store.write_attempts(SHAPES)
+        with pytest.raises(StoreError, match="writing the attempt ledger"):
+            await store.write_attempts(SHAPES)
     finally:
         await store.dispose()
-    assert stored[True] == stored[False]
-    assert [tuple(e.values()) for e in stored[True]] == [
+    assert copied == inserted
+    assert [tuple(e.values()) for e in copied] == [
         (*row[:10], float(row[10]), row[11], row[12]) for row in (SHAPES[0], kept, *SHAPES[1:])
     ]
 

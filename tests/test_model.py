@@ -216,7 +216,7 @@ NOT_MODELLED = {
 
 def test_the_models_verbs_are_the_stores() -> None:
     verbs = _verbs()
-    statements = Statements("0", claim_function=False)
+    statements = Statements("0")
     protocol = {
         name for proto in (ClaimStore, StepStore, AdminStore) for name in vars(proto)
         if not name.startswith("_") and callable(getattr(proto, name))

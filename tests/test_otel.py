@@ -97,7 +97,9 @@ async def test_a_span_per_call_child_of_the_callers_parent_of_the_bodys(
         assert attrs["agentguard.task_id"] == t and attrs["agentguard.scope"] == "default"
         assert attrs["agentguard.key"].startswith("ag_")
         assert all(name.startswith("agentguard.") or name in CONVENTIONS for name in attrs)
-        assert "o-1" not in json.dumps(attrs) and "100" not in json.dumps(attrs)
+        # the task id and key are random (either may contain "100"): the argument values are sought in the rest
+        fixed = [str(v) for k, v in attrs.items() if k not in ("agentguard.task_id", "agentguard.key")]
+        assert not [v for v in fixed if "o-1" in v or "100" in v], fixed
     m = otel.metrics()
     assert all(name.startswith("agentguard.") for name in m)
     calls = {(a["gen_ai.tool.name"], a["agentguard.outcome"], a.get("error.type")): p.value

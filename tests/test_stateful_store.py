@@ -1,13 +1,15 @@
 """The real stores against a reference model of the protocol: Hypothesis state machines.
 
 Three simulated workers drive the real ``SQLStore`` (SQLite here, Postgres with
-``AGENTGUARD_TEST_BACKEND=postgres``) through random interleavings of its verbs on two keys — claim, read,
-take over (with the fence they saw, or a stale one), renew, complete, release, release by owner, steps
-(put, clear, load), abandon, sweep — while a controllable database clock moves forward by amounts chosen
-around the lease and the retention. ``Protocol`` below is the specification: a few dicts and the WHERE
-clauses of docs/architecture.md in Python. Every answer the store gives is compared with the model's, and
-after every step the whole table is. The clock is the store's test seam (``SQLStore(clock=...)``): every
-statement reads the time from a one-row table the test moves.
+``AGENTGUARD_TEST_BACKEND=postgres``) through random interleavings of its verbs on two keys — claim (by each plan:
+likely free, likely taken), read, take over (with the fence they saw, or a stale one), renew, complete, release,
+release by owner, steps (put, clear, load), abandon, sweep — while a controllable database clock moves forward by
+amounts chosen around the lease and the retention. The hot verbs go through each executor in turn (``EXECUTORS``):
+the general path, the event loop's own thread where a write can be made at once (SQLite), and a sync tool's own
+thread (``Direct``: stdlib ``sqlite3``, psycopg). ``Protocol`` below is the specification: a few dicts and the
+WHERE clauses of docs/architecture.md in Python. Every answer the store gives is compared with the model's, and
+after every step the whole table is. The clock is the store's test seam (``SQLStore(clock=...)``): every statement
+reads the time from a one-row table the test moves.
 
 Hypothesis is derandomized (the same examples on every run) and its database is off: CI runs once and
 never flakes. Counterexamples it found and shrank are kept below as plain tests.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -35,7 +38,10 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 
 from agentguard.stores import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Record, SQLStore
+from agentguard.stores._protocols import Direct
 from agentguard.stores._schema import UNBOUND
+
+from conftest import BACKEND
 
 T = TypeVar("T")
 
@@ -156,7 +162,7 @@ class Protocol:
         if row is None or row.owner != owner or row.state != RUNNING:
             return False
         row.state, row.lease_until, row.expires_at = RELEASED, None, self.now + self.retention
-        row.fingerprint = UNBOUND
+        row.fingerprint = UNBOUND  # a claim undone while it was made: its body never started, it binds nothing
         return True
 
     def abandon(self, key: str, result: str) -> bool:
@@ -213,15 +219,52 @@ class Held:
     owner: str
 
 
-class Bench:
-    """One real store with a movable clock, on one event loop, for every example of a test."""
+class General(SQLStore):
+    """The store without its shortcuts: no statement on the loop's own thread, none in a sync tool's."""
 
-    def __init__(self, url: str) -> None:
+    def direct(self) -> None:  # type: ignore[override]
+        return None
+
+
+class InThread:
+    """A store's hot verbs in a sync tool's own thread (``SQLStore.direct()``), awaitable: each runs on one thread
+    of its own (one connection), as a sync tool's calls do."""
+
+    def __init__(self, direct: Direct, thread: ThreadPoolExecutor) -> None:
+        self._direct, self._thread = direct, thread
+
+    def __getattr__(self, verb: str) -> Callable[..., Any]:
+        sync = getattr(self._direct, verb)
+
+        async def call(*args: Any, **kw: Any) -> Any:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, lambda: sync(*args, **kw))
+
+        return call
+
+
+# The executors of the hot verbs (claim, read, take over, renew, complete, release, release by owner).
+EXECUTORS = ["general", *(["at once"] if BACKEND == "sqlite" else []), "thread"]
+
+
+class Bench:
+    """One real store with a movable clock, on one event loop, for every example of a test; its hot verbs
+    (``verbs``) through one executor."""
+
+    def __init__(self, url: str, executor: str = "general") -> None:
         self.runner = asyncio.Runner()
         # NORMAL: these machines test the protocol, not durability (tests/test_durability.py does); a synced
-        # commit per step would only slow them down
-        self.store = SQLStore(url, clock=CLOCK, sqlite_synchronous="NORMAL")
+        # commit per step would only slow them down. (It also lets every write of the loop's be made at once.)
+        kind = General if executor == "general" else SQLStore
+        self.store: SQLStore = kind(url, clock=CLOCK, sqlite_synchronous="NORMAL")
         self.run(self._create())
+        self.verbs: Any = self.store
+        self._thread: ThreadPoolExecutor | None = None
+        if executor == "thread":
+            direct = self.store.direct()
+            assert direct is not None
+            self._direct = direct
+            self._thread = ThreadPoolExecutor(1)
+            self.verbs = InThread(direct, self._thread)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.runner.run(coro)
@@ -255,6 +298,9 @@ class Bench:
         return {(r[0], int(r[1]), r[2]): StepRow(int(r[3]), r[4], int(r[5]), r[6]) for r in rows}
 
     def close(self) -> None:
+        if self._thread is not None:
+            self._thread.submit(self._direct.close).result()
+            self._thread.shutdown()
         with contextlib.suppress(Exception):
             self.run(self.store.dispose())
         self.runner.close()
@@ -335,7 +381,7 @@ class StoreMachine(RuleBasedStateMachine):
           taken=st.booleans())
     def claim(self, w: int, key: str, fp: str, taken: bool = False) -> None:
         fence, owner = self._fresh()  # (``taken``: each of the dialect's ways, which must answer alike)
-        got = self._run(self.bench.store.claim(_params(key, fence, owner, fp), taken))
+        got = self._run(self.bench.verbs.claim(_params(key, fence, owner, fp), taken))
         want = self.model.claim(key, fence, owner, fp)
         if isinstance(want, int):
             assert got == want
@@ -347,7 +393,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(w=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
     def read(self, w: int, key: str) -> None:
-        got = self._run(self.bench.store.read(SCOPE, key))
+        got = self._run(self.bench.verbs.read(SCOPE, key))
         self._agree(got, self.model.rows.get(key))
         if got is not None:
             self._saw(w, key, got)
@@ -370,7 +416,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         _, owner = self._fresh()
         params = _params(key, seen, owner, "f1", reset=1 if reset else 0)
-        got = self._run(self.bench.store.take_over(params))
+        got = self._run(self.bench.verbs.take_over(params))
         want = self.model.take_over(key, seen, reset, owner, "f1")
         assert got == want
         if want is not None:
@@ -418,27 +464,27 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def renew(self, data: st.DataObject) -> None:
         _, key, h = self._holder(data)
-        assert self._run(self.bench.store.renew(SCOPE, key, h.fence, LEASE)) == self.model.renew(key, h.fence)
+        assert self._run(self.bench.verbs.renew(SCOPE, key, h.fence, LEASE)) == self.model.renew(key, h.fence)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), state=st.sampled_from((SUCCEEDED, FAILED)), result=st.sampled_from(('"a"', '"b"')))
     def complete(self, data: st.DataObject, state: str, result: str) -> None:
         _, key, h = self._holder(data)
-        got = self._run(self.bench.store.complete(SCOPE, key, h.fence, state, result, RETENTION))
+        got = self._run(self.bench.verbs.complete(SCOPE, key, h.fence, state, result, RETENTION))
         assert got == self.model.complete(key, h.fence, state, result)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), bound=st.booleans())
     def release(self, data: st.DataObject, bound: bool = True) -> None:
         _, key, h = self._holder(data)
-        got = self._run(self.bench.store.release(SCOPE, key, h.fence, RETENTION, raised="Boom", bound=bound))
+        got = self._run(self.bench.verbs.release(SCOPE, key, h.fence, RETENTION, raised="Boom", bound=bound))
         assert got == self.model.release(key, h.fence, "Boom", bound)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def release_owned(self, data: st.DataObject) -> None:
         _, key, h = self._holder(data)
-        got = self._run(self.bench.store.release_owned(SCOPE, key, h.owner, RETENTION))
+        got = self._run(self.bench.verbs.release_owned(SCOPE, key, h.owner, RETENTION))
         assert got == self.model.release_owned(key, h.owner)
 
 
@@ -477,7 +523,8 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.bench.steps() == self.model.steps
 
 
-EXAMPLES = {"sqlite": 300, "postgresql": 300}
+# Examples per executor: the general path's more, it serves every other verb too.
+EXAMPLES = {"general": 300, "at once": 200, "thread": 200}
 
 
 @pytest.fixture
@@ -489,12 +536,17 @@ def bench(store_url: str) -> Iterator[Bench]:
         b.close()
 
 
-def test_the_store_answers_as_the_protocol_says(bench: Bench) -> None:
-    machine = type("Machine", (StoreMachine,), {"bench": bench})
-    run_state_machine_as_test(machine, settings=settings(
-        max_examples=EXAMPLES[bench.store.backend], stateful_step_count=40, derandomize=True, database=None,
-        deadline=None, suppress_health_check=list(HealthCheck), print_blob=False,
-    ))
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_store_answers_as_the_protocol_says(store_url: str, executor: str) -> None:
+    bench = Bench(store_url, executor)
+    try:
+        machine = type("Machine", (StoreMachine,), {"bench": bench})
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=EXAMPLES[executor], stateful_step_count=40, derandomize=True, database=None,
+            deadline=None, suppress_health_check=list(HealthCheck), print_blob=False,
+        ))
+    finally:
+        bench.close()
 
 
 # -- counterexamples the state machine (and the spin model) found, kept ------------------------------------

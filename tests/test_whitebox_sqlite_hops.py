@@ -1,9 +1,9 @@
-"""On SQLite a step hops to aiosqlite's thread only if it could block the event loop: a statement that would
-sync, or wait for the write lock. A first call's claim is made on the loop's own thread (``_direct.claim_now``:
-unsynced at FULL), and so is its completion where it does not sync (NORMAL, OFF); at FULL the completion
-hops, and at EXTRA both do (read-or-claim, complete). A replay that misses the in-process cache reads the record
-on the loop's thread (a read in WAL mode never waits for the writer), so none, as a cached replay. Counted on
-the queue every aiosqlite call goes through."""
+"""On SQLite a step hops to aiosqlite's thread only if it could block the event loop: a statement that would sync, or
+wait for the write lock. A first call's claim is made on the loop's own thread (``_direct.DirectSQLite.now``:
+unsynced at FULL), and so is its completion where it does not sync (NORMAL, OFF); at FULL the completion hops, and
+at EXTRA both do (the claim plan's read is made on the loop, its insert in one hop; the completion). A replay that
+misses the in-process cache reads the record on the loop's thread (a read in WAL mode never waits for the writer),
+so none, as a cached replay. Counted on the queue every aiosqlite call goes through."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import aiosqlite
 import pytest
 
 from agentguard import Guard, task
-from agentguard.stores._claims import in_one_hop
 
 from conftest import BACKEND, tid
 
@@ -36,17 +35,15 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 @pytest.mark.parametrize(("synchronous", "first_call_hops"), [
-    ("FULL", ["_first_written"]),  # the synced completion
+    ("FULL", ["statement"]),  # the synced completion
     ("NORMAL", []),
     ("OFF", []),
-    ("EXTRA", ["_read_or_claim", "_first_written"]),  # every commit syncs
+    ("EXTRA", ["_advance", "statement"]),  # every commit syncs: the rest of the claim plan, the completion
 ])
 async def test_a_step_hops_only_if_it_could_block_the_loop(store_url: str, hops: list[str], synchronous: str,
                                                           first_call_hops: list[str]) -> None:
     async with Guard(store_url, cache_size=0, sqlite_synchronous=synchronous) as guard, \
             Guard(store_url, sqlite_synchronous=synchronous) as cached:
-        assert guard._store.dialect.claim is in_one_hop, (
-            "this aiosqlite cannot run a function on its thread: claims take two hops")
         runs = 0
 
         async def body(amount: int) -> int:

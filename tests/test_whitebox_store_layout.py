@@ -1,10 +1,10 @@
-"""The store's inside, proved against its own general paths: the one row layout, the Record shortcut, the three
-ways to claim, the driver-level hot path against SQLAlchemy's, the step verbs, the one retry policy, and
-store errors that say what failed. On the test run's backend (SQLite or a real Postgres)."""
+"""The store's inside, proved against its own general paths: the one row layout, the Record shortcut, the step
+verbs, the one retry policy, and store errors that say what failed. On the test run's backend (SQLite or a real
+Postgres). Every executor of the hot statements and the claim plans is proved equal to the general path in
+tests/test_executors.py."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 from collections.abc import AsyncIterator
@@ -25,14 +25,9 @@ from agentguard.stores import (
     StepStore,
     StepTransaction,
     Store,
-    _aiosqlite,
-    _claims,
     record_of,
 )
-from agentguard.stores._dialects import Postgres
-from agentguard.stores._executor import Executor
 from agentguard.stores._schema import ROW, record_from_row
-from agentguard.stores._statements import CLAIM_FUNCTION, claim_function_ddl
 
 from conftest import raw_exec, tid
 
@@ -57,10 +52,6 @@ def claim_params(key: str, **kw: Any) -> dict[str, Any]:
         "arg_hashes": "{}", "fence": secrets.randbits(62), "tool": "charge", "arguments": None,
         "owner": "o-" + secrets.token_hex(4), "lease": LEASE, "retention": RETENTION, "audit": None, **kw,
     }
-
-
-def without_ttl(rec: Record) -> Record:
-    return rec._replace(ttl=0.0)
 
 
 # -- the one row layout -----------------------------------------------------------------------------------
@@ -90,79 +81,7 @@ async def test_a_row_builds_the_record_the_general_constructor_builds(store: SQL
         SUCCEEDED, fence, '"ok"', False, False, fence)
 
 
-def test_the_claim_function_has_a_new_name_whenever_its_body_changes() -> None:
-    """Running workers call the function by name: a changed body must get a new name (bump the version and
-    this digest together), never replace a body under them."""
-    digest = hashlib.sha256(claim_function_ddl(Postgres.now).encode()).hexdigest()
-    assert (CLAIM_FUNCTION, digest) == (
-        "agentguard_calls_claim_v2", "5f2d1826c87b04c8f61f7825abf9112359342559a1a9797e942e998f5ea24b31")
-
-
-@pytest.mark.postgres
-async def test_the_claim_functions_columns_are_the_layout(store: SQLStore) -> None:
-    await store.ensure_schema()
-    assert store.sql.claim_or_fetch is not None
-    async with store.engine().connect() as conn:
-        result = await conn.execute(store.sql.claim_or_fetch, claim_params("k-cols"))
-        assert tuple(result.keys()) == ("claimed", *(col.name for col in ROW))
-
-
-# -- three ways to claim, one answer --------------------------------------------------------------------
-
-
-def ways(store: SQLStore) -> list[_claims.ClaimWay]:
-    found: list[_claims.ClaimWay] = [_claims.by_insert]
-    if store.dialect.claim_function:
-        found.append(_claims.by_function)
-    elif _aiosqlite.runs_functions():
-        found.append(_claims.in_one_hop)
-    assert store.dialect.claim in found  # the store's own way is among those compared
-    return found
-
-
-async def test_every_way_to_claim_answers_the_same(store: SQLStore) -> None:
-    """Each way: a fresh key is ours with the fence we brought; a running or completed record is answered as
-    the plain read answers it (all but ttl, which the database clock moves between the two)."""
-    for i, way in enumerate(ways(store)):
-        key = f"k-way-{i}"
-        fresh = claim_params(key)
-        fence = await way(store._one, store.sql, fresh)
-        assert fence == fresh["fence"]
-        running = await way(store._one, store.sql, claim_params(key))  # another claimer meets it
-        read = await store.read(SCOPE, key)
-        assert isinstance(running, Record) and read is not None and without_ttl(running) == without_ttl(read)
-        assert (running.state, running.fence, running.owner, running.live, running.origin) == (
-            "running", fence, fresh["owner"], True, fence)
-        assert await store.complete(SCOPE, key, fence, SUCCEEDED, '"ok"', RETENTION)
-        done = await way(store._one, store.sql, claim_params(key))
-        read = await store.read(SCOPE, key)
-        assert isinstance(done, Record) and read is not None and without_ttl(done) == without_ttl(read)
-        assert (done.state, done.result, done.live) == (SUCCEEDED, '"ok"', False)
-
-
-# -- the driver-level hot path against the general path --------------------------------------------------
-
-
-async def test_the_hot_path_answers_what_the_general_path_answers(store: SQLStore) -> None:
-    fence = await store.claim(claim_params("k-hot"))
-    assert isinstance(fence, int)
-    ex: Executor = store._executor
-    read = {"scope": SCOPE, "key": "k-hot"}
-    renew = {**read, "fence": fence, "lease": LEASE}
-
-    async def general(stmt: Any, params: dict[str, Any]) -> Any:
-        async def first(conn: Any) -> Any:
-            return (await conn.execute(stmt, params)).first()
-
-        return await ex.run("general", first, body_ran=False)
-
-    for _ in range(3):  # a fresh pool connection first, then the idle ones
-        hot, slow = await ex.one("hot", store.sql.read, read), await general(store.sql.read, read)
-        assert tuple(hot)[:11] == tuple(slow)[:11] and tuple(hot)[12:] == tuple(slow)[12:]  # all but ttl
-        assert abs(hot[11] - slow[11]) < 5
-        assert tuple(await ex.one("hot", store.sql.renew, renew)) == tuple(await general(store.sql.renew, renew))
-        missing = {"scope": SCOPE, "key": "k-none"}
-        assert await ex.one("hot", store.sql.read, missing) is None and await general(store.sql.read, missing) is None
+# -- the one retry policy -----------------------------------------------------------------------------------
 
 
 @pytest.mark.postgres
@@ -240,7 +159,7 @@ async def test_resolving_a_started_step(store: SQLStore) -> None:
     mine = {"fence": fence, "origin": fence, "lease": 0.001}
     for seq, name in enumerate(("a", "b")):
         assert await store.put_step(SCOPE, "k-held", **mine, name=name, seq=seq, state=STARTED, result=None)
-    await _until_unknown(store, 2)
+    await _until_unknown(store, 2)  # (one row per started step of a held record)
     assert await store.resolve_step(SCOPE, "k-held", "a", DONE, '"paid"')
     assert await store.resolve_step(SCOPE, "k-held", "b", None, None)  # cleared for a retry
     assert not await store.resolve_step(SCOPE, "k-held", "b", None, None)

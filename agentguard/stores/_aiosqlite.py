@@ -5,9 +5,13 @@ aiosqlite runs each connection on a thread of its own and hands every call to it
 
 - :func:`connector` opens connections as SQLAlchemy would, but registers each, so that its thread can be
   joined (:func:`join_threads`) before the event loop it reports to is let go;
-- :func:`fetch_row` is one statement in one hop (``execute_fetchall``);
-- :func:`fetch_pair` runs :func:`read_or_claim` on the connection's thread: two statements, one hop;
+- :func:`fetch_row` is one statement in one hop (a function run on the connection's thread through that queue);
+- :func:`fetch_plan` runs the rest of a claim plan (``_claims``) there: its statements, one hop;
 - :func:`insert_rows` runs :func:`inserted` there: a batch of rows in one transaction, one hop.
+
+Each statement runs through :func:`statement`: a write waits for SQLite's write lock in short sleeps of its own
+(:func:`written`, as on a sync tool's own connection: ``_direct``), a claim's insert commits unsynced where the
+store's claims do (:class:`Unsynced`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import make_url
+
+from ._claims import Plan
+from ._statements import Compiled
 
 log = logging.getLogger("agentguard.store")
 
@@ -89,19 +96,6 @@ def _thread_started(drv: Any) -> bool:
     return _worker(drv).ident is not None
 
 
-def runs_functions() -> bool:
-    """Whether this aiosqlite lets :func:`fetch_pair` run a function on a connection's thread (through the
-    queue every aiosqlite call uses)."""
-    try:
-        import aiosqlite
-    except ImportError:
-        return False
-    conn = getattr(aiosqlite, "Connection", None)
-    return asyncio.iscoroutinefunction(getattr(conn, "_execute", None)) and isinstance(
-        getattr(conn, "_conn", None), property
-    )
-
-
 BUSY_MS = 30000  # how long a statement waits for SQLite's write lock before "database is locked"
 HANDOFF_MAX = 0.004  # seconds: the longest sleep of a hot write waiting for the write lock (see written)
 
@@ -109,7 +103,7 @@ HANDOFF_MAX = 0.004  # seconds: the longest sleep of a hot write waiting for the
 class Waiters:
     """How many writes of one store in this process wait for SQLite's write lock (in :func:`written`, on
     aiosqlite's thread or a sync tool's own). While any does, an event loop's thread makes no write at once
-    (``_direct.DirectSQLite.claim_now``): its writes would take the lock every time it came free — the loop's
+    (``_direct.DirectSQLite.now``): its writes would take the lock every time it came free — the loop's
     thread holds the GIL between them, and a waiting thread mostly wakes while the lock is held — and starve
     the waiting ones; they hop and wait in turn instead."""
 
@@ -146,15 +140,16 @@ def written(conn: Any, sql: str, args: Sequence[Any], *, waits: bool = True, wai
     turned off around the statement; False: ``conn`` never waits by itself (a direct connection, opened with
     a busy timeout of 0), two statements fewer. ``waiting``: told while the write waits, if it does."""
     if not waits:
-        return _patiently(conn, sql, args, waiting)
+        return patiently(conn, sql, args, waiting)
     conn.execute("PRAGMA busy_timeout = 0")
     try:
-        return _patiently(conn, sql, args, waiting)
+        return patiently(conn, sql, args, waiting)
     finally:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
 
 
-def _patiently(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None = None) -> list[Any]:
+def patiently(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None = None) -> list[Any]:
+    """``sql`` on ``conn``, whose busy handler never waits: SQLITE_BUSY waited out in :func:`written`'s sleeps."""
     try:
         return list(conn.execute(sql, args).fetchall())  # fetch all: the statement ends, it commits
     except sqlite3.OperationalError as exc:
@@ -178,22 +173,56 @@ def busy(exc: sqlite3.OperationalError) -> bool:
     return (code & 0xFF) == 5 if isinstance(code, int) else ("locked" in str(exc) or "busy" in str(exc))
 
 
-def _first_written(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None) -> Any:
-    rows = written(conn, sql, args, waiting=waiting)
+class Unsynced:
+    """Around a claim's commit on ``conn`` at ``synchronous=FULL``: not synced. The completion's commit, synced,
+    covers its WAL frames too; a power loss between the two loses the claim, and the retry runs again with the
+    same downstream key — what a takeover after a crash does anyway — so the contract holds while a first call
+    costs one sync instead of two. (The ledger's batches commit so too: ``inserted``.)"""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.execute("PRAGMA synchronous = FULL")
+
+
+def statement(conn: Any, sql: str, args: Sequence[Any], writes: bool, claim_unsynced: bool,
+              waiting: Waiters | None) -> Any:
+    """One hot statement on an aiosqlite connection's thread (autocommit): its first row, or None. ``writes``: it
+    takes the write lock, waited for as :func:`written` waits; a read waits for nothing but the connection's
+    busy handler (WAL: never for the writer). ``claim_unsynced``: a claim's insert, not synced (:class:`Unsynced`).
+    ``waiting``: as for :func:`written`."""
+    if not writes:
+        rows = conn.execute(sql, args).fetchall()
+    elif claim_unsynced:
+        with Unsynced(conn):
+            rows = written(conn, sql, args, waiting=waiting)
+    else:
+        rows = written(conn, sql, args, waiting=waiting)
     return rows[0] if rows else None
 
 
-async def fetch_row(drv: Any, sql: str, args: Sequence[Any], waiting: Waiters | None = None) -> Any:
-    if _runs_functions:
-        return await drv._execute(_first_written, drv._conn, sql, args, waiting)
-    rows = await drv.execute_fetchall(sql, args)
-    return rows[0] if rows else None
+def fetch_row(drv: Any, sql: str, args: Sequence[Any], writes: bool, waiting: Waiters | None = None) -> Any:
+    """:func:`statement` in one hop (awaitable)."""
+    return drv._execute(statement, drv._conn, sql, args, writes, False, waiting)
 
 
-def fetch_pair(drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any], *,
-               claim_unsynced: bool = False, waiting: Waiters | None = None) -> Any:
-    """:func:`read_or_claim` in one hop (awaitable)."""
-    return drv._execute(_read_or_claim, drv._conn, sql, args, then_sql, then_args, claim_unsynced, waiting)
+def fetch_plan(drv: Any, plan: Plan, compiled: Callable[[Any], Compiled], *, claim_unsynced: bool,
+               waiting: Waiters | None = None) -> Any:
+    """The rest of a claim plan in one hop (awaitable): each statement it asks, on the connection's thread."""
+    return drv._execute(_advance, drv._conn, plan, compiled, claim_unsynced, waiting)
+
+
+def _advance(conn: Any, plan: Plan, compiled: Callable[[Any], Compiled], claim_unsynced: bool,
+             waiting: Waiters | None) -> None:
+    while (ask := plan.ask) is not None:
+        sql, args = compiled(ask.stmt)
+        plan.answered(statement(conn, sql, args(plan.params), ask.writes, claim_unsynced and ask.claims, waiting))
 
 
 def insert_rows(drv: Any, sql: str, rows: Sequence[Sequence[Any]], *, unsynced: bool) -> Any:
@@ -206,9 +235,7 @@ def inserted(conn: Any, sql: str, rows: Sequence[Sequence[Any]], unsynced: bool)
     ``rows`` in one transaction, all or none; the write lock waited for by the connection's busy handler (off
     the callers' path). ``unsynced`` (a store at ``synchronous=FULL``): the commit does not sync the WAL; the
     next synced commit (a completion's) covers its frames."""
-    if unsynced:
-        conn.execute("PRAGMA synchronous = NORMAL")
-    try:
+    with Unsynced(conn) if unsynced else contextlib.nullcontext():
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany(sql, rows)
@@ -217,41 +244,5 @@ def inserted(conn: Any, sql: str, rows: Sequence[Sequence[Any]], unsynced: bool)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-    finally:
-        if unsynced:
-            conn.execute("PRAGMA synchronous = FULL")
 
 
-def _read_or_claim(conn: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any],
-                   claim_unsynced: bool, waiting: Waiters | None) -> int | tuple[Any, ...] | None:
-    return read_or_claim(conn, sql, args, then_sql, then_args, claim_unsynced, waiting=waiting)
-
-
-def read_or_claim(conn: Any, read_sql: str, read_args: Sequence[Any], claim_sql: str,
-                  claim_args: Sequence[Any], claim_unsynced: bool = False, *, waits: bool = True,
-                  waiting: Waiters | None = None) -> int | tuple[Any, ...] | None:
-    """Runs on aiosqlite's thread (autocommit): the record's columns, or the fence we inserted. A racing
-    insert from another process between the read and the insert makes the insert do nothing: read again.
-
-    ``claim_unsynced`` (a store at ``synchronous=FULL``): the claim's commit does not sync the WAL; the
-    completion's commit, synced, covers its frames too. A power loss between the two loses the claim, and the
-    retry runs again with the same downstream key — what a takeover after a crash does anyway — so the
-    contract holds while a first call costs one sync instead of two. ``waits``: as for :func:`written`."""
-    for _ in range(3):
-        rows = (conn.execute(read_sql, read_args).fetchall() if waits
-                else _patiently(conn, read_sql, read_args, waiting))
-        if rows:
-            return tuple(rows[0])
-        if claim_unsynced:
-            conn.execute("PRAGMA synchronous = NORMAL")
-        try:
-            rows = written(conn, claim_sql, claim_args, waits=waits, waiting=waiting)
-        finally:
-            if claim_unsynced:
-                conn.execute("PRAGMA synchronous = FULL")
-        if rows:
-            return int(rows[0][0])
-    return None  # the row keeps vanishing and reappearing: the caller's bounded retry decides
-
-
-_runs_functions = runs_functions()

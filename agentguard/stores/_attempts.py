@@ -205,6 +205,7 @@ class AttemptStatements:
         cols = ", ".join(("id", *COLUMNS))
         where = ("(CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
                  " AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR at >= :since)")
+        # One entry through SQLAlchemy: what a batch handed to the driver whole stores alike (tests/test_ledger.py).
         self.insert = text(
             f"INSERT INTO {ATTEMPTS} ({', '.join(WRITTEN)}) VALUES ({', '.join(':' + c for c in WRITTEN)})"
         )
@@ -286,38 +287,11 @@ class AttemptVerbs:
         return left_out
 
     async def _write_attempts(self, rows: Sequence[Sequence[Any]]) -> None:
-        """Insert ``rows``, all or none."""
-        executor = self._executor
-        dialect = executor.dialect
-        if dialect.copies:  # the batch to the driver whole (Postgres' COPY; SQLite: one hop, bound by sqlite3)
-            await executor.on_driver("writing the attempt ledger",
-                                     lambda drv: dialect.copy_rows(drv, ATTEMPTS, WRITTEN, rows), body_ran=None)
-            return
-        stmt, params = self.attempt_sql.insert, [dict(zip(WRITTEN, row, strict=True)) for row in rows]
-        # SQLite at synchronous=FULL: the batch's commit does not sync the WAL (the next synced commit, a
-        # completion's, covers its frames), as a claim's does not: the ledger costs a first call no sync.
-        unsynced = bool(getattr(dialect, "claim_unsynced", False))
-        if not unsynced:
-            async def run(conn: AsyncConnection) -> None:
-                await conn.execute(stmt, params)
-
-            await executor.run("writing the attempt ledger", run, body_ran=None, transaction=True)
-            return
-
-        async def run_unsynced(conn: AsyncConnection) -> None:  # (conn is in autocommit mode)
-            await conn.exec_driver_sql("PRAGMA synchronous = NORMAL")
-            try:
-                await conn.exec_driver_sql(dialect.schema_begin)
-                try:
-                    await conn.execute(stmt, params)
-                except BaseException:
-                    await conn.exec_driver_sql("ROLLBACK")
-                    raise
-                await conn.exec_driver_sql("COMMIT")
-            finally:
-                await conn.exec_driver_sql("PRAGMA synchronous = FULL")
-
-        await executor.run("writing the attempt ledger", run_unsynced, body_ran=None)
+        """Insert ``rows``, all or none: the batch handed to the driver whole (Postgres' COPY; SQLite: one hop,
+        the rows bound by sqlite3, unsynced at ``FULL`` as a claim is: ``Dialect.copy_rows``)."""
+        dialect = self._executor.dialect
+        await self._executor.on_driver("writing the attempt ledger",
+                                       lambda drv: dialect.copy_rows(drv, ATTEMPTS, WRITTEN, rows), body_ran=None)
 
     async def read_attempts(
         self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,

@@ -1,75 +1,130 @@
-"""A claim: one decision, asked of the database in one of three ways (the dialect picks, once, the way for a
-key likely free and the way for a key likely taken: ``Dialect.claim``, ``Dialect.claim_taken``).
+"""A claim, written once: two plans of statements, sans I/O, that every executor runs.
 
-Whatever the way, a claim is decided by ``INSERT ... ON CONFLICT (scope, key) DO NOTHING`` — the row count
-is the answer, never a check-then-insert — and answers the same: our fence if we claimed the key, else the
-record that holds it, or None if that record vanished before it could be read (swept between the insert
-and the read, or kept vanishing and reappearing): the caller claims again, a bounded number of times.
+Whatever the plan, a claim is decided by ``INSERT ... ON CONFLICT (scope, key) DO NOTHING`` — the row count is
+the answer, never a check-then-insert: a read only ever answers with a record that is there, and whatever it
+finds absent, the insert decides — and answers the same: our fence if we claimed the key, else the record
+that holds it, or None if that record vanished before it could be read (swept between the insert and the
+read, or kept vanishing and reappearing): the caller claims again, a bounded number of times.
 
-- :func:`by_insert`, the general way: insert; on a conflict, read. One statement for a first call (Postgres'
-  first calls), two where the key is taken. On Postgres the insert is gathered with the other first calls of
-  the loop that would wait for a connection, into one statement (``Executor.one``'s ``many``).
-- :func:`in_one_hop` (SQLite, when aiosqlite can run a function on its thread): read, and insert only if
-  nothing was read, in one hop to aiosqlite's thread.
-- :func:`by_function` (Postgres, for a key likely taken): the read-or-claim function, one round trip.
+- :class:`InsertFirst`, for a key likely free (a first call, on Postgres): the insert; on a conflict, a read.
+  One statement for a first call, two where the key is taken.
+- :class:`ReadFirst`, for a key likely taken (a replaying task's call, a caller looking again), and on SQLite
+  for every claim (a read there costs no round trip, and never waits for the writer): the read; the insert only
+  if nothing was read; and a conflict there (another caller inserted meanwhile) reads again, at most
+  ``TURNS`` times. One statement for a replay, and no write lock taken for it.
+
+A plan is a small state machine (as h11's and wsproto's are): it says the statement it asks next (an
+:class:`Ask`), takes that statement's first row (or None), and ends with the answer. It does no I/O and knows
+no thread, loop or driver. An executor runs it (:func:`run` in a thread, :func:`arun` on an event loop;
+statement by statement, or the rest of it in one hop to a driver's thread, ``_aiosqlite.fetch_plan``); an
+executor that cannot serve a statement hands the plan, as far as it got, to another. Whoever runs it, the
+statements and the decision are these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
-from ._schema import FENCE_AT, Record, record_from_row
-from ._statements import Many, Statements
+from ._schema import Record, record_from_row
+from ._statements import Many
 
 CLAIMING = "claiming the key"
 READING = "reading the record"
+TURNS = 3  # read-first: reads and inserts before the plan answers None (the record keeps vanishing)
 
 Claimed = int | Record | None
 
 
-class RunsOne(Protocol):
-    """The executor's hot path (``Executor.one``): one statement, its first row or None."""
+class Ask(NamedTuple):
+    """One statement, as a plan or a verb asks it: what it does (for a ``StoreError``: "claiming the key"), the
+    statement, and what an executor needs to know of it — whether the tool body had run (for the
+    ``StoreError``), whether it writes (SQLite: it takes the write lock), whether it is a claim's insert (its
+    commit may go unsynced where the store's claims do: SQLite at ``FULL``), and its form for many callers
+    (gathered where the executor gathers: Postgres' lane)."""
 
-    def __call__(
-        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False, then: Any = None,
-        many: Many | None = None,
-    ) -> Awaitable[Any]: ...
-
-
-class ClaimWay(Protocol):
-    def __call__(self, one: RunsOne, sql: Statements, params: dict[str, Any]) -> Awaitable[Claimed]: ...
-
-
-async def by_insert(one: RunsOne, sql: Statements, params: dict[str, Any]) -> Claimed:
-    """The general way: the insert decides; on a conflict, a second statement reads the record there."""
-    row = await one(CLAIMING, sql.claim, params, many=sql.claim_many)
-    if row is not None:
-        return int(row[0])
-    return await _read(one, sql, params)
+    what: str
+    stmt: Any
+    body_ran: bool | None = False
+    writes: bool = True
+    claims: bool = False
+    many: Many | None = None
 
 
-async def in_one_hop(one: RunsOne, sql: Statements, params: dict[str, Any]) -> Claimed:
-    """SQLite's shortcut: the read, and the insert only if nothing was read, in one hop to aiosqlite's thread
-    (``_aiosqlite.read_or_claim``). It saves the second hop of :func:`by_insert` and never takes SQLite's
-    write lock on a replay. It must answer what :func:`by_insert` answers (tests/test_whitebox_store_layout.py)."""
-    got = await one(CLAIMING, sql.read, params, then=sql.claim)
-    if isinstance(got, int):
-        return got
-    return None if got is None else record_from_row(params["scope"], params["key"], got)
+class Plan:
+    """A claim plan as far as it has run: the statement it waits for (``ask``; None once it ended), and then its
+    answer. An executor runs ``ask`` and hands its first row (or None) to :meth:`answered`; it may hand the plan on,
+    at the statement it waits for, to another executor."""
+
+    __slots__ = ("answer", "ask", "claim", "params", "read")
+
+    def __init__(self, read: Ask, claim: Ask, params: dict[str, Any]) -> None:
+        self.read, self.claim, self.params = read, claim, params
+        self.answer: Claimed = None
+        self.ask: Ask | None = None
+
+    def answered(self, row: Any) -> None:
+        """``ask``'s first row (or None): the plan goes on to its next statement, or ends with its answer."""
+        raise NotImplementedError
+
+    def _record(self, row: Any) -> Record | None:
+        return None if row is None else record_from_row(self.params["scope"], self.params["key"], row)
 
 
-async def by_function(one: RunsOne, sql: Statements, params: dict[str, Any]) -> Claimed:
-    """Postgres: the read-or-claim function (``_statements.claim_function_ddl``), one round trip; a replay
-    costs about one SELECT. It must answer what :func:`by_insert` answers (tests/test_whitebox_store_layout.py)."""
-    row = await one(CLAIMING, sql.claim_or_fetch, params)
-    if row is None:  # the record kept vanishing inside the function: read once more
-        return await _read(one, sql, params)
-    if row[0] == 1:
-        return int(row[1 + FENCE_AT])
-    return record_from_row(params["scope"], params["key"], row[1:])
+class InsertFirst(Plan):
+    """For a key likely free: the insert decides; on a conflict, a read returns the record there (None if it
+    vanished in between)."""
+
+    __slots__ = ()
+
+    def __init__(self, read: Ask, claim: Ask, params: dict[str, Any]) -> None:
+        self.read, self.claim, self.params, self.answer, self.ask = read, claim, params, None, claim
+
+    def answered(self, row: Any) -> None:
+        if self.ask is not self.claim:  # the read of the record that holds the key
+            self.ask, self.answer = None, self._record(row)
+        elif row is not None:  # the insert claimed the key: our fence
+            self.ask, self.answer = None, int(row[0])
+        else:  # the key is taken
+            self.ask = self.read
 
 
-async def _read(one: RunsOne, sql: Statements, params: dict[str, Any]) -> Record | None:
-    row = await one(READING, sql.read, params)
-    return None if row is None else record_from_row(params["scope"], params["key"], row)
+class ReadFirst(Plan):
+    """For a key likely taken: the record there, read; else the insert decides. A racing insert that wins between
+    the read and ours makes ours do nothing: read again, at most ``TURNS`` times (then None: the record keeps
+    vanishing and reappearing, and the caller's bounded retry decides)."""
+
+    __slots__ = ("turns",)
+
+    def __init__(self, read: Ask, claim: Ask, params: dict[str, Any]) -> None:
+        self.read, self.claim, self.params, self.answer, self.ask, self.turns = read, claim, params, None, read, 1
+
+    def answered(self, row: Any) -> None:
+        if self.ask is self.read:
+            if row is not None:  # a record there answers: never a write for a replay
+                self.ask, self.answer = None, self._record(row)
+            else:  # nothing there: the insert decides
+                self.ask = self.claim
+        elif row is not None:  # the insert claimed the key: our fence
+            self.ask, self.answer = None, int(row[0])
+        elif self.turns < TURNS:  # inserted meanwhile by another caller: read it
+            self.ask, self.turns = self.read, self.turns + 1
+        else:
+            self.ask = None
+
+
+PlanMaker = Callable[[Ask, Ask, dict[str, Any]], Plan]  # (the read, the claim, the claim's parameters)
+
+
+def run(plan: Plan, fetch: Callable[[Ask], Any]) -> Claimed:
+    """The rest of a plan in this thread: ``fetch`` runs each statement (its first row, or None)."""
+    while (ask := plan.ask) is not None:
+        plan.answered(fetch(ask))
+    return plan.answer
+
+
+async def arun(plan: Plan, fetch: Callable[[Ask], Awaitable[Any]]) -> Claimed:
+    """The rest of a plan on an event loop, statement by statement."""
+    while (ask := plan.ask) is not None:
+        plan.answered(await fetch(ask))
+    return plan.answer

@@ -4,11 +4,13 @@
   (``Options.clock``, off by default, is a test seam that replaces it in every statement);
 - schema creation under concurrency: Postgres serialises it with an advisory lock (and makes its claim
   function); SQLite through its single writer lock;
-- the claim (see ``_claims``): on Postgres the plain claim for a call likely to find the key free, the
-  read-or-claim function for one likely to find it taken; SQLite's read-or-claim in one hop to aiosqlite's
-  thread either way (two hops where aiosqlite cannot run a function there);
-- whether a plain read costs less than a claim (Postgres: the claim is a function call);
-- one statement at the driver level, and which driver errors mean the connection is gone, or an outage;
+- the claim plan for a key likely free (``_claims``): Postgres inserts first, SQLite reads first (a read there
+  costs no round trip); for a key likely taken, both read first;
+- whether a plain read costs less than a claim that finds the record (Postgres: the insert, then the read);
+- how a claim commits unsynced, where asked: Postgres in the statement (``set_config``), SQLite around it;
+- one statement at the driver level (compiled once: ``compiled``), a claim plan in one driver call (SQLite: one
+  hop to aiosqlite's thread), a batch of rows in one driver call (Postgres' COPY, SQLite's one hop); which
+  driver errors mean the connection is gone, or an outage;
 - the engine and its connections: pool and server settings (Postgres); WAL, busy timeout and the
   synchronous level, and a connector that registers every connection so its thread is joined (SQLite).
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +36,14 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from .._errors import StoreError
 from .._extras import require
 from .._redact import redact_url
-from ._aiosqlite import BUSY_MS, Opened, Waiters, connector, runs_functions
-from ._aiosqlite import fetch_pair as aiosqlite_pair
+from ._aiosqlite import BUSY_MS, Opened, Waiters, connector
+from ._aiosqlite import fetch_plan as aiosqlite_plan
 from ._aiosqlite import fetch_row as aiosqlite_row
 from ._aiosqlite import insert_rows as aiosqlite_rows
-from ._claims import ClaimWay, by_function, by_insert, in_one_hop
+from ._claims import InsertFirst, Plan, ReadFirst
 from ._schema import TABLE
+from ._statements import Compiled, compiler
+from ._verbs import Plans
 
 # SQLSTATE classes and codes of failures that may pass: connection exceptions, operator intervention (a
 # server shutting down or starting up), insufficient resources (too many connections), and conflicts that
@@ -89,16 +93,15 @@ class Dialect:
     schema_lock: str | None = None  # taken in the schema-creation transaction, if any
     step_isolation: str  # of the transactions that record a step
     read_is_cheaper = False  # a plain read of a record costs less than a claim that finds it
-    claim_function = False  # the store makes (and claims through) the read-or-claim function
     claim_unsynced = False  # a claim's commit does not wait for its WAL to be flushed (see Statements)
-    claim: ClaimWay  # how a claim is asked (see _claims) when the key is likely free: a first call
-    claim_taken: ClaimWay  # ... and when it is likely taken: a replaying task's call, a caller looking again
+    unsynced_in_statement = False  # ... which the claim statement itself says (else its executor sees to it)
+    plans: Plans  # the claim plan for a key likely free (a first call), and for one likely taken (see _claims)
+    plans_in_one_hop = False  # a claim plan runs in one driver call (``fetch_plan``), not statement by statement
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
     single_writer = False  # one write lock for the whole database (SQLite): a long writer makes others wait
     # Outcomes of watched records are announced to other processes (Postgres: LISTEN/NOTIFY, see _listen).
     announces = False
     channel = TABLE
-    copies = False  # rows are written in bulk by one driver call (``copy_rows``), not SQLAlchemy's executemany
     gathers = False  # first calls' claims that would wait for a connection go as one statement (``fetch_rows``)
 
     @property
@@ -111,6 +114,11 @@ class Dialect:
         self.options = options
         if options.clock is not None:
             self.now = options.clock  # the test seam (see Options.clock)
+        self.compiled: Callable[[Any], Compiled] = compiler(self.driver_dialect())
+
+    def driver_dialect(self) -> Any:
+        """SQLAlchemy's dialect of the store's driver, which compiles its statements (``compiled``)."""
+        raise NotImplementedError
 
     def prepare(self) -> None:
         """Anything to do once before the first connection."""
@@ -128,14 +136,13 @@ class Dialect:
         """A driver connection of its own, outside the pool, to listen on (only where ``announces``)."""
         raise NotImplementedError(f"{self.name} announces nothing")
 
-    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
-        """One statement on the driver connection ``drv``: its first row, or None."""
+    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any], writes: bool = True) -> Awaitable[Any]:
+        """One statement on the driver connection ``drv``: its first row, or None. ``writes``: it writes."""
         raise NotImplementedError
 
-    def fetch_pair(self, drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]
-                   ) -> Awaitable[Any]:
-        """The read-or-claim pair in one driver call (only for :func:`_claims.in_one_hop`)."""
-        raise NotImplementedError(f"{self.name} runs no statement pair in one call")
+    def fetch_plan(self, drv: Any, plan: Plan) -> Awaitable[Any]:
+        """The rest of a claim plan in one driver call on ``drv`` (only where ``plans_in_one_hop``)."""
+        raise NotImplementedError(f"{self.name} runs no plan in one driver call")
 
     def fetch_rows(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         """One statement on the driver connection ``drv``: all its rows (only where ``gathers``)."""
@@ -143,9 +150,8 @@ class Dialect:
 
     def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
                   ) -> Awaitable[Any]:
-        """``rows`` (values of ``columns``, in order) into ``table`` in one statement: all or none (only where
-        ``copies``)."""
-        raise NotImplementedError(f"{self.name} copies no rows")
+        """``rows`` (values of ``columns``, in order) into ``table`` in one driver call: all or none."""
+        raise NotImplementedError
 
     def connection_lost(self, exc: BaseException, drv: Any = None) -> bool:
         """Whether ``exc`` says the connection is gone (killed since it was pooled, a server restart), so the
@@ -212,6 +218,7 @@ class SQLite(Dialect):
     schema_begin = "BEGIN IMMEDIATE"  # DDL is serialised by SQLite's single writer lock
     step_isolation = "SERIALIZABLE"
     single_writer = True
+    plans_in_one_hop = True  # (each statement would be a hop to aiosqlite's thread)
 
     @property
     def _pool_size(self) -> int:
@@ -224,19 +231,23 @@ class SQLite(Dialect):
 
     @property
     def claim_unsynced(self) -> bool:  # type: ignore[override]
-        """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.read_or_claim``)."""
+        """At ``synchronous=FULL`` a claim's commit need not sync the WAL (``_aiosqlite.Unsynced``)."""
         return self.options.sqlite_synchronous.upper() == "FULL"
 
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
         db = make_url(url).database
         self.memory = db in (None, "", ":memory:") or "mode=memory" in url
-        # SQLite's claim reads first already, in the same hop: no separate read is cheaper.
-        self.claim = self.claim_taken = in_one_hop if runs_functions() else by_insert
+        # A read costs no round trip and never waits for the writer (WAL): every claim reads first, so that a
+        # replay never takes the write lock; whatever executor runs it, in one hop at most (``fetch_plan``).
+        # No separate read is cheaper.
+        self.plans = Plans(ReadFirst, ReadFirst)
         self.waiters = Waiters()  # this store's writes waiting for the write lock, on any thread
-        # A batch of rows in one hop, the binding done by sqlite3 in C (``_aiosqlite.inserted``), rather than
-        # SQLAlchemy's parameters for each row on the guard's portal thread, which holds the GIL meanwhile.
-        self.copies = runs_functions()
+
+    def driver_dialect(self) -> Any:
+        from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
+
+        return SQLiteDialect_aiosqlite()
 
     def prepare(self) -> None:
         """Create the SQLite file's folder (``.agentguard/claims.db`` works from an empty directory), or say
@@ -279,17 +290,17 @@ class SQLite(Dialect):
             cur.execute(f"PRAGMA synchronous = {synchronous}")
             cur.close()
 
-    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
-        return aiosqlite_row(drv, sql, args, self.waiters)
+    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any], writes: bool = True) -> Awaitable[Any]:
+        return aiosqlite_row(drv, sql, args, writes, self.waiters)  # type: ignore[no-any-return]
 
-    def fetch_pair(self, drv: Any, sql: str, args: Sequence[Any], then_sql: str, then_args: Sequence[Any]
-                   ) -> Awaitable[Any]:
-        return aiosqlite_pair(  # type: ignore[no-any-return]
-            drv, sql, args, then_sql, then_args, claim_unsynced=self.claim_unsynced, waiting=self.waiters
-        )
+    def fetch_plan(self, drv: Any, plan: Plan) -> Awaitable[Any]:
+        return aiosqlite_plan(  # type: ignore[no-any-return]
+            drv, plan, self.compiled, claim_unsynced=self.claim_unsynced, waiting=self.waiters)
 
     def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
                   ) -> Awaitable[Any]:
+        # A batch in one hop, the binding done by sqlite3 in C (``_aiosqlite.inserted``), rather than SQLAlchemy's
+        # parameters for each row on the guard's portal thread, which holds the GIL meanwhile.
         sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
         return aiosqlite_rows(drv, sql, rows, unsynced=self.claim_unsynced)  # type: ignore[no-any-return]
 
@@ -311,25 +322,26 @@ class Postgres(Dialect):
     # Concurrent CREATE TABLE IF NOT EXISTS can still fail on pg_type's unique index; serialise it.
     schema_lock = "SELECT pg_advisory_xact_lock(7283950271)"
     step_isolation = "READ COMMITTED"
-    # A plain SELECT of a record costs less than the claim function, so a call that is likely a replay may
-    # read first (the guard decides when).
+    # A plain SELECT of a record costs less than the claim of a key likely free that finds it (the insert, then
+    # the read), so a call that is likely a replay may read first (the guard decides when).
     read_is_cheaper = True
-    claim_function = True
     announces = True
-    # COPY costs the client about a sixth and the server about two thirds of an executemany of the same INSERTs
-    # (benchmarks: --load's CPU per call; the ledger writes a row per call).
-    copies = True
     # Under load (every connection of a loop in use), the first calls' claims that would wait for one go as one
     # statement when one is free: one round trip and one commit for them all (benchmarks: --load).
     gathers = True
 
     def __init__(self, url: str, options: Options) -> None:
         super().__init__(url, options)
-        # A first call's plain claim costs the server about a sixth less than the function's read and insert
-        # (benchmarks: --load's server CPU per call); a claim that finds the key taken costs two round trips
-        # where the function's costs one.
-        self.claim, self.claim_taken = by_insert, by_function
-        self.claim_unsynced = options.pg_claim_unsynced
+        # A first call's plain insert costs the server about a sixth less than a read that misses and then the
+        # insert (benchmarks: --load's server CPU per call); a key likely taken is read first, one round trip
+        # for a replay, where the insert that finds it taken and then the read cost two.
+        self.plans = Plans(InsertFirst, ReadFirst)
+        self.claim_unsynced = self.unsynced_in_statement = options.pg_claim_unsynced
+
+    def driver_dialect(self) -> Any:
+        from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+
+        return PGDialect_asyncpg()  # type: ignore[no-untyped-call]
 
     def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
         o = self.options
@@ -341,7 +353,7 @@ class Postgres(Dialect):
             "connect_args": {"timeout": o.connect_timeout, "server_settings": settings},
         }
 
-    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
+    def fetch_row(self, drv: Any, sql: str, args: Sequence[Any], writes: bool = True) -> Awaitable[Any]:
         return drv.fetchrow(sql, *args)  # type: ignore[no-any-return]
 
     def fetch_rows(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:

@@ -1,39 +1,40 @@
-"""SQLite without a hop: a sync tool's claim and completion in the caller's own thread, and an async tool's on
-its event loop's thread when they can be made at once, each on a stdlib ``sqlite3`` connection of that thread
-— no hop to the guard's portal loop, none to an aiosqlite thread.
+"""SQLite without a hop: the store's statements on a stdlib ``sqlite3`` connection of the calling thread — a sync
+tool's own thread (the ``Direct`` verbs), or an event loop's thread for a statement that can be made at once
+(``SQLStore``'s claim and completion) — no hop to the guard's portal loop, none to an aiosqlite thread.
 
-A shortcut beside the general path it must equal: the same file, the same pragmas, the same statements
-(compiled from the store's own ``Statements``), the same read-or-claim (``_aiosqlite.read_or_claim``, with the
-unsynced claim at ``synchronous=FULL``), the same answers (``SQLStore.claim`` and ``SQLStore.complete``);
-``tests/test_direct.py`` proves them equal. A failure is a ``StoreError`` as the store would raise it; the
-engine then hands the call to the general path, which decides (retries, fails closed).
+Two executors of the same statements, each with its waiting policy, never a decision of its own: they run the
+store's statements (compiled from its ``Statements``, as aiosqlite's are), its claim plans (``_claims``) and
+verbs (``_verbs``), with the unsynced claim at ``synchronous=FULL`` (``_aiosqlite.statement``), and answer what
+the general path answers; ``tests/test_executors.py`` proves them equal, statement by statement and plan by
+plan. A failure in a sync tool's thread is a ``StoreError`` as the store would raise it; the caller then asks
+the store the same verb (the same statements, the same parameters), which decides (retries, fails closed).
 
 Every connection here is opened with a busy timeout of 0: a hot write waits for SQLite's write lock in
 ``_aiosqlite.written``'s short sleeps, never in the busy handler's (and sets no pragma around each statement).
 
-- In a sync tool's thread, a statement blocks that thread only, as the tool itself does: it waits for the
-  write lock there.
-- On an event loop's thread (``*_now``), a statement must not block the loop: it is made only if it cannot
-  wait. It takes the write lock at once or is refused (SQLITE_BUSY: the caller hops to aiosqlite's thread,
-  which waits); it never syncs (the claim at ``FULL`` is unsynced; a completion is made here only at
-  ``NORMAL`` or ``OFF``); it never checkpoints (``wal_autocheckpoint`` is 0 on these connections: every
-  ``CHECKPOINT_EVERY`` commits made here, a checkpoint runs on a short-lived thread of its own, which the loop
-  need not schedule, so a caller whose calls never suspend still gets its WAL checkpointed). Such a statement
-  costs about what a read does, a few tens of µs, and as a synchronous call it cannot be split by a
-  cancellation.
+- In a sync tool's thread (:meth:`DirectSQLite._fetch`), a statement blocks that thread only, as the tool
+  itself does: it waits for the write lock there.
+- On an event loop's thread (:meth:`DirectSQLite.now`), a statement must not block the loop: it is made only if
+  it cannot wait. It takes the write lock at once or is refused (SQLITE_BUSY: the caller waits in the loop's
+  line, or hops to aiosqlite's thread, which waits); it never syncs (a claim's insert is made here only where it
+  commits unsynced, or at ``NORMAL``/``OFF``; another write only at ``NORMAL``/``OFF``); it never checkpoints
+  (``wal_autocheckpoint`` is 0 on these connections: every ``CHECKPOINT_EVERY`` commits made here, a checkpoint
+  runs on a short-lived thread of its own, which the loop need not schedule, so a caller whose calls never
+  suspend still gets its WAL checkpointed). Such a statement costs about what a read does, a few tens of µs,
+  and as a synchronous call it cannot be split by a cancellation. What is refused goes on where it stopped:
+  the plan, at the statement refused, to aiosqlite's thread (``Executor.claim``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import operator
 import os
 import random
 import sqlite3
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
@@ -41,11 +42,11 @@ from sqlalchemy.engine import make_url
 
 from .._errors import StoreError
 from .._fork import abandon
-from ._aiosqlite import HANDOFF_MAX, Waiters, busy, read_or_claim, written
-from ._schema import Record, record_from_row
-from ._statements import Statements
+from ._aiosqlite import HANDOFF_MAX, Unsynced, Waiters, busy, patiently
+from ._claims import Ask, Plan
+from ._statements import Compiled, Statements
+from ._verbs import Plans, SyncVerbs
 
-Compiled = tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]
 T = TypeVar("T")
 
 CHECKPOINT_EVERY = 300  # commits made on event loops' threads between two checkpoints (about 1,000 WAL pages)
@@ -68,13 +69,6 @@ class NotNow:
 NOT_NOW, BUSY_NOW = NotNow(False), NotNow(True)
 
 
-def _compiled(stmt: Any) -> Compiled:
-    compiled = stmt.compile(dialect=SQLiteDialect_aiosqlite())
-    names = tuple(compiled.positiontup or ())
-    getter = operator.itemgetter(*names) if len(names) > 1 else (lambda p: tuple(p[n] for n in names))
-    return compiled.string, getter
-
-
 class Line:
     """An event loop's writers waiting for SQLite's write lock, in the order they came (``DirectSQLite.at_once``)."""
 
@@ -91,18 +85,21 @@ def _resolve(resumed: asyncio.Future[None]) -> None:
         resumed.set_result(None)
 
 
-class DirectSQLite:
-    """The hot statements of one SQLite store, each on the calling thread's own connection."""
+class DirectSQLite(SyncVerbs):
+    """The store's statements of one SQLite file, each on the calling thread's own connection: the ``Direct`` verbs
+    in a sync tool's thread, and a statement made at once on an event loop's (:meth:`now`)."""
 
-    def __init__(self, url: str, synchronous: str, sql: Statements, claim_unsynced: bool,
-                 error: Callable[[str, BaseException, bool | None], StoreError], waiters: Waiters) -> None:
+    def __init__(self, url: str, synchronous: str, sql: Statements, plans: Plans, compiled: Callable[[Any], Compiled],
+                 claim_unsynced: bool, error: Callable[[str, BaseException, bool | None], StoreError],
+                 waiters: Waiters) -> None:
+        super().__init__(sql, plans)
         self._cargs, self._cparams = SQLiteDialect_aiosqlite().create_connect_args(make_url(url))
         self._synchronous = synchronous.upper()
         self._claim_unsynced = claim_unsynced
-        self.completes_now = self._synchronous in ("OFF", "NORMAL")  # (a completion on a loop never syncs)
+        self.completes_now = self._synchronous in ("OFF", "NORMAL")  # (a write on a loop never syncs)
         self.claims_now = self.completes_now or claim_unsynced
         self._error = error
-        self._read, self._claim, self._complete = _compiled(sql.read), _compiled(sql.claim), _compiled(sql.complete)
+        self._compiled = compiled
         self._local = threading.local()
         self._conns: dict[tuple[threading.Thread, str], sqlite3.Connection] = {}
         self._lock = threading.Lock()
@@ -155,73 +152,59 @@ class DirectSQLite:
         self._lines = weakref.WeakKeyDictionary()
         self.commits_now = 0
 
-    def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
-        """What ``SQLStore.claim`` answers: our fence, the record there, or None (it kept vanishing). (One way
-        here, whatever is likely: a read first, then the claim.)"""
-        (read_sql, read_args), (claim_sql, claim_args) = self._read, self._claim
+    def _fetch(self, ask: Ask, params: dict[str, Any]) -> Any:
+        """``ask`` in a sync tool's thread: its first row, or None. The write lock is waited for here, in short
+        sleeps (``_aiosqlite.patiently``: the connection's busy handler never waits); a read is retried so too (a
+        WAL read may find the lock busy for a moment, while another connection recovers it)."""
+        sql, args = self._compiled(ask.stmt)
+        conn = self._conn()
         try:
-            got = read_or_claim(self._conn(), read_sql, read_args(params), claim_sql, claim_args(params),
-                                self._claim_unsynced, waits=False, waiting=self.waiters)
+            if ask.claims and self._claim_unsynced:
+                with Unsynced(conn):
+                    rows = patiently(conn, sql, args(params), self.waiters)
+            else:
+                rows = patiently(conn, sql, args(params), self.waiters)
         except (sqlite3.Error, OSError) as exc:
-            raise self._error("claiming the key", exc, False) from exc
-        if got is None or isinstance(got, int):
-            return got
-        return record_from_row(params["scope"], params["key"], got)
+            raise self._error(ask.what, exc, ask.body_ran) from exc
+        return rows[0] if rows else None
 
-    def read_now(self, params: dict[str, Any]) -> Record | None:
-        """The record there, read on this thread without waiting (an event loop's: an async tool's replay then
-        costs no hop), or None if there is none or it could not be read at once — a read in WAL mode does not
-        wait for SQLite's writer, and this connection's busy handler never waits."""
-        sql, args = self._read
-        try:
-            rows = self._conn("loop").execute(sql, args(params)).fetchall()
-        except (sqlite3.Error, OSError):
-            return None
-        return record_from_row(params["scope"], params["key"], rows[0]) if rows else None
-
-    def claim_now(self, params: dict[str, Any]) -> int | Record | NotNow:
-        """What ``SQLStore.claim`` answers, on an event loop's thread, if it can be made at once (see the module
-        docstring; only where ``claims_now``): our fence, or the record there; else ``NOT_NOW``."""
-        (read_sql, read_args), (claim_sql, claim_args) = self._read, self._claim
-        conn = self._conn("loop")
-        unsynced = self._claim_unsynced
-        try:
-            rows = conn.execute(read_sql, read_args(params)).fetchall()
-            if rows:
-                return record_from_row(params["scope"], params["key"], rows[0])
+    def now(self, ask: Ask, params: dict[str, Any]) -> Any:
+        """``ask`` on an event loop's thread, if it can be made at once (see the module docstring): its first row,
+        None, or ``NOT_NOW``/``BUSY_NOW``. A read is always made; a write only where it never syncs (a claim's
+        insert where ``claims_now``, any other where ``completes_now``) and while no write of this store waits
+        for the lock on a thread (``Waiters``: it takes its turn)."""
+        if ask.writes:
+            if not (self.claims_now if ask.claims else self.completes_now):
+                return NOT_NOW
             if self.waiters.count:
-                return BUSY_NOW  # a write of this store waits for the lock: this one takes its turn (Waiters)
-            if unsynced:
-                conn.execute("PRAGMA synchronous = NORMAL")
-            try:
-                rows = conn.execute(claim_sql, claim_args(params)).fetchall()  # (all: it ends, it commits)
-            finally:
-                if unsynced:
-                    conn.execute("PRAGMA synchronous = FULL")
+                return BUSY_NOW
+        sql, args = self._compiled(ask.stmt)
+        conn = self._conn("loop")
+        try:
+            if ask.claims and self._claim_unsynced:
+                with Unsynced(conn):
+                    rows = conn.execute(sql, args(params)).fetchall()  # (all: it ends, it commits)
+            else:
+                rows = conn.execute(sql, args(params)).fetchall()
         except sqlite3.OperationalError as exc:
             return BUSY_NOW if busy(exc) else NOT_NOW  # (anything but the lock: the general path decides)
         except (sqlite3.Error, OSError):
             return NOT_NOW
-        self._committed_now()
-        return int(rows[0][0]) if rows else NOT_NOW  # (no row: inserted meanwhile, the general path reads it)
+        if ask.writes:
+            self._committed_now()
+        return rows[0] if rows else None
 
-    def complete_now(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,
-                     audit: str | None = None) -> bool | NotNow:
-        """What ``SQLStore.complete`` answers, on an event loop's thread, if it can be made at once (only where
-        ``completes_now``): whether the outcome was recorded under our fence; else ``NOT_NOW``."""
-        sql, args = self._complete
-        if self.waiters.count:
-            return BUSY_NOW
-        params = {"scope": scope, "key": key, "fence": fence, "state": state, "result": result,
-                  "retention": retention, "audit": audit}
-        try:
-            rows = self._conn("loop").execute(sql, args(params)).fetchall()
-        except sqlite3.OperationalError as exc:
-            return BUSY_NOW if busy(exc) else NOT_NOW
-        except (sqlite3.Error, OSError):
-            return NOT_NOW
-        self._committed_now()
-        return bool(rows)
+    def advance_now(self, plan: Plan) -> Plan | NotNow:
+        """As much of a claim plan as can be made at once on an event loop's thread (:meth:`now`, statement by
+        statement): ``plan`` once it ended; else ``NOT_NOW``/``BUSY_NOW``, the plan waiting at the statement
+        refused (made again later, or by another executor)."""
+        params = plan.params
+        while (ask := plan.ask) is not None:
+            row = self.now(ask, params)
+            if row is NOT_NOW or row is BUSY_NOW:
+                return row
+            plan.answered(row)
+        return plan
 
     def _committed_now(self) -> None:
         self.commits_now += 1
@@ -317,18 +300,6 @@ class DirectSQLite:
                 return None
             self._paused.append((loop, resumed))
         return resumed
-
-    def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,
-                 audit: str | None = None) -> bool:
-        """What ``SQLStore.complete`` answers: whether the outcome was recorded under our fence."""
-        sql, args = self._complete
-        params = {"scope": scope, "key": key, "fence": fence, "state": state, "result": result,
-                  "retention": retention, "audit": audit}
-        try:
-            rows = written(self._conn(), sql, args(params), waits=False, waiting=self.waiters)
-        except (sqlite3.Error, OSError) as exc:
-            raise self._error("storing the result", exc, True) from exc
-        return bool(rows)
 
     def close(self) -> None:
         """Close every connection opened here (each thread opens a new one on its next call)."""

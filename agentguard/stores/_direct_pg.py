@@ -1,16 +1,16 @@
-"""Postgres for sync tools: a claim and a completion run in the caller's own thread, on a psycopg (sync)
-connection of that thread — no hop to the guard's portal loop and back for each statement.
+"""Postgres for sync tools: the store's statements in the caller's own thread, on a psycopg (sync) connection of
+that thread — no hop to the guard's portal loop and back for each statement.
 
-A shortcut beside the general path (asyncpg on the portal's loop) it must equal: the same server and session
-settings (``application_name``, ``synchronous_commit``), the store's own statements (compiled from its
-``Statements``: the read-or-claim function — or, for a likely first call, the plain claim it makes inside —
-each with ``pg_claim_unsynced``'s ``set_config``, and the completion that announces watched records), the same
-answers (``SQLStore.claim``, ``SQLStore.complete``); ``tests/test_direct_pg.py`` proves them equal. Bounded: at
-most the store's pool capacity of connections across threads (a thread beyond it takes the general path);
-those of threads that ended are closed on the next open, a forked child never uses its parent's. A failure
-(connecting, a statement, a lost connection) is a ``StoreError`` as the store would raise it; the engine then
-hands the call to the general path, which decides (retries, fails closed). Without psycopg, the general path
-runs as ever.
+An executor of the same statements beside the general path (asyncpg on the portal's loop), never a decision of
+its own: the same server and session settings (``application_name``, ``synchronous_commit``), the store's own
+statements (compiled from its ``Statements`` for psycopg: the claim with ``pg_claim_unsynced``'s
+``set_config``, the completion that announces watched records), its claim plans (``_claims``) and verbs
+(``_verbs``), the same answers; ``tests/test_executors.py`` proves them equal. Bounded: at most the store's pool
+capacity of connections across threads (a thread beyond it is refused, and its caller asks the store); those
+of threads that ended are closed on the next open, a forked child never uses its parent's. A failure
+(connecting, a statement, a lost connection) is a ``StoreError`` as the store would raise it; the caller then
+asks the store the same verb (the same statements, the same parameters, the same owner token), which decides
+(retries, fails closed). Without psycopg, the general path runs as ever.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import make_url
@@ -26,11 +26,9 @@ from sqlalchemy.engine import make_url
 from .._errors import StoreError
 from .._extras import missing
 from .._fork import abandon
-from ._claims import CLAIMING, READING
-from ._schema import FENCE_AT, Record, record_from_row
-from ._statements import Statements
-
-Compiled = tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]
+from ._claims import Ask
+from ._statements import Compiled, Statements, compiler
+from ._verbs import Plans, SyncVerbs
 
 CONNECT_TIMEOUT = 2  # seconds (libpq's least): a direct connection that cannot be had soon is not worth waiting for
 RESTING = 1.0  # seconds without trying to connect again after a connection could not be opened
@@ -58,28 +56,27 @@ def connect_kwargs(url: str, synchronous_commit: str | None) -> dict[str, Any] |
     return kwargs
 
 
-def _compiled(stmt: Any) -> Compiled:
+def psycopg_compiler() -> Callable[[Any], Compiled]:
+    """The store's statements for psycopg (``%s`` placeholders)."""
     from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
-    compiled = stmt.compile(dialect=PGDialect_psycopg(paramstyle="format"))  # type: ignore[no-untyped-call]
-    names = tuple(compiled.positiontup or ())
-    return compiled.string, lambda p: [p[n] for n in names]
+    return compiler(PGDialect_psycopg(paramstyle="format"))  # type: ignore[no-untyped-call]
 
 
-class DirectPostgres:
-    """The hot statements of one Postgres store, each on the calling thread's own psycopg connection."""
+class DirectPostgres(SyncVerbs):
+    """The store's statements of one Postgres store, each on the calling thread's own psycopg connection (the
+    ``Direct`` verbs)."""
 
-    def __init__(self, kwargs: dict[str, Any], capacity: int, sql: Statements,
+    def __init__(self, kwargs: dict[str, Any], capacity: int, sql: Statements, plans: Plans,
                  error: Callable[[str, BaseException, bool | None], StoreError]) -> None:
         import psycopg
 
+        super().__init__(sql, plans)
         self._psycopg = psycopg
         self._kwargs = kwargs
         self._capacity = capacity
         self._error = error
-        assert sql.claim_or_fetch is not None  # (a Postgres store claims through its function)
-        self._claim, self._insert, self._read, self._complete = (
-            _compiled(s) for s in (sql.claim_or_fetch, sql.claim, sql.read, sql.complete))
+        self._compiled = psycopg_compiler()
         self._local = threading.local()
         self._conns: dict[threading.Thread, Any] = {}
         self._lock = threading.Lock()
@@ -129,10 +126,11 @@ class DirectPostgres:
         self._pid, self._local, self._conns = os.getpid(), threading.local(), {}
         self._lock = threading.Lock()  # (a lock held by another thread at the fork stays held in the child)
 
-    def _fetch(self, what: str, compiled: Compiled, params: dict[str, Any], body_ran: bool) -> Any:
-        """One statement on this thread's connection: its first row, or None."""
+    def _fetch(self, ask: Ask, params: dict[str, Any]) -> Any:
+        """``ask`` on this thread's connection: its first row, or None."""
+        what, body_ran = ask.what, bool(ask.body_ran)
         conn, cur = self._conn(what, body_ran)
-        sql, args = compiled
+        sql, args = self._compiled(ask.stmt)
         try:
             cur.execute(sql, args(params))
             return cur.fetchone()
@@ -150,35 +148,6 @@ class DirectPostgres:
             if self._conns.get(threading.current_thread()) is conn:
                 del self._conns[threading.current_thread()]
         _close(conn)
-
-    def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
-        """What ``SQLStore.claim`` answers: our fence, the record there, or None (it vanished).
-
-        Asked the cheaper of the store's two ways for what is likely: a replaying task's (an agent going over
-        its history: ``Engine.replaying``) through the read-or-claim function, one round trip
-        (``_claims.by_function``); any other through the plain claim, which costs the server about half the
-        function's on a first call, and a read only if it found the key taken (``_claims.by_insert``). Both
-        decide by the same ``INSERT ... ON CONFLICT DO NOTHING``."""
-        if not likely_taken:
-            row = self._fetch(CLAIMING, self._insert, params, False)
-            if row is not None:
-                return int(row[0])
-            row = self._fetch(READING, self._read, params, False)
-            return None if row is None else record_from_row(params["scope"], params["key"], row)
-        row = self._fetch(CLAIMING, self._claim, params, False)
-        if row is None:  # the record kept vanishing inside the function: read once more
-            row = self._fetch(READING, self._read, params, False)
-            return None if row is None else record_from_row(params["scope"], params["key"], row)
-        if row[0] == 1:
-            return int(row[1 + FENCE_AT])
-        return record_from_row(params["scope"], params["key"], row[1:])
-
-    def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,
-                 audit: str | None = None) -> bool:
-        """What ``SQLStore.complete`` answers: whether the outcome was recorded under our fence."""
-        params = {"scope": scope, "key": key, "fence": fence, "state": state, "result": result,
-                  "retention": retention, "audit": audit}
-        return self._fetch("storing the result", self._complete, params, True) is not None
 
     def close(self) -> None:
         """Close every connection opened here (each thread opens a new one on its next call)."""

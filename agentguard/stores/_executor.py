@@ -4,7 +4,9 @@ and every failure turned into a ``StoreError`` that says what failed.
 - :meth:`Executor.one` — the hot path: one statement handed straight to the driver on an idle connection
   (the same way as :meth:`Executor.on_driver`, which runs the dialect's bulk writes). Where every connection
   of the loop is in use, a statement that has a form for many callers (``many``) waits with the others that
-  came meanwhile, and they go as one statement (:meth:`Executor._gathered`).
+  came meanwhile, and they go as one statement (:meth:`Executor._gathered`). :meth:`Executor.claim` runs the
+  rest of a claim plan (``_claims``) there: statement by statement, or in one driver call where the dialect
+  runs a plan so (SQLite: one hop to aiosqlite's thread).
 - :meth:`Executor.run` — the general path: a function of a SQLAlchemy connection (optionally in a
   transaction), for everything off the hot path.
 - :meth:`Executor.transaction` — a transaction the caller runs its own statements in (not retried).
@@ -21,7 +23,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import operator
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -31,15 +32,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import StoreError
 from .._redact import redact_text
+from ._claims import CLAIMING, Claimed, Plan, arun
 from ._dialects import Dialect
 from ._engines import Engines
 from ._lane import Lane
-from ._statements import GATHER_MAX, Many
+from ._statements import GATHER_MAX, Compiled, Many
 
 log = logging.getLogger("agentguard.store")
 T = TypeVar("T")
-
-Compiled = tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]
 
 
 class Batch:
@@ -79,8 +79,6 @@ class Executor:
         self.engines = Engines(dialect)
         self._make_schema_on = make_schema
         self._fetch = dialect.fetch_row
-        self._fetch_pair = dialect.fetch_pair
-        self._compiled_sql: dict[int, Compiled] = {}
         self.schema_ready = False
         self._schema_tasks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
             weakref.WeakKeyDictionary()
@@ -129,49 +127,51 @@ class Executor:
 
     # -- the hot path -----------------------------------------------------------------------------------
 
-    def _compiled(self, stmt: Any, engine: AsyncEngine) -> Compiled:
-        """The driver-level SQL of one of the store's statements and a getter of its positional arguments
-        from the named parameters, built once."""
-        found = self._compiled_sql.get(id(stmt))
-        if found is None:
-            compiled = stmt.compile(dialect=engine.dialect)
-            names = tuple(compiled.positiontup or ())
-            getter = operator.itemgetter(*names) if len(names) > 1 else lambda p: tuple(p[n] for n in names)
-            found = self._compiled_sql[id(stmt)] = (compiled.string, getter)
-        return found
+    def _compiled(self, stmt: Any, engine: AsyncEngine | None = None) -> Compiled:
+        """The driver-level SQL of one of the store's statements and a getter of its positional arguments from
+        the named parameters, built once (``Dialect.compiled``)."""
+        return self.dialect.compiled(stmt)
 
     async def one(
-        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False, then: Any = None,
+        self, what: str, stmt: Any, params: dict[str, Any], *, body_ran: bool | None = False, writes: bool = True,
         many: Many | None = None,
     ) -> Any:
         """One statement, one round trip (one thread hop on SQLite): its first row, or None.
 
-        A shortcut beside :meth:`run`: SQLAlchemy still owns the pool, the dialect and the compiled SQL, but
-        the statement goes straight to the driver (asyncpg's prepared-statement cache, aiosqlite's
-        ``execute_fetchall``) on a connection of the loop's lane (``_lane.Lane``), skipping the per-statement cursor,
+        A shortcut beside :meth:`run`: SQLAlchemy still owns the pool and the dialect, but the statement (compiled
+        once: ``Dialect.compiled``) goes straight to the driver (asyncpg's prepared-statement cache, a function on
+        aiosqlite's thread) on a connection of the loop's lane (``_lane.Lane``), skipping the per-statement cursor,
         result and reset steps of the general path — on aiosqlite each of them a thread hop. It must answer
-        what ``run(what, lambda conn: conn.execute(stmt, params).first())`` answers.
+        what ``run(what, lambda conn: conn.execute(stmt, params).first())`` answers (tests/test_executors.py).
 
-        ``then``: a second statement for the same driver call, run only if ``stmt`` finds no row (the
-        dialect's ``fetch_pair``: SQLite's read-or-claim in one hop; see ``_claims.in_one_hop``).
         ``many``: the statement's form for many callers (where the dialect ``gathers``), used when every
-        connection of the lane is in use (:meth:`_gathered`).
-        ``body_ran``: whether the tool body had run, for the ``StoreError`` if it fails.
+        connection of the lane is in use (:meth:`_gathered`). ``writes``: it writes (SQLite: it takes the write
+        lock, waited for in short sleeps). ``body_ran``: whether the tool body had run, for the ``StoreError``
+        if it fails.
         """
         if not self.schema_ready:
             await self.ensure_schema()
         engine, lane = self.engines.here()
         if many is not None and not lane.free():
             return await self._gathered(engine, lane, what, stmt, many, params, body_ran)
-        sql, getter = self._compiled(stmt, engine)
+        sql, getter = self.dialect.compiled(stmt)
         args = getter(params)
-        if then is None:
-            return await self._on_lane(engine, lane, what, lambda drv: self._fetch(drv, sql, args), body_ran)
-        then_sql, then_getter = self._compiled(then, engine)
-        then_args = then_getter(params)
-        return await self._on_lane(
-            engine, lane, what, lambda drv: self._fetch_pair(drv, sql, args, then_sql, then_args), body_ran
-        )
+        return await self._on_lane(engine, lane, what, lambda drv: self._fetch(drv, sql, args, writes), body_ran)
+
+    async def claim(self, plan: Plan) -> Claimed:
+        """The rest of a claim plan (``_claims``): statement by statement through :meth:`one` (each a round trip,
+        the claim's insert gathered under load), or, where the dialect runs a plan in one driver call (SQLite),
+        in one hop, retried as one statement is."""
+        if not self.dialect.plans_in_one_hop:
+            params = plan.params
+            return await arun(plan, lambda ask: self.one(ask.what, ask.stmt, params, body_ran=ask.body_ran,
+                                                          writes=ask.writes, many=ask.many))
+        if not self.schema_ready:
+            await self.ensure_schema()
+        engine, lane = self.engines.here()
+        fetch_plan = self.dialect.fetch_plan
+        await self._on_lane(engine, lane, CLAIMING, lambda drv: fetch_plan(drv, plan), False)
+        return plan.answer
 
     async def _gathered(self, engine: AsyncEngine, lane: Lane, what: str, stmt: Any, many: Many,
                         params: dict[str, Any], body_ran: bool | None) -> Any:
@@ -211,7 +211,7 @@ class Executor:
 
     async def _send_gathered(self, engine: AsyncEngine, lane: Lane, what: str, stmt: Any, many: Many, batch: Batch,
                              body_ran: bool | None) -> None:
-        sql, getter = self._compiled(stmt, engine)
+        sql, getter = self.dialect.compiled(stmt)
 
         def taken() -> list[dict[str, Any]]:
             if not batch.went:

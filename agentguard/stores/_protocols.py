@@ -83,15 +83,27 @@ class ClaimStore(Protocol):
 
 
 class Direct(Protocol):
-    """A claim and a completion in a sync tool's own thread (``_direct``: SQLite, ``_direct_pg``: Postgres),
-    answering what ``ClaimStore.claim`` and ``ClaimStore.complete`` answer, or raising ``StoreError``."""
+    """The hot verbs in a sync tool's own thread (``_direct``: SQLite, ``_direct_pg``: Postgres; ``_verbs.SyncVerbs``):
+    each asks the statements the ``ClaimStore`` verb of the same name asks, with the same parameters, and answers
+    what it answers, or raises ``StoreError`` (the caller may then ask the store's own verb, the same way)."""
 
     def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
-        """``likely_taken``: as for ``ClaimStore.claim`` (a replaying task's call: ``Engine.replaying``)."""
+        """``likely_taken``: as for ``ClaimStore.claim`` (the same hint, the same plan)."""
         ...
+
+    def read(self, scope: str, key: str) -> Record | None: ...
+
+    def take_over(self, params: dict[str, Any]) -> tuple[int, int] | None: ...
+
+    def renew(self, scope: str, key: str, fence: int, lease: float) -> bool: ...
 
     def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,
                  audit: str | None = None) -> bool: ...
+
+    def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None, *,
+                raised: str | None = None, bound: bool = True) -> bool: ...
+
+    def release_owned(self, scope: str, key: str, owner: str, retention: float) -> bool: ...
 
     def close(self) -> None: ...
 

@@ -1,8 +1,8 @@
 """The two tables, and the one row layout a call record is read in.
 
 ``ROW`` lists the columns of a read record, in order. Everything that knows that order is generated from it:
-the read's SELECT list, the Postgres claim function's result columns, and :func:`record_from_row`, which
-turns a row into a :class:`Record` (whose fields are ``scope``, ``key`` and then ``ROW``, in that order).
+the read's SELECT list and :func:`record_from_row`, which turns a row into a :class:`Record` (whose fields are
+``scope``, ``key`` and then ``ROW``, in that order).
 """
 
 from __future__ import annotations
@@ -85,15 +85,15 @@ steps = Table(
 )
 
 
-async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, functions: Sequence[str]) -> None:
-    """Create the tables (if missing) and ``functions`` in one explicit transaction, so that ``lock`` (taken
+async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, more: Sequence[str]) -> None:
+    """Create the tables (if missing) and run the ``more`` DDL in one explicit transaction, so that ``lock`` (taken
     first, if any) covers all of it; ``conn`` is in autocommit mode."""
     await conn.exec_driver_sql(begin)
     try:
         if lock:
             await conn.exec_driver_sql(lock)
         await conn.run_sync(metadata.create_all, checkfirst=True)
-        for ddl in functions:
+        for ddl in more:
             await conn.exec_driver_sql(ddl)
         await conn.exec_driver_sql("COMMIT")
     except BaseException:
@@ -185,29 +185,27 @@ class Col(NamedTuple):
 
     name: str
     sql: str  # the expression; {c} is the table alias and a dot (or nothing), {now} the database clock
-    pg_type: str  # its type in the Postgres claim function's result
     flag: bool = False  # computed as 0 or 1 (SQLite has no boolean type); a Record holds a bool
 
 
 ROW = (
-    Col("state", "{c}state", "text"),
-    Col("fence", "{c}fence", "bigint"),
-    Col("fingerprint", "{c}fingerprint", "text"),
-    Col("arg_hashes", "{c}arg_hashes", "text"),
-    Col("result", "{c}result", "text"),
-    Col("attempts", "{c}attempts", "int"),
-    Col("owner", "{c}owner", "text"),
-    Col("task_id", "{c}task_id", "text"),
-    Col("operation", "{c}operation", "text"),
-    Col("live", "CASE WHEN {live} THEN 1 ELSE 0 END", "int", flag=True),
-    Col("expired", "CASE WHEN {c}expires_at < {now} THEN 1 ELSE 0 END", "int", flag=True),
-    Col("ttl", "{c}expires_at - {now}", "float8"),
-    Col("origin", "{c}origin", "bigint"),
+    Col("state", "{c}state"),
+    Col("fence", "{c}fence"),
+    Col("fingerprint", "{c}fingerprint"),
+    Col("arg_hashes", "{c}arg_hashes"),
+    Col("result", "{c}result"),
+    Col("attempts", "{c}attempts"),
+    Col("owner", "{c}owner"),
+    Col("task_id", "{c}task_id"),
+    Col("operation", "{c}operation"),
+    Col("live", "CASE WHEN {live} THEN 1 ELSE 0 END", flag=True),
+    Col("expired", "CASE WHEN {c}expires_at < {now} THEN 1 ELSE 0 END", flag=True),
+    Col("ttl", "{c}expires_at - {now}"),
+    Col("origin", "{c}origin"),
 )
 if Record._fields != ("scope", "key", *(col.name for col in ROW)):
     raise AssertionError("Record's fields must be scope, key and then ROW's columns, in order")
 
-FENCE_AT = [col.name for col in ROW].index("fence")  # where a row holds the fence
 _FLAGS = tuple(2 + i for i, col in enumerate(ROW) if col.flag)  # where a Record holds a 0/1 flag
 
 

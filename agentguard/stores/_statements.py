@@ -1,14 +1,16 @@
-"""Every statement the store sends, written once and built once per store (SQLAlchemy compiles each once per
-dialect), and the Postgres read-or-claim function.
+"""Every statement the store sends, written once and built once per store, and compiled once per driver
+(:func:`compiler`: the one place a statement becomes the driver's SQL and positional arguments).
 
-The claim's new row is described once (``NEW_ROW``, ``CLAIM_PARAMS``): the plain claim statement and the
-function's insert are both generated from it, as the read's columns and the function's result columns are
-generated from the row layout (``_schema.ROW``).
+The claim's new row is described once (``NEW_ROW``, ``CLAIM_PARAMS``): the claim statement and its form for
+many callers are both generated from it, as the read's columns are generated from the row layout
+(``_schema.ROW``). A Postgres store made by an earlier version also holds a read-or-claim function
+(``agentguard_calls_claim_v2``) that nothing calls any more: harmless, left in place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import TextClause, text
@@ -20,21 +22,19 @@ from ._schema import (
     HELD_NOT_STORED,
     HELD_STEP,
     RELEASED,
-    ROW,
     RUNNING,
     STARTED,
     STEPS,
     SUCCEEDED,
     TABLE,
     UNBOUND,
-    column_sql,
     held_kind_sql,
     live_sql,
     not_stored_sql,
     select_list,
 )
 
-# The claim's parameters, in the function's argument order, with their Postgres types.
+# The claim's parameters, with their Postgres types (the arrays of the claim for many callers).
 CLAIM_PARAMS = (
     ("scope", "text"), ("key", "text"), ("task_id", "text"), ("operation", "text"), ("fingerprint", "text"),
     ("arg_hashes", "text"), ("fence", "bigint"), ("tool", "text"), ("arguments", "text"), ("owner", "text"),
@@ -100,53 +100,10 @@ def gathered_claim(now: str, unsynced: bool, checked: str = CHECKED) -> Many:
     )
 
 
-# Versioned by name: a changed body gets a new name, never a silent swap under running workers.
-# v2: generated from the row layout; its result is (claimed, then the read's columns in the read's order).
-CLAIM_FUNCTION = f"{TABLE}_claim_v2"
-
-
-def _insert(now: str, p: str, alias: str = "") -> str:
+def _insert(now: str, p: str) -> str:
     columns = ", ".join(name for name, _ in NEW_ROW)
     values = ", ".join(value.format(p=p, now=now) for _, value in NEW_ROW)
-    return f"INSERT INTO {TABLE}{alias} ({columns}) VALUES ({values}) ON CONFLICT (scope, key) DO NOTHING"
-
-
-def claim_function_ddl(now: str) -> str:
-    """The read-or-claim function (Postgres): one round trip that reads first, so that a replay costs about
-    what a plain SELECT costs (a writable CTE that does the same reads and writes more), and inserts only when there
-    was nothing to read. Each statement in it takes a new snapshot (READ COMMITTED), so a racing insert that
-    wins between its read and its insert is read on its next turn.
-
-    Its rows are (claimed, then ROW's columns): claimed = 1 with our fence, or 0 with the existing record;
-    no row if the record kept vanishing between read and insert (the caller retries, bounded)."""
-    args = ",\n  ".join(f"p_{name} {pg_type}" for name, pg_type in CLAIM_PARAMS)
-    returns = ",\n  ".join(f"{col.name} {col.pg_type}" for col in ROW)
-    existing = ",\n      ".join(f"CAST({column_sql(col, now, 'c.')} AS {col.pg_type})" for col in ROW)
-    # A claim's own row carries only the fence (and the origin, the same number) that the claimer needs.
-    claimed = ",\n      ".join(
-        f"CAST({'c.' + col.name if col.name in ('fence', 'origin') else 'NULL'} AS {col.pg_type})" for col in ROW
-    )
-    return f"""
-CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION}(
-  {args})
-RETURNS TABLE (
-  claimed int,
-  {returns})
-LANGUAGE plpgsql VOLATILE AS $fn$
-#variable_conflict use_column
-BEGIN
-  FOR i IN 1..3 LOOP
-    RETURN QUERY SELECT 0,
-      {existing}
-      FROM {TABLE} c WHERE c.scope = p_scope AND c.key = p_key;
-    IF FOUND THEN RETURN; END IF;
-    RETURN QUERY {_insert(now, "p_", " AS c")}
-      RETURNING 1,
-      {claimed};
-    IF FOUND THEN RETURN; END IF;
-  END LOOP;
-END
-$fn$"""
+    return f"INSERT INTO {TABLE} ({columns}) VALUES ({values}) ON CONFLICT (scope, key) DO NOTHING"
 
 
 # Postgres: whether a waiter in some process listens for the record's outcome (see _listen). Added to a table
@@ -178,37 +135,24 @@ def announced(update: str, channel: str) -> str:
 
 class Statements:
     """The store's statements, for one database clock (``now``, the dialect's SQL for seconds since the
-    epoch). ``claim_function``: also the read-or-claim function and the statement that calls it.
-    ``announce``: the channel on which completions and releases of watched records are announced (Postgres),
+    epoch). ``announce``: the channel on which completions and releases of watched records are announced (Postgres),
     and the statement that marks a record watched. ``unsynced_claim``: a claim's (and a takeover's) transaction
     commits with ``synchronous_commit`` off (Postgres; see ``UNSYNCED``). ``gather``: also the claim statement
     for many callers at once (``claim_many``, Postgres)."""
 
     def __init__(
-        self, now: str, *, claim_function: bool, announce: str | None = None, unsynced_claim: bool = False,
-        gather: bool = False,
+        self, now: str, *, announce: str | None = None, unsynced_claim: bool = False, gather: bool = False,
     ) -> None:
         live = live_sql(now)
         where_fenced = "scope = :scope AND key = :key AND fence = :fence"
-        # (Postgres claims through the function below; sync tools' claims in their own thread take this plain
-        # one first when a first call is likely: _direct_pg.) It returns, beside the fence, every column a later
-        # write of the claim needs that the insert does not name (``CHECKED``): a store changed under a running
-        # guard (a column dropped by a migration gone wrong) refuses the claim, before the body runs, rather
-        # than the completion after it.
+        # The claim returns, beside the fence, every column a later write of the claim needs that the insert does
+        # not name (``CHECKED``): a store changed under a running guard (a column dropped by a migration gone
+        # wrong) refuses the claim, before the body runs, rather than the completion after it.
         checked = CHECKED + (", watched" if announce is not None else "")
         self.claim = text(f"{_insert(now, ':')} RETURNING fence, {checked}"
                           + (f", {UNSYNCED}" if unsynced_claim else ""))
         self.claim_many = gathered_claim(now, unsynced_claim, checked) if gather else None
         self.read = text(f"SELECT {select_list(now)} FROM {TABLE} WHERE scope = :scope AND key = :key")
-        self.claim_function: str | None = None
-        self.claim_or_fetch: TextClause | None = None
-        if claim_function:
-            self.claim_function = claim_function_ddl(now)
-            names = ", ".join(f":{name}" for name, _ in CLAIM_PARAMS)
-            if unsynced_claim:
-                self.claim_or_fetch = text(f"SELECT c.* FROM {CLAIM_FUNCTION}({names}) AS c, {UNSYNCED} AS u")
-            else:
-                self.claim_or_fetch = text(f"SELECT * FROM {CLAIM_FUNCTION}({names})")
         # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
         # released or lease expired (reset = 0: the same operation goes on, with its steps), or past retention
         # by the database clock now (reset = 1: it restarts as a new operation, with a new origin). The caller's
@@ -358,3 +302,24 @@ class Statements:
             " AND (CAST(:state AS VARCHAR) IS NULL OR state = :state)"
             " ORDER BY updated_at DESC LIMIT :limit"
         )
+
+
+Compiled = tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]
+
+
+def compiler(dialect: Any) -> Callable[[Any], Compiled]:
+    """The store's statements for one driver (``dialect``: SQLAlchemy's dialect of it): each statement's SQL and a
+    getter of its positional arguments from the named parameters, compiled once and kept (by the statement's
+    identity: a store's statements live as long as the store)."""
+    memo: dict[int, Compiled] = {}
+
+    def compiled(stmt: Any) -> Compiled:
+        found = memo.get(id(stmt))
+        if found is None:
+            c = stmt.compile(dialect=dialect)
+            names = tuple(c.positiontup or ())
+            getter = operator.itemgetter(*names) if len(names) > 1 else (lambda p: tuple(p[n] for n in names))
+            found = memo[id(stmt)] = (c.string, getter)
+        return found
+
+    return compiled

@@ -21,16 +21,26 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .._fork import on_fork
 from .._redact import redact_url
 from ._attempts import AttemptVerbs
-from ._claims import READING
+from ._claims import Ask, Claimed
 from ._dialects import SQLite, dialect_for
 from ._direct import DirectSQLite, NotNow
 from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
-from ._schema import DONE, Listing, Record, create_schema, listing_from_row, record_from_row
+from ._schema import DONE, Listing, Record, create_schema, listing_from_row
 from ._statements import WATCHED_DDL, Statements
 from ._sweep import paced
+from ._verbs import (
+    asks,
+    complete_params,
+    key_params,
+    record,
+    release_owned_params,
+    release_params,
+    renew_params,
+    took,
+)
 
 if TYPE_CHECKING:
     from ._protocols import LedgerStore, Store
@@ -64,14 +74,13 @@ class SQLStore(AttemptVerbs):
         self.backend = self.dialect.name
         self.memory = self.dialect.memory
         self.read_is_cheaper = self.dialect.read_is_cheaper
-        self.sql = Statements(self.dialect.now, claim_function=self.dialect.claim_function,
-                              announce=self.dialect.channel if self.dialect.announces else None,
-                              unsynced_claim=self.dialect.claim_unsynced and self.dialect.claim_function,
-                              gather=self.dialect.gathers)
+        self.sql = Statements(self.dialect.now, announce=self.dialect.channel if self.dialect.announces else None,
+                              unsynced_claim=self.dialect.unsynced_in_statement, gather=self.dialect.gathers)
         self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
-        self._claim, self._claim_taken = self.dialect.claim, self.dialect.claim_taken
+        self._asks = asks(self.sql)  # the hot statements, as every executor's verbs ask them (``_verbs``)
+        self._plans = self.dialect.plans
         # The door every hot statement passes through.
         self._one = self._executor.one
         self._direct: DirectSQLite | DirectPostgres | None = None
@@ -118,9 +127,8 @@ class SQLStore(AttemptVerbs):
         await self._executor.ensure_schema()
 
     async def _create(self, conn: AsyncConnection) -> None:
-        d, fn = self.dialect, self.sql.claim_function
-        ddl = ([WATCHED_DDL] if d.announces else []) + ([] if fn is None else [fn])
-        await create_schema(conn, d.schema_begin, d.schema_lock, ddl)
+        d = self.dialect
+        await create_schema(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL] if d.announces else [])
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""
@@ -129,9 +137,11 @@ class SQLStore(AttemptVerbs):
         await self._engines.dispose()
 
     def direct(self) -> DirectSQLite | DirectPostgres | None:
-        """For sync tools, a claim and a completion in the caller's thread, once the schema is made: a SQLite
-        file store's (``_direct``), or a Postgres store's where psycopg is installed (``_direct_pg``); else None
-        (the general path)."""
+        """For sync tools, the hot verbs in the caller's thread (``_protocols.Direct``), once the schema is made: a
+        SQLite file store's (``_direct``), or a Postgres store's where psycopg is installed (``_direct_pg``); else
+        None (the general path). Each verb asks the statements this store's own verb asks, with the same
+        parameters, and answers the same; a failure raises ``StoreError``, and the same verb of this store may
+        then be asked instead."""
         if self._direct is None:
             d = self.dialect
             if d.memory or self._no_direct or not self._executor.schema_ready:
@@ -141,82 +151,79 @@ class SQLStore(AttemptVerbs):
             with self._making_direct:
                 if self._direct is None and not self._no_direct:
                     if isinstance(d, SQLite):
-                        self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql,
-                                                    d.claim_unsynced, self._executor.error, d.waiters)
+                        self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, self._plans,
+                                                    d.compiled, d.claim_unsynced, self._executor.error, d.waiters)
                     else:
                         kwargs = connect_kwargs(self.url, d.options.pg_synchronous_commit) if available() else None
                         if kwargs is None:
                             self._no_direct = True
                         else:
-                            self._direct = DirectPostgres(kwargs, d.capacity, self.sql, self._executor.error)
+                            self._direct = DirectPostgres(kwargs, d.capacity, self.sql, self._plans,
+                                                          self._executor.error)
         return self._direct
 
     # -- a call's verbs ------------------------------------------------------------------------------------
 
-    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> int | Record | None:
-        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides), the dialect's way for what
-        is likely (``likely_taken``: the key is held or done already). On a SQLite file, a record already there
-        is read first on this thread, without a hop (``_direct.read_now``).
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Claimed:
+        """Claim the key (INSERT ... ON CONFLICT DO NOTHING: the row count decides) by the dialect's plan for what
+        is likely (``_claims``; ``likely_taken``: the key is held or done already, so it is read first). On a
+        SQLite file, the plan runs on this loop's own thread as far as it can be made at once (a read, and an
+        insert that neither waits nor syncs: ``_direct.DirectSQLite.now``); the rest, from the statement it
+        stopped at, on the general path.
 
         Returns our fence if we claimed it, else the existing record, or None if that record is not
         visible (it vanished, or a racing insert committed after our snapshot): the caller claims again.
         """
+        a = self._asks
+        plan = (self._plans.taken if likely_taken else self._plans.free)(a.read, a.claim, params)
         direct = self._direct
         if direct is None and self._reads_here:
             if not self._executor.schema_ready:  # (the first callers wait for it together, then all go at once)
                 await self._executor.ensure_schema()
             direct = self.direct()
         if isinstance(direct, DirectSQLite):
-            if direct.claims_now:  # (the read, and the insert if it can be made at once: no hop)
-                got: int | Record | NotNow = await direct.at_once(lambda: direct.claim_now(params))
-                if isinstance(got, int):
+            await direct.at_once(lambda: direct.advance_now(plan))
+            if plan.ask is None:
+                if isinstance(plan.answer, int):
                     # A first call lets the loop's other tasks run once, as a claim that hops does: callers
                     # whose bodies never suspend take turns. (Cancelled here, the engine releases the claim.)
                     await asyncio.sleep(0)
-                if not isinstance(got, NotNow):
-                    return got
-            elif (rec := direct.read_now(params)) is not None:
-                return rec  # (an existing record: what the claim's own read would find, without a hop)
-        return await (self._claim_taken if likely_taken else self._claim)(self._one, self.sql, params)
+                return plan.answer
+        return await self._executor.claim(plan)
+
+    def _ask(self, ask: Ask, params: dict[str, Any]) -> Any:
+        return self._one(ask.what, ask.stmt, params, body_ran=ask.body_ran, writes=ask.writes)
 
     async def read(self, scope: str, key: str) -> Record | None:
-        row = await self._one(READING, self.sql.read, {"scope": scope, "key": key})
-        return None if row is None else record_from_row(scope, key, row)
+        return record(scope, key, await self._ask(self._asks.read, key_params(scope, key)))
 
     async def take_over(self, params: dict[str, Any]) -> tuple[int, int] | None:
         """Returns (fence, origin) if we took the claim over."""
-        row = await self._one("taking over the claim", self.sql.take_over, params)
-        return None if row is None else (int(row[0]), int(row[1]))
+        return took(await self._ask(self._asks.take_over, params))
 
     async def renew(self, scope: str, key: str, fence: int, lease: float) -> bool:
-        params = {"scope": scope, "key": key, "fence": fence, "lease": lease}
-        return await self._one("renewing the lease", self.sql.renew, params, body_ran=True) is not None
+        return await self._ask(self._asks.renew, renew_params(scope, key, fence, lease)) is not None
 
     async def complete(
         self, scope: str, key: str, fence: int, state: str, result: str, retention: float, audit: str | None = None
     ) -> bool:
+        params = complete_params(scope, key, fence, state, result, retention, audit)
         direct = self._direct
         if isinstance(direct, DirectSQLite) and direct.completes_now:  # at once on this loop's thread (no hop)
-            done: bool | NotNow = await direct.at_once(
-                lambda: direct.complete_now(scope, key, fence, state, result, retention, audit))
+            done = await direct.at_once(lambda: direct.now(self._asks.complete, params))
             if not isinstance(done, NotNow):
-                return done
-        params = {
-            "scope": scope, "key": key, "fence": fence, "state": state, "result": result, "retention": retention,
-            "audit": audit,
-        }
-        return await self._one("storing the result", self.sql.complete, params, body_ran=True) is not None
+                return done is not None
+        return await self._ask(self._asks.complete, params) is not None
 
     async def release_owned(self, scope: str, key: str, owner: str, retention: float) -> bool:
         """Release the claim a cancelled claimer may or may not have won, recognised by its owner token."""
-        params = {"scope": scope, "key": key, "owner": owner, "retention": retention}
-        return await self._one("releasing the claim", self.sql.release_owned, params, body_ran=None) is not None
+        params = release_owned_params(scope, key, owner, retention)
+        return await self._ask(self._asks.release_owned, params) is not None
 
     async def release(self, scope: str, key: str, fence: int, retention: float, audit: str | None = None, *,
                       raised: str | None = None, bound: bool = True) -> bool:
-        params = {"scope": scope, "key": key, "fence": fence, "retention": retention, "audit": audit,
-                  "raised": raised, "bound": 1 if bound else 0}
-        return await self._one("releasing the claim", self.sql.release, params, body_ran=True) is not None
+        params = release_params(scope, key, fence, retention, audit, raised, bound)
+        return await self._ask(self._asks.release, params) is not None
 
     # -- waiting on another process's claim (where the store ``announces``) ------------------------------
 
