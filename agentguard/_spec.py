@@ -244,24 +244,31 @@ class Spec:
         ba = inspect.BoundArguments(self.full_sig, ordered)  # type: ignore[arg-type,unused-ignore]
         return self.fn(*ba.args, **ba.kwargs)
 
-    async def run_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Call | None]:
+    async def run_async(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], audit: str | None = None
+    ) -> tuple[Any, Call | None]:
         """One call of an async tool: its value, and the call when it was a replay (None when it ran). The
-        framework adapters tell the model of a replay from it (``integrations._common.adapt``)."""
+        framework adapters tell the model of a replay from it (``integrations._common.adapt``) and pass the
+        ``audit`` of the call (its framework's tool call id, as ``Guard.run``'s ``audit``)."""
         try:
             call, arguments = self.call(args, kwargs)
         except MissingTaskError:
-            self.machine.observer.missing_task(self.tool)
+            self.machine.observer.missing_task(self.tool, audit)
             raise
+        call.audit = audit
         value, replayed = await drive(self.machine, call, lambda key: self.invoke(args, kwargs, arguments, key))
         return value, call if replayed else None
 
-    def run_sync(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Call | None]:
+    def run_sync(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], audit: str | None = None
+    ) -> tuple[Any, Call | None]:
         """:meth:`run_async` for a sync tool, in the caller's thread."""
         try:
             call, arguments = self.call(args, kwargs)
         except MissingTaskError:
-            self.machine.observer.missing_task(self.tool)
+            self.machine.observer.missing_task(self.tool, audit)
             raise
+        call.audit = audit
         value, replayed = drive_sync(self.machine, call, lambda key: self.invoke(args, kwargs, arguments, key))
         return value, call if replayed else None
 

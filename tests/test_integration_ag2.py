@@ -18,6 +18,7 @@ from agentguard import Guard, current_key, task
 from agentguard.integrations.ag2 import GuardToolError, once, refusals
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 def script(*turns: Sequence[int]) -> TrackingConfig:
@@ -199,3 +200,19 @@ async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, context, order_id")
     assert ledger.charges == []
+
+
+async def test_each_guarded_calls_span_carries_the_tool_call_id(guard: Guard) -> None:
+    """gen_ai.tool.call.id: the id of the model's tool call (the Context's tool_call_id), for the call that ran
+    and each one replayed; the ledger keeps the same ids."""
+    ledger = Ledger()
+    config = script([500], [500, 500])
+    with guard_spans() as spans:
+        await Agent("billing", config=config, tools=[charge_tool(guard, ledger)]).ask(
+            "charge o-1", variables={"task_id": "ticket-ids"})
+    assert len(ledger.charges) == 1
+    calls = spans.calls("charge")
+    assert sorted(i for _, i in calls) == ["c0_0", "c1_0", "c1_1"]
+    assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
+    await guard.flush_ledger()
+    assert {e.call_id for e in await guard.timeline("ticket-ids")} == {"c0_0", "c1_0", "c1_1"}

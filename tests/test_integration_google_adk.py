@@ -21,6 +21,7 @@ from agentguard import Guard, current_key, task
 from agentguard.integrations.google_adk import once
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 Turn = Sequence[tuple[str, dict[str, Any]]]
@@ -231,3 +232,17 @@ async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, order_id, tool_context")
     assert ledger.charges == []
+
+
+async def test_each_guarded_calls_span_carries_the_function_call_id(guard: Guard) -> None:
+    """gen_ai.tool.call.id: the id of the model's function call (the ToolContext's function_call_id), for the
+    call that ran and each one replayed; the ledger keeps the same ids."""
+    ledger = Ledger()
+    with guard_spans() as spans:
+        await run(guarded_charge(guard, ledger), script([500], [500, 500]), state={"task_id": "ticket-ids"})
+    assert len(ledger.charges) == 1
+    calls = spans.calls("charge")
+    assert sorted(i for _, i in calls) == ["call_0_0", "call_1_0", "call_1_1"]
+    assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
+    await guard.flush_ledger()
+    assert {e.call_id for e in await guard.timeline("ticket-ids")} == {"call_0_0", "call_1_0", "call_1_1"}

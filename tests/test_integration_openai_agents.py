@@ -16,6 +16,7 @@ from agentguard import Guard, current_key, task
 from agentguard.integrations.openai_agents import guard_tool, once
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 @pytest.fixture(autouse=True)
@@ -308,3 +309,19 @@ async def test_a_replayed_dict_output_keeps_its_type_and_replay_note_false_tells
     model = script([500], [500])
     result = await run(quiet, model, Ctx("task-q"))
     assert outputs(result)["call_1_0"] == outputs(result)["call_0_0"] == sent(model, "call_1_0")
+
+
+@pytest.mark.parametrize("how", ["once", "guard_tool"])
+async def test_each_guarded_calls_span_carries_the_models_call_id(guard: Guard, how: str) -> None:
+    """gen_ai.tool.call.id: the SDK's call_id of each call, the one that ran and the ones replayed (the
+    decorator finds it in the ToolContext the SDK hands the tool), and the ledger keeps the same ids."""
+    ledger = Ledger()
+    tool = decorated(guard, ledger) if how == "once" else guard_tool(plain_tool(ledger), guard, key="order_id")
+    with guard_spans() as spans:
+        await run(tool, script([500, 500], [500]), Ctx("task-ids"))
+    assert len(ledger.charges) == 1
+    calls = spans.calls("charge")
+    assert sorted(i for _, i in calls) == ["call_0_0", "call_0_1", "call_1_0"]
+    assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
+    await guard.flush_ledger()
+    assert {e.call_id for e in await guard.timeline("task-ids")} == {"call_0_0", "call_0_1", "call_1_0"}

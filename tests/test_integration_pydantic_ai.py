@@ -25,6 +25,7 @@ from agentguard import Guard, current_key, task
 from agentguard.integrations.pydantic_ai import GuardTools, ToolSpec, once
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Receipt(BaseModel):
@@ -369,3 +370,48 @@ async def test_a_tool_that_returns_a_tool_return_keeps_its_parts_after_the_note(
     assert script.told("call_0_0") == ["check the receipt"]
     assert script.told("call_1_0") == [NOTE.format(task="task-tr"), "check the receipt"]
     assert script.results["call_1_0"].metadata == {"psp": "test", "dev.agentguard/replayed": True}
+
+
+@pytest.mark.parametrize("where", ["tool", "tool_plain", "capability"])
+async def test_each_guarded_calls_span_carries_the_models_tool_call_id(guard: Guard, where: str) -> None:
+    """gen_ai.tool.call.id: the id of the model's call, the one that ran and each one replayed, under
+    ``@agent.tool`` (its RunContext names the call) and the capability; a ``tool_plain`` is handed no context of
+    its call, so it has none. A guarded function the body of another tool calls is not that tool's call."""
+    ledger, script = Ledger(), Script([[charge_args(), ("settle", {"order_id": "o-1"})], [charge_args()]])
+    capabilities = [GuardTools(guard, {"charge": "order_id"})] if where == "capability" else []
+    agent = Agent(FunctionModel(script), deps_type=Deps, capabilities=capabilities)
+
+    @once(guard, key="order_id", operation="refund_check")
+    async def check(ctx: RunContext[Deps], order_id: str) -> str:
+        return "ok"
+
+    @agent.tool
+    async def settle(ctx: RunContext[Deps], order_id: str) -> str:
+        return await check(ctx, order_id)  # the program's own call of a guarded function, inside another tool
+
+    if where == "tool":
+
+        @agent.tool(name="charge")
+        @once(guard, key="order_id", operation="charge")
+        async def charge_ctx(ctx: RunContext[Deps], order_id: str, amount_cents: int) -> dict[str, Any]:
+            return ledger.charge(order_id, amount_cents, current_key())
+    elif where == "tool_plain":
+
+        @agent.tool_plain(name="charge")
+        @once(guard, key="order_id", operation="charge")
+        def charge_guarded(order_id: str, amount_cents: int) -> dict[str, Any]:
+            return ledger.charge(order_id, amount_cents, current_key())
+    else:
+
+        @agent.tool_plain
+        def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+            return ledger.charge(order_id, amount_cents, current_key())
+    with guard_spans() as spans:
+        await agent.run("go", deps=Deps("task-ids"))
+    assert len(ledger.charges) == 1
+    ids = ("call_0_0", "call_1_0") if where != "tool_plain" else (None, None)
+    assert sorted(spans.calls("charge")) == [("ran", ids[0]), ("replayed", ids[1])]
+    assert spans.calls("refund_check") == [("ran", None)]
+    await guard.flush_ledger()
+    kept = {e.call_id for e in await guard.timeline("task-ids") if e.operation.startswith("charge")}
+    assert kept == set(ids)  # the ledger keeps the same ids

@@ -19,6 +19,7 @@ from agentguard import Guard, GuardEvent, task
 from agentguard.integrations.strands import once
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Scripted(Model):
@@ -287,3 +288,17 @@ async def test_a_replayed_string_or_tool_result_is_told_to_the_model(guard: Guar
     results = await run(text_tool(replay_note=False), Scripted([500], [500]), task_id="task-q")
     assert results["call_1_0"]["content"] == results["call_0_0"]["content"] == [{"text": "charged ch_3"}]
     assert len(ledger.charges) == 3  # three tasks, each charged once
+
+
+async def test_each_guarded_calls_span_carries_the_tool_use_id(guard: Guard) -> None:
+    """gen_ai.tool.call.id: the model's toolUseId of each call (the ToolContext's tool_use), the one that ran
+    and each one replayed; the ledger keeps the same ids."""
+    ledger = Ledger()
+    with guard_spans() as spans:
+        await run(charge_tool(guard, ledger), Scripted([500], [500, 500]), task_id="task-ids")
+    assert len(ledger.charges) == 1
+    calls = spans.calls("charge")
+    assert sorted(i for _, i in calls) == ["call_0_0", "call_1_0", "call_1_1"]
+    assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
+    await guard.flush_ledger()
+    assert {e.call_id for e in await guard.timeline("task-ids")} == {"call_0_0", "call_1_0", "call_1_1"}

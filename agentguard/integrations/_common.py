@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, ParamSpec, Protocol, TypedDict, TypeVar, Unpack
 
+from .. import _codec
 from .._calls import Call
 from .._context import DEFAULT_SCOPE, MAX_SCOPE, TaskInfo, check_id, check_task_id, current_task, task
 from .._errors import GuardError, MissingTaskError
@@ -151,9 +152,14 @@ def resolve_task(
 
 
 def call_ids(tool_call_id: object) -> dict[str, str] | None:
-    """The audit of a call from a framework's tool call: its id, kept beside the record and in the ledger
-    (it changes on every re-invocation, so it is never part of the key)."""
+    """The audit of a call from a framework's tool call: its id, kept beside the record and in the ledger, and
+    the span's ``gen_ai.tool.call.id`` (it changes on every re-invocation, so it is never part of the key)."""
     return {"tool_call_id": tool_call_id} if isinstance(tool_call_id, str) and tool_call_id else None
+
+
+CallIdOf = Callable[[Any, str], object]
+"""Where a framework's context of a call (what ``Framework.get_context`` found) holds the framework's id of that
+tool call, given the tool's name; None (or anything not a non-empty string) when it holds none for this tool."""
 
 
 def attribute_task_id(obj: Any, name: str = "task_id") -> Any:
@@ -330,8 +336,8 @@ class AdapterOptions(TypedDict, total=False):
 class Framework:
     """How one framework's adapter guards a tool function: its module and decorator (for the decorator-order
     check), the parameters its framework injects (left out of the fingerprint), where its context and its
-    stable task id are found, how a refusal reaches its model, and how a replay is told to it (``told``; None:
-    there is no model)."""
+    stable task id are found, how a refusal reaches its model, how a replay is told to it (``told``; None:
+    there is no model), and where the context holds the id of the tool call (``call_id``; None: it holds none)."""
 
     adapter: str
     decorator: str
@@ -342,6 +348,7 @@ class Framework:
     refuse: Callable[[GuardError], Any]
     registered: Callable[[Any], str | None] | None = None
     told: Told | None = None
+    call_id: CallIdOf | None = None
 
     def once(
         self, guard: Guard, task_id: TaskIdFrom | None, options: AdapterOptions
@@ -356,7 +363,7 @@ class Framework:
             wrapped: Callable[_P, _R] = adapt(
                 guard, fn, task_id=task_id, context_names=names,
                 get_context=lambda arguments: self.get_context(arguments, names), fallback=self.fallback,
-                hint=self.hint, refuse=self.refuse, told=self.told, **options,
+                hint=self.hint, refuse=self.refuse, told=self.told, call_id=self.call_id, **options,
             )
             return wrapped
 
@@ -374,11 +381,13 @@ def adapt(
     hint: str,
     refuse: Callable[[GuardError], Any],
     told: Told | None = None,
+    call_id: CallIdOf | None = None,
     **options: Unpack[AdapterOptions],
 ) -> Any:
     """``guard.once`` with the framework's context left out of the fingerprint, the task id resolved by the
-    one rule, refusals turned into the framework's tool-error convention, and a replay told to the model by
-    ``told`` (unless ``replay_note=False``)."""
+    one rule, refusals turned into the framework's tool-error convention, a replay told to the model by
+    ``told`` (unless ``replay_note=False``), and the framework's id of the call (``call_id``) kept as its
+    audit: in the ledger and on the span."""
     ignore = options.get("ignore", ())
     if isinstance(ignore, str):
         ignore = (ignore,)
@@ -397,8 +406,11 @@ def adapt(
     if not options.get("replay_note", True):
         told = None
 
-    def scoped(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[contextlib.AbstractContextManager[Any], Any]:
-        """The task of this call, as a context to run it in, and the framework's context of the call."""
+    def scoped(
+        args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[contextlib.AbstractContextManager[Any], Any, str | None]:
+        """The task of this call, as a context to run it in, the framework's context of the call, and the
+        call's audit (its id)."""
         arguments: Mapping[str, Any] = {}
         if context_names:
             try:
@@ -406,10 +418,12 @@ def adapt(
             except TypeError:
                 arguments = {}  # the core wrapper reports the bad call itself
         context = get_context(arguments)
+        ids = None if call_id is None or context is None else call_ids(call_id(context, tool))
+        audit = None if ids is None else _codec.dumps(ids)
         info = resolve_task(tool, explicit=task_id, context=context, fallback=fallback, scope=scope, hint=hint)
         if info == current_task():
-            return contextlib.nullcontext(), context
-        return task(info.task_id, scope=info.scope), context
+            return contextlib.nullcontext(), context, audit
+        return task(info.task_id, scope=info.scope), context, audit
 
     def tell(value: Any, replayed: Call | None, hearing: list[str] | None, context: Any) -> Any:
         if replayed is None or told is None:
@@ -427,9 +441,9 @@ def adapt(
             # (a guarded tool that this one's body calls is not this call: the hook does not hear it)
             token = None if hearing is None else _hearing.set(None)
             try:
-                within, context = scoped(args, kwargs)
+                within, context, audit = scoped(args, kwargs)
                 with within:
-                    value, replayed = await spec.run_async(args, kwargs)
+                    value, replayed = await spec.run_async(args, kwargs, audit)
             except GuardError as exc:
                 return refuse(exc)
             finally:
@@ -444,9 +458,9 @@ def adapt(
             hearing = _hearing.get()
             token = None if hearing is None else _hearing.set(None)
             try:
-                within, context = scoped(args, kwargs)
+                within, context, audit = scoped(args, kwargs)
                 with within:
-                    value, replayed = spec.run_sync(args, kwargs)
+                    value, replayed = spec.run_sync(args, kwargs, audit)
             except GuardError as exc:
                 return refuse(exc)
             finally:

@@ -42,6 +42,12 @@ def noted_return(value: Any, note: str) -> Any:
     return dataclasses.replace(value, content=told, metadata=metadata)
 
 
+def call_id(ctx: Any, tool: str) -> Any:
+    """The id of the model's call of ``tool`` in the run, from its ``RunContext``; None when the context is of
+    another tool's call (whose body calls this one's function) or of none."""
+    return getattr(ctx, "tool_call_id", None) if getattr(ctx, "tool_name", None) == tool else None
+
+
 def told_in_run(value: Any, replay: Replay) -> Any:
     """The decorator's replay: told as :func:`noted_return` when an agent runs the tool, that is when the
     tool's ``RunContext`` names this very tool (``@agent.tool``) or, for a tool that takes none

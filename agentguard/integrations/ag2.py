@@ -117,7 +117,7 @@ def noted_result(value: Any, replay: Replay) -> Any:
 
 _FRAMEWORK = Framework(
     __name__, "@tool", context_names=_context_names, get_context=_get_context, fallback=variables_task_id,
-    hint=HINT, refuse=_refuse, told=noted_result,
+    hint=HINT, refuse=_refuse, told=noted_result, call_id=lambda ctx, _tool: getattr(ctx, "tool_call_id", None),
 )
 
 

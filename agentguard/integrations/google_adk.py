@@ -103,6 +103,7 @@ def noted_response(value: Any, replay: Replay) -> Any:
 _FRAMEWORK = Framework(
     __name__, "FunctionTool(...)", context_names=_context_names, get_context=_get_context,
     fallback=session_task_id, hint=HINT, refuse=refuse, told=noted_response,
+    call_id=lambda ctx, _tool: getattr(ctx, "function_call_id", None),
 )
 
 

@@ -73,6 +73,8 @@ _FRAMEWORK = Framework(
     __name__, "@function_tool", context_names=_context_names,
     get_context=lambda arguments, names: arguments.get(names[0]) if names else None,
     fallback=lambda ctx: _context_task_id(ctx), hint=_HINT, refuse=refusal_message, told=noted_text,
+    # a ToolContext (a RunContextWrapper has no call) of this tool's call, not of a tool whose body calls it
+    call_id=lambda ctx, tool: getattr(ctx, "tool_call_id", None) if getattr(ctx, "tool_name", None) == tool else None,
 )
 
 

@@ -39,7 +39,7 @@ from ._common import (
     context_params,
     subclass_of,
 )
-from ._pydantic_ai_run import HINT, deps_task_id, refuse, told_in_run
+from ._pydantic_ai_run import HINT, call_id, deps_task_id, refuse, told_in_run
 
 require("pydantic_ai", extra="pydantic-ai", by=__name__)
 
@@ -104,6 +104,7 @@ def _context_names(fn: Callable[..., Any]) -> Sequence[str]:
 _FRAMEWORK = Framework(
     __name__, "@agent.tool", context_names=_context_names, get_context=lambda a, names: _run_context(a, names),
     fallback=deps_task_id, hint=HINT, refuse=refuse, registered=lambda fn: registered_tool(fn), told=told_in_run,
+    call_id=call_id,
 )
 
 

@@ -70,6 +70,12 @@ def _context(arguments: Mapping[str, Any], names: Sequence[str]) -> Any:
     return None
 
 
+def tool_use_id(context: Any, tool: str) -> Any:
+    """The model's ``toolUseId`` of this call of ``tool``, from its ``ToolContext`` (an agent holds none)."""
+    use = getattr(context, "tool_use", None)
+    return use.get("toolUseId") if isinstance(use, Mapping) and use.get("name") == tool else None
+
+
 def context_task_id(context: Any) -> Any:
     """The task id a ``ToolContext`` (or an ``Agent``) carries: ``task_id`` in the invocation state, in the
     agent's state, then the session manager's session id; else None."""
@@ -100,7 +106,7 @@ def noted_result(value: Any, replay: Replay) -> Any:
 
 _FRAMEWORK = Framework(
     __name__, "@tool", context_names=_context_names, get_context=_context, fallback=context_task_id, hint=_HINT,
-    refuse=refusal_result, told=noted_result,
+    refuse=refusal_result, told=noted_result, call_id=lambda ctx, tool: tool_use_id(ctx, tool),
 )
 
 
