@@ -24,6 +24,8 @@ from pydantic import Field
 from agentguard import Guard, GuardEvent, current_key, task
 from agentguard.integrations.langchain import GuardToolException, ToolGuard, once
 
+from guard_spans import guard_spans
+
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Ledger:
     """A provider that deduplicates by idempotency key, like Stripe; counts real charges and every attempt."""
@@ -483,3 +485,19 @@ async def test_the_decorator_alone_tells_a_string_result_and_replay_note_false_n
     again = told_to(quiet, "call_2")
     assert again.content == told_to(quiet, "call_1").content and not again.response_metadata
     assert ledger.charges == len(ledger.attempts) == 3  # three threads: three tasks, each charged once
+
+
+async def test_a_call_the_middleware_refuses_for_want_of_a_task_id_has_its_span(
+    guard: Guard, middleware_model: Callable[..., ToolCallingFake]
+) -> None:
+    """No thread id, no task: the model is told nothing ran, and the refusal has its span (refused, error.type
+    MissingTaskError, the tool call's id)."""
+    ledger = Ledger()
+    agent = create_agent(middleware_model([[call("call_1")]]), tools=[plain_charge(ledger)],
+                         middleware=[ToolGuard(guard, {"charge": "order_id"})])
+    with guard_spans() as spans:
+        out = tool_messages(await agent.ainvoke({"messages": [HumanMessage("go")]}))
+    assert ledger.attempts == [] and out["call_1"].status == "error" and "no task id" in str(out["call_1"].content)
+    (span,) = spans.guarded("charge")
+    assert span.attributes is not None and span.attributes["agentguard.outcome"] == "refused"
+    assert span.attributes["error.type"] == "MissingTaskError" and span.attributes["gen_ai.tool.call.id"] == "call_1"

@@ -325,3 +325,17 @@ async def test_each_guarded_calls_span_carries_the_models_call_id(guard: Guard, 
     assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
     await guard.flush_ledger()
     assert {e.call_id for e in await guard.timeline("task-ids")} == {"call_0_0", "call_0_1", "call_1_0"}
+
+
+@pytest.mark.parametrize("how", ["once", "guard_tool"])
+async def test_a_call_refused_for_want_of_a_task_id_has_its_span(guard: Guard, how: str) -> None:
+    """Refused before any key exists (no task id): still a span, refused, error.type MissingTaskError, with the
+    SDK's call id."""
+    ledger = Ledger()
+    tool = decorated(guard, ledger) if how == "once" else guard_tool(plain_tool(ledger), guard, key="order_id")
+    with guard_spans() as spans:
+        result = await run(tool, script([500]), Ctx(None))
+    assert ledger.charges == [] and "no task id" in outputs(result)["call_0_0"]
+    (span,) = spans.guarded("charge")
+    assert span.attributes is not None and span.attributes["agentguard.outcome"] == "refused"
+    assert span.attributes["error.type"] == "MissingTaskError" and span.attributes["gen_ai.tool.call.id"] == "call_0_0"

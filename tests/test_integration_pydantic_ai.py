@@ -415,3 +415,24 @@ async def test_each_guarded_calls_span_carries_the_models_tool_call_id(guard: Gu
     await guard.flush_ledger()
     kept = {e.call_id for e in await guard.timeline("task-ids") if e.operation.startswith("charge")}
     assert kept == set(ids)  # the ledger keeps the same ids
+
+
+@pytest.mark.parametrize("where", ["decorator", "capability"])
+async def test_a_call_refused_for_want_of_a_task_id_has_its_span(guard: Guard, where: str) -> None:
+    """Refused before any key exists (no task id): still a span, refused, error.type MissingTaskError, with the
+    model's call id, as the decorator's own refusal has."""
+    ledger, script = Ledger(), Script([[charge_args()]])
+    if where == "decorator":
+        agent = decorated_agent(guard, ledger, script)
+    else:
+        agent = Agent(FunctionModel(script), deps_type=Deps, capabilities=[GuardTools(guard, {"charge": "order_id"})])
+
+        @agent.tool_plain
+        def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+            return ledger.charge(order_id, amount_cents, current_key())
+    with guard_spans() as spans:
+        await agent.run("charge o-1", deps=Deps(None))
+    assert ledger.charges == [] and "no task id" in str(script.content("call_0_0"))
+    (span,) = spans.guarded("charge")
+    assert span.attributes is not None and span.attributes["agentguard.outcome"] == "refused"
+    assert span.attributes["error.type"] == "MissingTaskError" and span.attributes["gen_ai.tool.call.id"] == "call_0_0"

@@ -129,11 +129,13 @@ def resolve_task(
     fallback: Callable[[Any], Any] | None,
     scope: str | None,
     hint: str,
+    on_missing: Callable[[], object] | None = None,
 ) -> TaskInfo:
     """explicit ``task_id=`` callable → ``with task(...)`` → the framework's stable id → refuse.
 
     ``fallback`` returns None when the framework has no stable id here. Never pass it a tool call id, a
-    trace id or a per-run random id: those change on re-invocation.
+    trace id or a per-run random id: those change on re-invocation. ``on_missing``: called before the refusal
+    (:func:`missing_task`: the ledger and the span see it, as they see the decorator's).
     """
     info = current_task()
     if explicit is not None:
@@ -143,6 +145,8 @@ def resolve_task(
         return info if scope is None else TaskInfo(info.task_id, scope)
     found = fallback(context) if fallback is not None else None
     if found is None:
+        if on_missing is not None:
+            on_missing()
         raise MissingTaskError(
             f"no task id for {tool!r}: not inside `with agentguard.task(<task id>):`, no task_id= given to the "
             f"adapter, and {hint}; the tool was not run",
@@ -160,6 +164,12 @@ def call_ids(tool_call_id: object) -> dict[str, str] | None:
 CallIdOf = Callable[[Any, str], object]
 """Where a framework's context of a call (what ``Framework.get_context`` found) holds the framework's id of that
 tool call, given the tool's name; None (or anything not a non-empty string) when it holds none for this tool."""
+
+
+def missing_task(guard: Guard, tool: str, audit: Mapping[str, Any] | None) -> None:
+    """A call of ``tool`` an adapter refused for want of a task id, told to the guard's ledger and telemetry
+    (a ``refused`` attempt, a span with ``error.type`` ``MissingTaskError``), as ``Guard.run`` tells its own."""
+    guard._machine.observer.missing_task(tool, None if audit is None else _codec.dumps(dict(audit)))
 
 
 def attribute_task_id(obj: Any, name: str = "task_id") -> Any:
@@ -420,7 +430,8 @@ def adapt(
         context = get_context(arguments)
         ids = None if call_id is None or context is None else call_ids(call_id(context, tool))
         audit = None if ids is None else _codec.dumps(ids)
-        info = resolve_task(tool, explicit=task_id, context=context, fallback=fallback, scope=scope, hint=hint)
+        info = resolve_task(tool, explicit=task_id, context=context, fallback=fallback, scope=scope, hint=hint,
+                            on_missing=lambda: spec.machine.observer.missing_task(tool, audit))
         if info == current_task():
             return contextlib.nullcontext(), context, audit
         return task(info.task_id, scope=info.scope), context, audit

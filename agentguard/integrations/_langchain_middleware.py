@@ -28,6 +28,7 @@ from ._common import (
     check_spec,
     check_specs,
     hearing_replays,
+    missing_task,
     resolve_task,
     tool_specs,
 )
@@ -176,9 +177,10 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
         if isinstance(request.tool, BaseTool):  # a graph's ToolNode shows the guard no tool list: check this one
             check_spec(spec, request.tool.name, tool_arguments(request.tool), where="ToolGuard", error=ValueError)
         args = self._arguments(request)
+        name = request.tool_call["name"]
         info = resolve_task(
-            request.tool_call["name"], explicit=self.task_id, context=self._config(request), fallback=thread_id,
-            scope=self.scope, hint=HINT,
+            name, explicit=self.task_id, context=self._config(request), fallback=thread_id, scope=self.scope,
+            hint=HINT, on_missing=lambda: missing_task(self.guard, name, call_ids(request.tool_call.get("id"))),
         )
         return spec, args, info.task_id, info.scope
 

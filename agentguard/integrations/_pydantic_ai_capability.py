@@ -15,7 +15,16 @@ from .._errors import GuardError
 from .._guard import Guard
 from .._names import argument_names
 from .._refusals import replay_note as note_for
-from ._common import ToolsArg, ToolSpec, call_ids, check_spec, check_specs, resolve_task, tool_specs
+from ._common import (
+    ToolsArg,
+    ToolSpec,
+    call_ids,
+    check_spec,
+    check_specs,
+    missing_task,
+    resolve_task,
+    tool_specs,
+)
 from ._pydantic_ai_run import HINT, deps_task_id, noted_return, refuse
 
 
@@ -75,15 +84,16 @@ class GuardTools(AbstractCapability[Any]):
         async def body(_key: str) -> Any:
             return await handler(args)
 
+        audit = call_ids(getattr(ctx, "tool_call_id", None))
         try:
             info = resolve_task(
                 tool_def.name, explicit=self.task_id, context=ctx, fallback=deps_task_id, scope=self.scope,
-                hint=HINT,
+                hint=HINT, on_missing=lambda: missing_task(self.guard, tool_def.name, audit),
             )
             outcome = await self.guard.run(
                 tool_def.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
                 task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
-                audit=call_ids(getattr(ctx, "tool_call_id", None)), on_unknown=spec.on_unknown,
+                audit=audit, on_unknown=spec.on_unknown,
             )
         except GuardError as exc:
             refuse(exc)

@@ -41,6 +41,7 @@ from ._common import (
     call_ids,
     check_spec,
     context_params,
+    missing_task,
     noted_text,
     refusal_message,
     resolve_task,
@@ -138,14 +139,16 @@ def guard_tool(
         async def body(_key: str) -> Any:
             return await raw(ctx, input)
 
+        audit = call_ids(getattr(ctx, "tool_call_id", None))
         try:
             info = resolve_task(
-                tool.name, explicit=task_id, context=ctx, fallback=_context_task_id, scope=scope, hint=_HINT
+                tool.name, explicit=task_id, context=ctx, fallback=_context_task_id, scope=scope, hint=_HINT,
+                on_missing=lambda: missing_task(guard, tool.name, audit),
             )
             outcome = await guard.run(
                 tool.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
                 task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
-                audit=call_ids(getattr(ctx, "tool_call_id", None)), on_unknown=spec.on_unknown,
+                audit=audit, on_unknown=spec.on_unknown,
             )
         except GuardError as exc:
             return refusal_message(exc)
