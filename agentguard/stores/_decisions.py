@@ -41,7 +41,8 @@ from ._schema import (
 )
 
 if TYPE_CHECKING:
-    from ._store import SQLStore
+    from ._executor import Executor
+    from ._statements import Statements
 
 How = Literal["result", "retry", "abandon"]
 STATES = (RUNNING, SUCCEEDED, FAILED, RELEASED)
@@ -131,27 +132,26 @@ class Decided:
         return self.after is not None
 
 
-async def _version(store: SQLStore, conn: AsyncConnection, params: dict[str, str]) -> Version | None:
-    row = (await conn.execute(store.sql.version, params)).first()
+async def _version(sql: Statements, conn: AsyncConnection, params: dict[str, str]) -> Version | None:
+    row = (await conn.execute(sql.version, params)).first()
     if row is None:
         return None
-    steps = await conn.execute(store.sql.load_steps, {**params, "origin": row[7]})
+    steps = await conn.execute(sql.load_steps, {**params, "origin": row[7]})
     return Version(row[0], int(row[1]), float(row[2]), row[3] or "", bool(row[4]), int(row[5]), row[6],
                    tuple((s[0], s[2], s[3]) for s in steps))
 
 
-async def decide(store: SQLStore, scope: str, key: str, how: How, value: str | None, retention: float, *,
-                 seen: str | None = None) -> Decided:
+async def decide(executor: Executor, sql: Statements, scope: str, key: str, how: How, value: str | None,
+                 retention: float, *, seen: str | None = None) -> Decided:
     """Settle the record ``key`` of ``scope`` as ``how`` says (``value``: the encoded result, or for ``abandon``
     the encoded error), if it can be so settled and — when ``seen`` is given — its revision is still ``seen``.
     Nothing is written otherwise; the caller tells why from what was found."""
-    sql = store.sql
     params = {"scope": scope, "key": key}
 
     async def run(conn: AsyncConnection) -> Decided:
         if not (await conn.execute(sql.lock_record, params)).rowcount:
             return Decided(None)
-        before = await _version(store, conn, params)
+        before = await _version(sql, conn, params)
         if before is None or (seen is not None and before.revision != seen):
             return Decided(before)
         dead = not before.live and before.state in (RUNNING, RELEASED)
@@ -174,9 +174,9 @@ async def decide(store: SQLStore, scope: str, key: str, how: How, value: str | N
             return Decided(before)  # (not reached: the record is locked, and its statement checks what was read)
         if step is not None:
             await conn.execute(sql.touch, params)  # a step settled is a change of its record: a new revision
-        return Decided(before, await _version(store, conn, params), step)
+        return Decided(before, await _version(sql, conn, params), step)
 
-    return await store._executor.run("settling the held operation", run, body_ran=None, transaction=True)
+    return await executor.run("settling the held operation", run, body_ran=None, transaction=True)
 
 
 def applied(seen: Seen, now: Version | None, how: How, value: str | None) -> str | None:

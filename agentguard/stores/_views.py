@@ -10,7 +10,6 @@ body, or its result could not be stored — ``_schema.held_sql``, the condition 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -122,24 +121,6 @@ class RecordRow:
         return revision(self.fence, self.updated, self.state, self.held_kind, self.step)
 
 
-# Postgres compiles a query to machine code (JIT) when its planner's estimate passes a threshold, which a scan
-# of every record passes on a large store: on 420,000 records the held queue's read took 0.94 s, 0.77 s of it
-# compiling a plan that ran in 0.17 s. A person's reads are never worth it: they run without.
-NO_JIT = text("SET LOCAL jit = off")
-
-
-async def read(store: SQLStore, what: str, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-    """``fn`` on a connection of the store's, as a person's read (on Postgres, without JIT)."""
-    if store.dialect.name != "postgresql":
-        return await store._executor.run(what, fn, body_ran=None)
-
-    async def run(conn: AsyncConnection) -> T:
-        await conn.execute(NO_JIT)
-        return await fn(conn)
-
-    return await store._executor.run(what, run, body_ran=None, transaction=True)
-
-
 def _where(conditions: list[str]) -> str:
     return " WHERE " + " AND ".join(conditions) if conditions else ""
 
@@ -202,7 +183,7 @@ async def tasks(
             for r in rows
         ])
 
-    return await read(store, "listing tasks", run)
+    return await store.person_read("listing tasks", run)
 
 
 async def held(store: SQLStore, *, scope: str | None = None, offset: int = 0, limit: int = 20) -> Page[HeldRow]:
@@ -254,7 +235,7 @@ async def task(store: SQLStore, scope: str, task_id: str, *, offset: int = 0, li
         return Page(float(rows[0][14]), int(rows[0][17]), offset,
                     [_record(r, tuple(by_key.get(r[1], ()))) for r in rows])
 
-    return await read(store, "reading a task", run)
+    return await store.person_read("reading a task", run)
 
 
 async def record(store: SQLStore, scope: str, key: str) -> tuple[float, RecordRow | None]:
