@@ -75,7 +75,8 @@ class SQLStore(AttemptVerbs):
         self.memory = self.dialect.memory
         self.read_is_cheaper = self.dialect.read_is_cheaper
         self.sql = Statements(self.dialect.now, announce=self.dialect.channel if self.dialect.announces else None,
-                              unsynced_claim=self.dialect.unsynced_in_statement, gather=self.dialect.gathers)
+                              unsynced_claim=self.dialect.unsynced_in_statement, gather=self.dialect.gathers,
+                              row_id=self.dialect.row_id, rows_by_id=self.dialect.rows_by_id)
         self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
