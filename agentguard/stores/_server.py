@@ -1,0 +1,78 @@
+"""What a Postgres server and the store's role allow, asked of the server itself: whether it takes writes (a hot
+standby in recovery, a read-only default), which of the store's objects are missing, and which privileges the
+role lacks on those that exist. Names resolve through the session's search path, as the store's statements
+resolve them (never through ``current_schema()``, which names the first schema of the path that exists, not the
+one the tables are in).
+
+The schema's creation asks them first (``_schema.create_schema``): a standby is refused before any body, and
+what is missing is made only if it is missing, so a role that owns nothing, or may create nothing, works on a
+schema someone else made (``agentguard migrate --sql``). ``agentguard doctor`` may call each of them on a
+connection of its own.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._attempts import ATTEMPTS
+from ._schema import STEPS, TABLE
+
+# The column a store made by an earlier version may lack (``_statements.WATCHED_DDL``).
+WATCHED = "watched"
+# What the store's verbs do to each table: the records and steps are claimed, completed, released and swept;
+# the ledger's entries are written (COPY: INSERT), read and swept. The ledger's ids come from its sequence.
+PRIVILEGES = {
+    TABLE: ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    STEPS: ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    ATTEMPTS: ("SELECT", "INSERT", "DELETE"),
+}
+SEQUENCE = (ATTEMPTS, "id")  # the table and column whose sequence numbers the ledger's entries
+
+
+async def read_only(conn: AsyncConnection) -> str | None:
+    """Why the server takes no writes, or None if it does."""
+    standby, default = (await conn.exec_driver_sql(
+        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")).one()
+    if standby:
+        return "the server is a read-only hot standby (in recovery): point the store's URL at the primary"
+    if default == "on":
+        return ("the server's transactions are read-only (default_transaction_read_only is on for this database "
+                "or role)")
+    return None
+
+
+async def is_standby(conn: AsyncConnection) -> bool:
+    """Whether the server is a standby in recovery (a replica, or a primary still recovering)."""
+    return bool((await conn.exec_driver_sql("SELECT pg_is_in_recovery()")).scalar())
+
+
+async def missing_objects(conn: AsyncConnection) -> list[str]:
+    """The store's tables (and the column an earlier version lacks) that the search path does not find."""
+    names = (TABLE, STEPS, ATTEMPTS)
+    found = (await conn.exec_driver_sql(
+        "SELECT " + ", ".join(f"to_regclass('{name}') IS NOT NULL" for name in names)
+        + f", EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{TABLE}')"
+        f" AND attname = '{WATCHED}' AND NOT attisdropped)")).one()
+    missing = [f"table {name}" for name, there in zip(names, found, strict=False) if not there]
+    if found[0] and not found[-1]:
+        missing.append(f"column {TABLE}.{WATCHED}")
+    return missing
+
+
+async def missing_privileges(conn: AsyncConnection) -> list[str]:
+    """The privileges the session's role lacks on the store's objects that exist, each as ``PRIVILEGE on
+    OBJECT`` (what ``GRANT`` names); empty if it has them all (a superuser, the owner, or granted)."""
+    checks = [(f"{privilege} on table {table}",
+               f"has_table_privilege(to_regclass('{table}'), '{privilege}')", f"to_regclass('{table}') IS NULL")
+              for table, privileges in PRIVILEGES.items() for privilege in privileges]
+    table, column = SEQUENCE
+    sequence = f"pg_get_serial_sequence(CAST(to_regclass('{table}') AS text), '{column}')"
+    checks.append((f"USAGE on sequence {table}_{column}_seq", f"has_sequence_privilege({sequence}, 'USAGE')",
+                   f"to_regclass('{table}') IS NULL OR {sequence} IS NULL"))
+    row = (await conn.exec_driver_sql(
+        "SELECT " + ", ".join(f"CASE WHEN {absent} THEN true ELSE {has} END" for _, has, absent in checks))).one()
+    return [what for (what, _, _), has in zip(checks, row, strict=True) if not has]
+
+
+async def current_role(conn: AsyncConnection) -> str:
+    return str((await conn.exec_driver_sql("SELECT current_user")).scalar())
