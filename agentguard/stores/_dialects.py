@@ -324,7 +324,10 @@ class Postgres(Dialect):
     name = "postgresql"
     # clock_timestamp(), not now(): now() is frozen at transaction start.
     now = "(extract(epoch from clock_timestamp())::float8)"
-    # Concurrent CREATE TABLE IF NOT EXISTS can still fail on pg_type's unique index; serialise it.
+    # Concurrent CREATE TABLE IF NOT EXISTS can still fail on pg_type's unique index; serialise it. Read committed
+    # whatever the server's default: under repeatable read or serializable the snapshot is taken by the lock's
+    # statement, before its wait, and a worker that waited would not see the tables made meanwhile.
+    schema_begin = "BEGIN ISOLATION LEVEL READ COMMITTED"
     schema_lock = "SELECT pg_advisory_xact_lock(7283950271)"
     row_id = "ctid"
     rows_by_id = "ctid = ANY(ARRAY({}))"  # a TID scan, whatever the planner estimates

@@ -108,11 +108,14 @@ def _insert(now: str, p: str) -> str:
 
 # Postgres: whether a waiter in some process listens for the record's outcome (see _listen). Added to a table
 # made before it existed, without locking the table when it is there already.
+WATCHED_COLUMN = "watched boolean NOT NULL DEFAULT false"
+# The table is found as the ALTER finds it, through the search path (``current_schema()`` names the path's first
+# schema that exists, which may not be the one the table is in).
 WATCHED_DDL = f"""
 DO $ddl$ BEGIN
-  IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-                 AND table_name = '{TABLE}' AND column_name = 'watched') THEN
-    ALTER TABLE {TABLE} ADD COLUMN watched boolean NOT NULL DEFAULT false;
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{TABLE}') AND attname = 'watched'
+                 AND NOT attisdropped) THEN
+    ALTER TABLE {TABLE} ADD COLUMN {WATCHED_COLUMN};
   END IF;
 END $ddl$"""
 

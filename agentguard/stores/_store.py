@@ -29,6 +29,7 @@ from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
 from ._schema import DONE, Listing, Record, create_schema, listing_from_row
+from ._server import prepare
 from ._statements import WATCHED_DDL, Statements
 from ._sweep import paced
 from ._verbs import (
@@ -129,7 +130,10 @@ class SQLStore(AttemptVerbs):
 
     async def _create(self, conn: AsyncConnection) -> None:
         d = self.dialect
-        await create_schema(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL] if d.announces else [])
+        if d.name == "postgresql":
+            await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL])
+        else:
+            await create_schema(conn, d.schema_begin, d.schema_lock, [])
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""
