@@ -252,6 +252,22 @@ async def test_a_role_that_may_not_update_the_records_is_refused_before_any_body
     assert "the tool was not run" in str(refused.value)
 
 
+async def test_a_database_whose_transactions_are_read_only_by_default_is_refused_before_any_body(
+    store_url: str,
+) -> None:
+    assert len(await charge_twice_each(store_url)) == 6
+    await run_sql(PG_URL, f"ALTER DATABASE {database_of(store_url)} SET default_transaction_read_only = on")
+    effects: list[str] = []
+    async with Guard(store_url) as guard:
+        charge, charge_sync = counting_tools(guard, effects)
+        with task(tid()):
+            for call in (charge("o-1"), asyncio.to_thread(charge_sync, "s-1")):
+                with pytest.raises(StoreError, match="read-only: default_transaction_read_only is on") as refused:
+                    await call
+                assert "the tool was not run" in str(refused.value)
+    assert effects == []
+
+
 # -- timeouts ----------------------------------------------------------------------------------------------
 
 

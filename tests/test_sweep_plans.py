@@ -9,6 +9,7 @@ and deletes by rowid, with and without statistics.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
+from agentguard import Guard
 from agentguard.stores import SQLStore
 
 from conftest import pg_dsn
@@ -122,6 +124,48 @@ async def test_an_empty_sweep_reads_no_row_of_300k_or_3m_records_whatever_the_pl
         assert read["idx_tup_fetch"] <= 4, (state, read)
         assert ("Index Scan", "agentguard_calls", "agentguard_calls_expires_idx") in nodes, (state, nodes)
         assert not [n for n in nodes if n[0] == "Seq Scan"], (state, nodes)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+async def test_the_guards_own_empty_sweep_leaves_the_servers_count_of_sequential_scans_unchanged(
+    store_url: str,
+) -> None:
+    """The same, by the server's cumulative counters (``pg_stat_user_tables``, of the test's own database) around
+    what a user runs — ``Guard.sweep``, on its own pooled connections — at 300,000 records, analysed or not."""
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_dsn(store_url))
+
+    async def counts() -> tuple[int, int]:
+        """(seq_scan, idx_scan) of the calls table, once every other session has ended: a session reports its
+        counts when it ends, so none are still to come."""
+        for _ in range(600):
+            if not await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                       " AND pid <> pg_backend_pid()"):
+                break
+            await asyncio.sleep(0.05)
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = await conn.fetchrow("SELECT seq_scan, idx_scan FROM pg_stat_user_tables WHERE relname = $1",
+                                  "agentguard_calls")
+        return row["seq_scan"], row["idx_scan"] or 0
+
+    try:
+        async with Guard(store_url) as guard:
+            await guard._store.ensure_schema()  # type: ignore[attr-defined]
+        await conn.execute("ALTER TABLE agentguard_calls SET (autovacuum_enabled = false)")
+        await conn.execute(_ROWS.format(expires=_LATER, first=1, last=300_000))
+        for analysed in (False, True):
+            if analysed:
+                await conn.execute("ANALYZE agentguard_calls")
+            (seq_before, idx_before) = await counts()
+            async with Guard(store_url) as guard:
+                assert await guard.sweep(batch=BATCH) == 0
+            (seq_after, idx_after) = await counts()
+            assert seq_after == seq_before, (analysed, seq_before, seq_after)  # no sequential read of it
+            assert idx_after > idx_before, analysed  # (the sweep's counts are in: it went through the index)
+    finally:
+        await conn.close()
 
 
 @pytest.mark.postgres

@@ -38,10 +38,10 @@ async def read_only(conn: AsyncConnection) -> str | None:
     standby, default = tuple((await conn.exec_driver_sql(
         "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")).one())
     if standby:
-        return "the server is a read-only hot standby (in recovery): point the store's URL at the primary"
+        return ("the server is a hot standby in recovery: point the store's URL at the primary (or list every host,"
+                " with target_session_attrs=read-write)")
     if default == "on":
-        return ("the server's transactions are read-only (default_transaction_read_only is on for this database "
-                "or role)")
+        return "default_transaction_read_only is on for this database or role"
     return None
 
 
