@@ -204,6 +204,45 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    from ._storeconfig import from_arguments
+
+    ref = from_arguments(args.url, args.config)
+    _check_driver(ref.url)
+    if args.grant and not ref.url.startswith("postgres"):
+        raise CommandError("--grant is for a Postgres store (SQLite has no roles)")
+    if args.sql:
+        from .stores._dialects import dialect_for
+        from .stores._schema import TABLE, schema_ddl
+        from .stores._server import grants
+        from .stores._statements import WATCHED_COLUMN
+
+        dialect = dialect_for(ref.url)
+        more = [f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {WATCHED_COLUMN}"] if dialect.announces else []
+        if args.grant:
+            more += grants(args.grant)
+        print("BEGIN;")
+        for statement in schema_ddl(dialect.driver_dialect(), more):
+            print(f"{statement};")
+        print("COMMIT;")
+        return 0
+
+    async def go() -> None:
+        from .stores import SQLStore
+
+        store = SQLStore(ref.url)
+        try:
+            await store.ensure_schema()
+        finally:
+            await store.dispose()
+
+    _arun(go())
+    from ._redact import redact_url
+
+    print(f"the store's tables are ready at {redact_url(ref.url)}")
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from ._storeconfig import from_arguments
 
@@ -355,6 +394,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--batch", type=_positive, default=1000, metavar="N",
                          help="delete at most N records per statement (default: 1000)")
     p_sweep.set_defaults(run=_sweep)
+
+    p_migrate = sub.add_parser("migrate", help="create the store's tables, or print the SQL that does",
+                               description="Create the store's tables and indexes where missing (as the guard does "
+                                           "on first use), or print that SQL for an administrator to run, so that "
+                                           "workers may use a role that cannot create tables.")
+    _store_options(p_migrate)
+    p_migrate.add_argument("--sql", action="store_true",
+                           help="print the SQL (one transaction, for the store's dialect) instead of running it")
+    p_migrate.add_argument("--grant", metavar="ROLE",
+                           help="with --sql, also grant ROLE what every call needs on the tables (Postgres)")
+    p_migrate.set_defaults(run=_migrate)
 
     p_doctor = sub.add_parser(
         "doctor", help="check the store a deployment will use: server, pooler, rights, clock, budget, a live race",

@@ -109,6 +109,19 @@ async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, mor
         raise
 
 
+def schema_ddl(dialect: Any, more: Sequence[str] = ()) -> list[str]:
+    """The statements that make the store's tables and indexes where missing, in ``dialect`` (SQLAlchemy's), then
+    ``more``: what ``create_schema`` runs, for an administrator to run (``agentguard migrate --sql``)."""
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    out: list[str] = []
+    for table in metadata.sorted_tables:
+        out.append(str(CreateTable(table, if_not_exists=True).compile(dialect=dialect)).strip())
+        out += [str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)).strip()
+                for index in sorted(table.indexes, key=lambda i: str(i.name))]
+    return out + [ddl.strip() for ddl in more]
+
+
 class Record(NamedTuple):
     """A stored call, as the state machine sees it (immutable; cheap to build on the hot path)."""
 

@@ -31,6 +31,7 @@ from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
 from ._schema import DONE, Listing, Record, create_schema, listing_from_row
+from ._server import prepare
 from ._statements import WATCHED_DDL, Statements
 from ._sweep import paced
 from ._verbs import (
@@ -83,7 +84,8 @@ class SQLStore(AttemptVerbs):
         self.memory = self.dialect.memory
         self.read_is_cheaper = self.dialect.read_is_cheaper
         self.sql = Statements(self.dialect.now, announce=self.dialect.channel if self.dialect.announces else None,
-                              unsynced_claim=self.dialect.unsynced_in_statement, gather=self.dialect.gathers)
+                              unsynced_claim=self.dialect.unsynced_in_statement, gather=self.dialect.gathers,
+                              row_id=self.dialect.row_id, rows_by_id=self.dialect.rows_by_id)
         self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self._engines: Engines = self._executor.engines
@@ -136,7 +138,10 @@ class SQLStore(AttemptVerbs):
 
     async def _create(self, conn: AsyncConnection) -> None:
         d = self.dialect
-        await create_schema(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL] if d.announces else [])
+        if d.name == "postgresql":
+            await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL])
+        else:
+            await create_schema(conn, d.schema_begin, d.schema_lock, [])
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""
