@@ -5,7 +5,6 @@ metric reader collect what is recorded."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -91,7 +90,8 @@ async def test_a_span_per_call_child_of_the_callers_parent_of_the_bodys(
         attrs = dict(s.attributes or {})
         assert attrs["agentguard.task_id"] == t and attrs["agentguard.scope"] == "default"
         assert attrs["agentguard.key"].startswith("ag_") and attrs["agentguard.tool"] == "charge"
-        assert "o-1" not in json.dumps(attrs) and "100" not in json.dumps(attrs)
+        values = [v for k, v in attrs.items() if k not in ("agentguard.task_id", "agentguard.key")]
+        assert not {"o-1", 100, "100"} & set(values), values  # the id and key are random: judged apart
     m = otel.metrics()
     calls = {(a["agentguard.tool"], a["agentguard.outcome"]): p.value for a, p in m["agentguard.calls"]}
     assert calls == {("charge", "ran"): 1, ("charge", "replayed"): 1, ("charge", "refused"): 1}
