@@ -23,13 +23,15 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import make_url
 
 from ._claims import Plan
 from ._statements import Compiled
+
+T = TypeVar("T")
 
 log = logging.getLogger("agentguard.store")
 
@@ -223,6 +225,11 @@ def _advance(conn: Any, plan: Plan, compiled: Callable[[Any], Compiled], claim_u
     while (ask := plan.ask) is not None:
         sql, args = compiled(ask.stmt)
         plan.answered(statement(conn, sql, args(plan.params), ask.writes, claim_unsynced and ask.claims, waiting))
+
+
+def on_thread(drv: Any, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+    """``fn(conn, *args)`` on an aiosqlite connection's thread, in one hop (``conn``: its sqlite3 connection)."""
+    return drv._execute(fn, drv._conn, *args)  # type: ignore[no-any-return]
 
 
 def insert_rows(drv: Any, sql: str, rows: Sequence[Sequence[Any]], *, unsynced: bool) -> Any:

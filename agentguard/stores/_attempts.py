@@ -15,7 +15,6 @@ records, each chain from its start (``_chain``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
 from . import _chain
-from ._aiosqlite import Unsynced, on_thread
+from ._aiosqlite import on_thread
 from ._chain import CHAIN_COLUMNS, Chain, ChainCheck
 from ._schema import HELD_LEASE, RUNNING, STEPS, TABLE, metadata
 from ._sweep import paced
@@ -246,8 +245,6 @@ def _went_away(r: Sequence[Any]) -> Attempt:
                    call_id_of(r[7]), owner_process(r[6]), float(r[8]), None, None)
 
 
-_no_context = contextlib.nullcontext
-
 
 @dataclass(frozen=True, slots=True)
 class RecordDetail:
@@ -338,26 +335,17 @@ DO $ddl$ BEGIN
 END $ddl$"""
 
 
-async def upgrade_sqlite(conn: AsyncConnection) -> None:
-    """SQLite: the chain's columns and index added to a ledger made before them (``conn`` in autocommit), under the
-    write lock, only if they are missing (a read, otherwise)."""
-
-    async def missing() -> bool:
-        return not any(r[1] == "seq" for r in await conn.exec_driver_sql(f"PRAGMA table_info({ATTEMPTS})"))
-
-    if not await missing():
+async def upgrade(conn: AsyncConnection, sqlite: bool) -> None:
+    """The chain's columns and index added to a ledger made before them, inside the schema's transaction (under its
+    lock: SQLite's write lock, Postgres' advisory one), only if they are missing (a read, otherwise)."""
+    if not sqlite:
+        await conn.exec_driver_sql(CHAIN_DDL)
         return
-    await conn.exec_driver_sql("BEGIN IMMEDIATE")
-    try:
-        if await missing():  # (another process may have added them meanwhile)
-            for name, sql_type in zip(CHAIN_COLUMNS, ("BIGINT", "VARCHAR(64)", "VARCHAR(64)"), strict=True):
-                await conn.exec_driver_sql(f"ALTER TABLE {ATTEMPTS} ADD COLUMN {name} {sql_type}")
-            await conn.exec_driver_sql(f"CREATE UNIQUE INDEX IF NOT EXISTS {ATTEMPTS}_chain_idx ON {ATTEMPTS} (scope, seq)")
-        await conn.exec_driver_sql("COMMIT")
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await conn.exec_driver_sql("ROLLBACK")
-        raise
+    if any(tuple(r)[1] == "seq" for r in await conn.exec_driver_sql(f"PRAGMA table_info({ATTEMPTS})")):
+        return
+    for name, sql_type in zip(CHAIN_COLUMNS, ("BIGINT", "VARCHAR(64)", "VARCHAR(64)"), strict=True):
+        await conn.exec_driver_sql(f"ALTER TABLE {ATTEMPTS} ADD COLUMN {name} {sql_type}")
+    await conn.exec_driver_sql(f"CREATE UNIQUE INDEX IF NOT EXISTS {ATTEMPTS}_chain_idx ON {ATTEMPTS} (scope, seq)")
 
 
 class AttemptVerbs:
@@ -426,8 +414,7 @@ class AttemptVerbs:
         async def write(drv: Any) -> None:
             entries = _chain.prepared(rows)  # (hashed before the heads are locked)
             if dialect.name == "sqlite":
-                unsynced = Unsynced if dialect.claim_unsynced else _no_context
-                await on_thread(drv, _chain.sqlite_append, chain, entries, unsynced)
+                await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced)
             else:
                 await _chain.pg_append(drv, chain, entries, known)
 

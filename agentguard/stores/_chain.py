@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import BigInteger, Column, String, Table, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ._aiosqlite import Unsynced
 from ._schema import metadata
 
 if TYPE_CHECKING:
@@ -305,12 +306,12 @@ class Chain:
 # -- writing: a batch placed after its scopes' heads, in one transaction ----------------------------------------
 
 
-def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced: Any) -> None:
+def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced: bool) -> None:
     """On an aiosqlite connection's thread (autocommit): ``entries`` placed after their scopes' heads and
     written, and the heads moved, in one transaction that holds the write lock from its start (so no other
-    writer can place entries meanwhile). ``unsynced``: a context manager around it (the commit unsynced where a
-    claim's is: ``_aiosqlite.Unsynced``), or a null one."""
-    with unsynced:
+    writer can place entries meanwhile). ``unsynced``: its commit not synced, as a claim's is
+    (``_aiosqlite.Unsynced``)."""
+    with Unsynced(conn) if unsynced else contextlib.nullcontext():
         conn.execute("BEGIN IMMEDIATE")
         try:
             heads: Heads = {}

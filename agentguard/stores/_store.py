@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -20,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._fork import on_fork
 from .._redact import redact_url
+from . import _attempts
 from ._attempts import AttemptVerbs
 from ._claims import Ask, Claimed
 from ._dialects import SQLite, dialect_for
@@ -128,7 +130,8 @@ class SQLStore(AttemptVerbs):
 
     async def _create(self, conn: AsyncConnection) -> None:
         d = self.dialect
-        await create_schema(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL] if d.announces else [])
+        await create_schema(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL] if d.announces else [],
+                            functools.partial(_attempts.upgrade, sqlite=d.name == "sqlite"))
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""
