@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # (the command's --help must not wait for SQLAlchemy: the sto
 
 T = TypeVar("T")
 _MARK = {"replayed": "REPLAY ", "refused": "REFUSED", "took_over": "TAKEOVR", "released": "RELEASE",
-         "lease_lost": "LOST   ", "unknown": "UNKNOWN", "forgotten": "FORGOT ", "resolved": "RESOLVE"}
+         "lease_lost": "LOST   ", "unknown": "UNKNOWN", "forgotten": "FORGOT ", "resolved": "RESOLVE",
+         "went_away": "GONE   "}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 SHOWN = 10  # the matches an ambiguous start lists
 
@@ -190,13 +191,13 @@ def _stats(args: argparse.Namespace, ref: StoreRef) -> int:
     if not tools:
         print("no calls in the ledger" + (" in that time" if since is not None else ""))
         return 0
-    headers = ("tool", "calls", "replay rate", "refused", "took over", "guard p50", "guard p99")
+    headers = ("tool", "calls", "replay rate", "refused", "took over", "went away", "guard p50", "guard p99")
 
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}ms"
 
     rows = [(t["tool"], str(t["calls"]), f"{t['replay_rate']:.0%}", str(t["refused"]), str(t["took_over"]),
-             ms(t["guard_ms_p50"]), ms(t["guard_ms_p99"])) for t in tools]
+             str(t["went_away"]), ms(t["guard_ms_p50"]), ms(t["guard_ms_p99"])) for t in tools]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     for row in (headers, *rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
@@ -243,5 +244,5 @@ def add_commands(sub: Any, store_options: Callable[[argparse.ArgumentParser], No
     p.add_argument("--since", type=duration, metavar="DURATION",
                    help="only the last DURATION (90, 30s, 15m, 1h, 7d; default: everything kept)")
     common(p, 'print {"since": float | null, "tools": [{tool, calls, replayed, replay_rate, refused, took_over, '
-              "guard_ms_p50, guard_ms_p99}]}")
+              "went_away, guard_ms_p50, guard_ms_p99}]}")
     p.set_defaults(run=on_store(_stats))

@@ -403,22 +403,24 @@ class Guard(Views):
         store_call, store = self._machine.store_call, self._store
         if abandon:
             err = OutcomeUnknownError(f"operation {key} was abandoned by an operator after an unknown outcome")
+            gone = await self._gone(key, scope)
             if not await store_call(store.abandon(scope, key, _codec.encode_error(err), self._retention)):
                 raise GuardError(f"no held, released or stalled operation {key!r} in scope {scope!r} to abandon",
                                  key=key)
             self._cache.clear()
-            await self._operator_entries(key, scope, RESOLVED, "abandoned")
+            await self._operator_entries(key, scope, RESOLVED, "abandoned", gone)
             return "abandoned"
         held = [u for u in await self.unknown(scope=scope, limit=1000) if u["key"] == key]
         if not held:
             raise GuardError(f"no operation {key!r} in scope {scope!r} is held on an unknown outcome", key=key)
         encoded = None if retry else _codec.dumps(result)
         if held[0]["held"] != HELD_STEP:  # held on its body: its worker died inside it, or its result was not stored
+            gone = await self._gone(key, scope)
             if not await store_call(store.settle(scope, key, encoded, self._retention)):
                 raise GuardError(f"the held operation {key!r} changed meanwhile; look again", key=key)
             self._cache.clear()
             said = "cleared for a retry: its next call runs it again" if retry else "its result recorded"
-            await self._operator_entries(key, scope, RESOLVED, said)
+            await self._operator_entries(key, scope, RESOLVED, said, gone)
             return said
         step = held[0]["step"]
         ok = await store_call(store.resolve_step(scope, key, step, None if retry else "done", encoded))

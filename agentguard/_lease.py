@@ -28,13 +28,19 @@ from typing import Any, Protocol
 HOST_MAX = 24  # characters of the host's name in an owner token (whose column holds 64 in all)
 
 
-def _prefix() -> str:
-    """``host:pid/`` and 8 random hex digits and a dot: at most 42 characters, so that a token with any counter
-    fits the record's 64. A host name longer than ``HOST_MAX`` is cut to its first label (then to ``HOST_MAX``)."""
+def process_name() -> str:
+    """``host:pid`` of this process, as the ledger names it: a host name longer than ``HOST_MAX`` is cut to its
+    first label (then to ``HOST_MAX``)."""
     host = socket.gethostname()
     if len(host) > HOST_MAX:
         host = host.split(".")[0][:HOST_MAX]
-    return f"{host}:{os.getpid()}/{os.urandom(4).hex()}."
+    return f"{host}:{os.getpid()}"
+
+
+def _prefix() -> str:
+    """``host:pid/`` and 8 random hex digits and a dot: at most 42 characters, so that a token with any counter
+    fits the record's 64."""
+    return f"{process_name()}/{os.urandom(4).hex()}."
 
 
 _rng = random.Random()
