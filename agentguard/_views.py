@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import GuardError, StoreError
-from .stores import RUNNING, Attempt, LedgerStore, RecordDetail
+from .stores import RUNNING, Attempt, ChainCheck, LedgerStore, RecordDetail
 from .stores._attempts import (
     DROPPED,
     FORGOTTEN,
@@ -96,6 +96,13 @@ class Views:
         if not entries and not await self._call(store.task_known(task_id)):
             raise GuardError(f"no task {task_id!r} in this store: no record or attempt names it", task_id=task_id)
         return entries
+
+    async def verify_ledger(self, *, scope: str | None = None) -> list[ChainCheck]:
+        """Walk each scope's hash chain of ledger entries and operators' acts (or ``scope``'s), in one snapshot:
+        a :class:`agentguard.stores.ChainCheck` per scope, with the first entry that was edited, deleted or
+        reordered, if any (``agentguard verify``). What this guard queued is written first."""
+        await self._read_own_writes()
+        return await self._call(self._ledger_store().verify_ledger(scope))
 
     async def record(self, key: str, *, scope: str | None = None) -> RecordDetail:
         """The record ``key`` in full (with its steps); raises GuardError if there is none, or if several
