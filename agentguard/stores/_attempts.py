@@ -28,7 +28,7 @@ from .._errors import StoreError
 from . import _chain
 from ._aiosqlite import on_thread
 from ._chain import CHAIN_COLUMNS, Chain, ChainCheck
-from ._schema import HELD_LEASE, RUNNING, STEPS, TABLE, metadata
+from ._schema import HELD_LEASE, RUNNING, RUNNING_IDX, STEPS, TABLE, metadata
 from ._sweep import paced
 
 if TYPE_CHECKING:
@@ -332,15 +332,21 @@ DO $ddl$ BEGIN
     ALTER TABLE {ATTEMPTS} ADD COLUMN seq bigint, ADD COLUMN prev varchar(64), ADD COLUMN digest varchar(64);
     CREATE UNIQUE INDEX IF NOT EXISTS {ATTEMPTS}_chain_idx ON {ATTEMPTS} (scope, seq);
   END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() AND indexname = '{RUNNING_IDX}') THEN
+    CREATE INDEX {RUNNING_IDX} ON {TABLE} (lease_until) WHERE state = '{RUNNING}';
+  END IF;
 END $ddl$"""
 
 
 async def upgrade(conn: AsyncConnection, sqlite: bool) -> None:
-    """The chain's columns and index added to a ledger made before them, inside the schema's transaction (under its
-    lock: SQLite's write lock, Postgres' advisory one), only if they are missing (a read, otherwise)."""
+    """What a store made by an earlier version lacks — the chain's columns and index, the index of running records
+    — added inside the schema's transaction (under its lock: SQLite's write lock, Postgres' advisory one), only if
+    missing (a read, otherwise). Building the index of running records reads the records' table once."""
     if not sqlite:
         await conn.exec_driver_sql(CHAIN_DDL)
         return
+    await conn.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {RUNNING_IDX} ON {TABLE} (lease_until)"
+                               f" WHERE state = '{RUNNING}'")
     if any(tuple(r)[1] == "seq" for r in await conn.exec_driver_sql(f"PRAGMA table_info({ATTEMPTS})")):
         return
     for name, sql_type in zip(CHAIN_COLUMNS, ("BIGINT", "VARCHAR(64)", "VARCHAR(64)"), strict=True):
