@@ -162,6 +162,7 @@ class Views:
 
         if not keeps_ledger(self._store):
             return
+        await self._read_own_writes()  # (the act follows, in its chain too, what this guard saw happen)
         at = time.time()
         entry = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail,
                  rec.attempts if attempt is None else attempt, None, about or process(), at, None, None,
