@@ -25,12 +25,10 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    text,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 TABLE = "agentguard_calls"
-RUNNING_IDX = f"{TABLE}_running_idx"
 STEPS = "agentguard_steps"
 
 RUNNING, SUCCEEDED, FAILED, RELEASED = "running", "succeeded", "failed", "released"
@@ -68,10 +66,6 @@ calls = Table(
         f"state IN ('{RUNNING}', '{SUCCEEDED}', '{FAILED}', '{RELEASED}')", name=f"{TABLE}_state_check"
     ),
     Index(f"{TABLE}_expires_idx", "expires_at"),
-    # The running records only (a few: the calls in flight), by lease: the ledger reads the attempts whose worker
-    # went away from those whose lease ran out (``_attempts``) without a scan of every record.
-    Index(RUNNING_IDX, "lease_until", sqlite_where=text(f"state = '{RUNNING}'"),
-          postgresql_where=text(f"state = '{RUNNING}'")),
 )
 
 steps = Table(
