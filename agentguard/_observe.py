@@ -23,6 +23,7 @@ from ._errors import (
 )
 from ._ledger import Ledger
 from .stores._attempts import (
+    CALL_IDS,
     LEASE_LOST,
     NOT_STORED,
     RAN,
@@ -35,6 +36,10 @@ from .stores._attempts import (
     owner_process,
     went_away_detail,
 )
+
+# Host ids of an invocation (``CALL_IDS``) the last of which, an MCP request's JSON-RPC id, names the request, not
+# the model's tool call: never a ``gen_ai.tool.call.id``.
+_TOOL_CALL_IDS = CALL_IDS[:-1]
 
 
 class Note:
@@ -99,7 +104,7 @@ class Observer:
                 return None
             return Note(call)
         note = Note(call)
-        note.span, note.token = otel.start(call.tool)
+        note.span, note.token = otel.start(call.tool, call_id(call.audit, _TOOL_CALL_IDS))
         return note
 
     def end(self, note: Note, exc: BaseException | None) -> None:
@@ -133,9 +138,8 @@ class Observer:
                 "agentguard.outcome": kind, "agentguard.outcome.detail": detail,
                 "agentguard.replayed": kind == REPLAYED, "agentguard.attempt": note.attempt,
                 "agentguard.scope": call.scope, "agentguard.task_id": call.task_id, "agentguard.key": call.key,
-                "agentguard.tool": call.tool,
             }
-            failed = None if exc is None else type(exc).__name__
+            failed = None if exc is None else type(exc).__qualname__  # error.type, as the MCP SDK names it
             if otel is not None:
                 otel.end(note.span, note.token, attributes, failed, call.tool, kind, guard_s, waited)
             else:  # switched off meanwhile: close what was opened
@@ -147,6 +151,6 @@ class Observer:
             self.ledger.add("", "", "", tool, tool, REFUSED, "missing task", 0, call_id(audit), None, None)
         otel = _otel.current()
         if otel is not None:
-            span, token = otel.start(tool)
-            otel.end(span, token, {"agentguard.outcome": REFUSED, "agentguard.outcome.detail": "missing task",
-                                   "agentguard.tool": tool}, MissingTaskError.__name__, tool, REFUSED, 0.0, 0.0)
+            span, token = otel.start(tool, call_id(audit, _TOOL_CALL_IDS))
+            otel.end(span, token, {"agentguard.outcome": REFUSED, "agentguard.outcome.detail": "missing task"},
+                     MissingTaskError.__qualname__, tool, REFUSED, 0.0, 0.0)

@@ -1,12 +1,13 @@
-"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, verify, resolve, sweep, console, mcp-proxy,
-help.
+"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, verify, resolve, sweep, doctor, console,
+mcp-proxy, help.
 
     agentguard demo                                  the offline demo, on the embedded SQLite store
     agentguard ls [--json] [--state S] [--task T]    the latest records (--state unknown: held on an unknown outcome)
     agentguard show KEY | timeline TASK | forget KEY | stats [--since 1h]   (see agentguard._cli_ledger)
     agentguard verify [--scope S]                    the ledger's hash chains: exit 1 naming the first tampered entry
-    agentguard resolve KEY (--result JSON | --retry | --abandon)
+    agentguard resolve KEY (--result JSON | --retry | --abandon) [--revision REV]
     agentguard sweep [--batch N]                     delete records past their retention
+    agentguard doctor [--workers N] [--pool-size N]  check the store a deployment will use, and a live race on it
     agentguard console [--port N] [--host H]         a local web page: tasks, timelines, held outcomes (console extra)
     agentguard mcp-proxy --config agentguard.toml    the guarding MCP proxy (the mcp extra)
     agentguard help [COMMAND]                        the help, of the command or of one of its commands
@@ -26,7 +27,8 @@ refused (it exists only inside the process that opened it).
     {"records": [{"scope": str, "task_id": str, "operation": str, "state": str, "attempts": int,
                   "age_seconds": float, "lease_left_seconds": float | null, "key": str, "audit": object | null}]}
     {"unknown": [{"scope": str, "key": str, "task_id": str, "operation": str, "step": str | null,
-                  "held": "step" | "body" | "not_stored", "attempts": int, "age_seconds": float}]}  # --unknown
+                  "held": "step" | "body" | "not_stored", "attempts": int, "age_seconds": float,
+                  "revision": str}]}  # --unknown
 
 Exit status: 0 done; 1 an error, named on stderr; 2 a usage error — and ``agentguard`` with no command,
 which prints the help (nothing was done, so a script that forgot the command must not read success);
@@ -123,7 +125,7 @@ async def _unknown(url: str, scope: str | None, limit: int) -> list[dict[str, An
     return [
         {"scope": r["scope"], "key": r["key"], "task_id": r["task_id"], "operation": r["operation"],
          "step": r["step"], "held": r["held"], "attempts": int(r["attempts"]),
-         "age_seconds": round(float(r["age"]), 3)}
+         "age_seconds": round(float(r["age"]), 3), "revision": r["revision"]}
         for r in rows
     ]
 
@@ -156,7 +158,7 @@ def _ls(args: argparse.Namespace) -> int:
             for r in held:
                 how = f"step={r['step']!r}" if r["step"] is not None else f"held={r['held']}"
                 print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  "
-                      f"{how}  attempts={r['attempts']}  age={_age(r['age_seconds'])}")
+                      f"{how}  attempts={r['attempts']}  age={_age(r['age_seconds'])}  revision={r['revision']}")
         return 0
     rows = _arun(_records(ref.url, scope, args.task_id, args.limit, args.state))
     if args.json:
@@ -182,7 +184,8 @@ def _resolve(args: argparse.Namespace) -> int:
         from ._guard import Guard
 
         async with Guard(ref.url) as guard:
-            return await guard.resolve(await full_key(guard, args.key, scope), scope=scope, **kwargs)
+            return await guard.resolve(await full_key(guard, args.key, scope), scope=scope, revision=args.revision,
+                                       **kwargs)
 
     print(_arun(go()))
     return 0
@@ -200,6 +203,28 @@ def _sweep(args: argparse.Namespace) -> int:
     n = _arun(go())
     print(f"deleted {n} expired record{'s' if n != 1 else ''}")
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from ._storeconfig import from_arguments
+
+    ref = from_arguments(args.url, args.config)  # (a SQLite file that does not exist yet is the doctor's to report)
+    _check_driver(ref.url)
+    from ._doctor import Settings, run
+
+    settings = Settings(pool_size=args.pool_size, workers=args.workers, race=not args.no_race, keep=args.keep,
+                        timeout=args.timeout)
+    return run(ref.url, settings, as_json=args.json)
+
+
+def _seconds(text: str) -> float:
+    try:
+        n = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not n > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return n
 
 
 def _console(args: argparse.Namespace) -> int:
@@ -297,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.add_argument("--json", action="store_true",
                       help='print one JSON document for scripts: {"records": [{scope, task_id, operation, state, '
                            "attempts, age_seconds, lease_left_seconds, key, audit}]}; with --unknown "
-                           '{"unknown": [{scope, key, task_id, operation, step, held, attempts, age_seconds}]}')
+                           '{"unknown": [{scope, key, task_id, operation, step, held, attempts, age_seconds, '
+                           "revision}]}")
     p_ls.set_defaults(run=_ls)
 
     add_commands(sub, _store_options, _existing_store, _positive)
@@ -318,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--retry", action="store_true",
                      help="run it again (the same key or sub-key) on the next call")
     how.add_argument("--abandon", action="store_true", help="give the operation up: every later call errors")
+    p_resolve.add_argument("--revision", metavar="REV",
+                           help="the revision of the record you decided on (agentguard ls --unknown prints it): if "
+                                "the record changed since, nothing is done and what changed is said (exit 1); the "
+                                "same decision made twice is done once ('already applied', exit 0)")
     p_resolve.set_defaults(run=_resolve)
 
     p_sweep = sub.add_parser("sweep", help="delete records past their retention",
@@ -326,6 +356,33 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--batch", type=_positive, default=1000, metavar="N",
                          help="delete at most N records per statement (default: 1000)")
     p_sweep.set_defaults(run=_sweep)
+
+    p_doctor = sub.add_parser(
+        "doctor", help="check the store a deployment will use: server, pooler, rights, clock, budget, a live race",
+        description="Check the store your workers will use, through the same URL (SQLite file, Postgres, or "
+                    "Postgres behind a pooler), and print a line per check: server version and read-only mode, "
+                    "pooler mode, isolation, clock offset, privileges, listen/notify, round trip, the connection "
+                    "budget against max_connections; then a short live race on a scratch scope of its own "
+                    "(parallel callers on one key while the winner's completion is made to fail: its connection "
+                    "killed on Postgres, the file locked on SQLite), which must end with one execution. What the "
+                    "race wrote is deleted; no other scope is touched. Exit status 0 when no line failed, 1 when "
+                    "one did (each failed line says what to change).")
+    _store_options(p_doctor)
+    p_doctor.add_argument("--workers", type=_positive, default=1, metavar="N",
+                          help="worker processes that will share the store, for the connection budget (default: 1)")
+    p_doctor.add_argument("--pool-size", type=_positive, default=10, metavar="N",
+                          help="the pool_size your guards use, for the connection budget (default: 10, Guard's)")
+    p_doctor.add_argument("--no-race", action="store_true",
+                          help="skip the live race: check only, write nothing")
+    p_doctor.add_argument("--keep", action="store_true",
+                          help="leave what the race wrote (its scope is printed) for `agentguard ls --scope S`; "
+                               "it expires within the hour")
+    p_doctor.add_argument("--timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                          help="how long to wait for a connection (default: 10)")
+    p_doctor.add_argument("--json", action="store_true",
+                          help='print one JSON document: {"url", "ok", "lines": [{check, status, found, fix}], '
+                               '"race": {callers, executions, results, replayed, errors, failures, ...} | null}')
+    p_doctor.set_defaults(run=_doctor)
 
     p_console = sub.add_parser("console", help="serve a local web page: tasks, timelines, held outcomes to settle",
                                description="Serve a page of the store's tasks, each task's timeline and the "

@@ -97,12 +97,12 @@ WRITTEN = (*COLUMNS, "expires_at")  # an entry as it is written: its values, the
 
 CALL_ID_MAX = 255  # characters of a host's id of an invocation the ledger keeps
 # Host ids of an invocation, in the order one is picked for ``call_id`` (the audit the adapters store).
-_CALL_IDS = ("tool_call_id", "claudecode/toolUseId", "callId", "itemId", "request_id")
+CALL_IDS = ("tool_call_id", "claudecode/toolUseId", "callId", "itemId", "request_id")
 
 
-def call_id_of(audit: str | None) -> str | None:
-    """The host's id of an invocation, from a record's audit (a JSON object), at most ``CALL_ID_MAX`` characters
-    (the store keeps it as every store can hold it: :func:`storable`)."""
+def call_id_of(audit: str | None, names: tuple[str, ...] = CALL_IDS) -> str | None:
+    """The host's id of an invocation, from an audit (a JSON object), at most ``CALL_ID_MAX`` characters (the
+    store keeps it as every store can hold it: :func:`storable`). ``names``: the ids to look for, in order."""
     if not audit:
         return None
     try:
@@ -110,7 +110,7 @@ def call_id_of(audit: str | None) -> str | None:
     except ValueError:
         return None
     if isinstance(ids, dict):
-        for name in _CALL_IDS:
+        for name in names:
             if isinstance(ids.get(name), str | int):
                 return str(ids[name])[:CALL_ID_MAX]
     return None

@@ -66,6 +66,11 @@ calls = Table(
         f"state IN ('{RUNNING}', '{SUCCEEDED}', '{FAILED}', '{RELEASED}')", name=f"{TABLE}_state_check"
     ),
     Index(f"{TABLE}_expires_idx", "expires_at"),
+    # A person's reads (the console): a task's records, and the tasks in the order of their latest claim, read
+    # from the index alone. Of the columns a call writes, only a claim's (and a takeover's) are in it: a
+    # completion or a renewal on SQLite, or a renewal on Postgres (a HOT update), never writes to it. A store
+    # made before it has none: its console reads scan the records (docs/console.md).
+    Index(f"{TABLE}_task_idx", "scope", "task_id", "created_at"),
 )
 
 steps = Table(
