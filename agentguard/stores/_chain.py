@@ -268,11 +268,12 @@ class Chain:
                               " ORDER BY scope FOR UPDATE")
         self.pg_move = (f"UPDATE {CHAINS} AS c SET seq = v.seq, digest = v.digest FROM unnest($1::text[],"
                         " $2::bigint[], $3::text[]) AS v(scope, seq, digest) WHERE c.scope = v.scope")
-        # The sweep: whether anything is to delete, reading no row however large the table (an index's edge for the
-        # entries written before the chain; each chain's first entry kept, by its place), then cuts.
+        # The sweep: whether anything is to delete, reading no row however large the table (the expiry index's edge
+        # for the entries written before the chain — in its order, or Postgres may read the table to find none —;
+        # each chain's first entry kept, by its place), then cuts.
         self.to_sweep = text(
             f"SELECT NULL AS scope FROM (SELECT 1 AS one FROM {attempts} WHERE expires_at < {once} AND seq IS NULL"
-            " LIMIT 1) AS unchained UNION ALL"
+            " ORDER BY expires_at LIMIT 1) AS unchained UNION ALL"
             f" SELECT c.scope FROM {CHAINS} c WHERE (SELECT a.expires_at FROM {attempts} a WHERE a.scope = c.scope"
             f" AND a.seq >= c.anchor_seq ORDER BY a.seq LIMIT 1) < {once}"
         )
