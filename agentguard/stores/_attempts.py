@@ -288,9 +288,8 @@ class AttemptStatements:
         self.since = text(f"SELECT {cols} FROM {ATTEMPTS} WHERE {where} ORDER BY at, id LIMIT :limit")
         # Running records whose lease ran out (or that are held for a person on their body) with no entry that ends
         # their attempt: attempts whose worker went away before anything was written (read as ``went_away``). No
-        # index serves it: one of running records cost a SQLite first call 8 microseconds (1.09x: benchmarks/
-        # ledger_kept.py), where this read, a person's, scans the records (at 100,000 records: SQLite 13 ms,
-        # Postgres 25-30 ms).
+        # index serves it: an index of running records costs every first call its upkeep, where this read, a
+        # person's, scans the records (docs/benchmarks.md, "Every attempt kept").
         ended = f"CASE WHEN c.lease_until = {HELD_LEASE} THEN c.updated_at ELSE c.lease_until END"
         kinds = ", ".join(f"'{k}'" for k in ENDED)
         gone = (
