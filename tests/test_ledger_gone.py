@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 from test_processes import Worker, effects_of, release_together
 
@@ -21,6 +22,7 @@ from agentguard.console._timeline import rows_of_attempts, svg
 from agentguard.stores import Attempt
 
 from conftest import tid
+from console_server import console
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -75,6 +77,11 @@ async def test_a_worker_killed_mid_call_is_kept_as_gone_then_taken_over(store_ur
         assert charge["went_away"] == 1 and charge["calls"] == 1
         picture = svg(rows_of_attempts([], entries, time.time(), lambda key: f"/record?key={key}"), title=t)
         assert "worker went away" in picture and "attempt 1: went away" in picture  # (the console's timeline)
+        with console(store_url, tmp_path / "console.log") as c:  # the console, a process of its own
+            async with httpx.AsyncClient(base_url=c.base, timeout=60) as client:
+                page = (await client.get(f"/task?scope=default&id={t}")).text
+        assert "worker went away" in page  # the timeline's mark and legend
+        assert '<span class="kind">went away</span>' in page and named(dead) in page  # the table of attempts
 
         # A survivor takes it over (its key reaches the provider): it writes the gone attempt's entry with its
         # own, and the record no longer stands for it (one entry, not two).
