@@ -86,11 +86,15 @@ class Call:
 class Claim:
     """A call whose key this worker holds: its fence, attempt and origin, and its heartbeat's bookkeeping."""
 
-    __slots__ = ("attempt", "beat", "call", "fence", "notes", "origin", "renewal", "renewed", "took")
+    __slots__ = ("attempt", "beat", "call", "fence", "gone", "notes", "origin", "renewal", "renewed", "took")
 
-    def __init__(self, call: Call, fence: int, attempt: int, origin: int, took: str | None = None) -> None:
+    def __init__(self, call: Call, fence: int, attempt: int, origin: int, took: str | None = None,
+                 gone: tuple[int, str | None] | None = None) -> None:
         self.call = call
         self.took = took  # a takeover's: the state it found (running: its worker went away; released)
+        # A takeover of a running record: the attempt whose worker went away and its owner token (the ledger's
+        # ``went_away`` entry, written with this attempt's own: that process died with its queue).
+        self.gone = gone
         self.fence = fence
         self.attempt = attempt
         self.origin = origin

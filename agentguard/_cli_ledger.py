@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # (the command's --help must not wait for SQLAlchemy: the sto
 
 T = TypeVar("T")
 _MARK = {"replayed": "REPLAY ", "refused": "REFUSED", "took_over": "TAKEOVR", "released": "RELEASE",
-         "lease_lost": "LOST   ", "unknown": "UNKNOWN", "forgotten": "FORGOT ", "resolved": "RESOLVE"}
+         "lease_lost": "LOST   ", "unknown": "UNKNOWN", "forgotten": "FORGOT ", "resolved": "RESOLVE",
+         "went_away": "GONE   "}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 SHOWN = 10  # the matches an ambiguous start lists
 
@@ -190,22 +191,42 @@ def _stats(args: argparse.Namespace, ref: StoreRef) -> int:
     if not tools:
         print("no calls in the ledger" + (" in that time" if since is not None else ""))
         return 0
-    headers = ("tool", "calls", "replay rate", "refused", "took over", "guard p50", "guard p99")
+    headers = ("tool", "calls", "replay rate", "refused", "took over", "went away", "guard p50", "guard p99")
 
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}ms"
 
     rows = [(t["tool"], str(t["calls"]), f"{t['replay_rate']:.0%}", str(t["refused"]), str(t["took_over"]),
-             ms(t["guard_ms_p50"]), ms(t["guard_ms_p99"])) for t in tools]
+             str(t["went_away"]), ms(t["guard_ms_p50"]), ms(t["guard_ms_p99"])) for t in tools]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     for row in (headers, *rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return 0
 
 
+def _verify(args: argparse.Namespace, ref: StoreRef) -> int:
+    scope = args.scope if args.scope is not None else ref.scope
+    checks = _run(ref, lambda g: g.verify_ledger(scope=scope))
+    failed = [c for c in checks if not c.ok]
+    if args.json:
+        print(json.dumps({"ok": not failed, "scopes": [{**asdict(c), "ok": c.ok} for c in checks]}))
+        return 1 if failed else 0
+    if not checks:
+        print("the ledger has no entries" + (f" in scope {scope!r}" if scope is not None else ""))
+    for c in checks:
+        older = f"; {c.unchained} older entries not chained (written before the store had a chain)" if c.unchained \
+            else ""
+        if c.ok:
+            span = f" (seq {c.first} to {c.last})" if c.entries else ""
+            print(f"ok        scope {c.scope!r}: {c.entries} entries verified{span}, head {c.head or '-'}{older}")
+        else:
+            print(f"TAMPERED  scope {c.scope!r}: {c.problem}{older}")
+    return 1 if failed else 0
+
+
 def add_commands(sub: Any, store_options: Callable[[argparse.ArgumentParser], None],
                  existing: Callable[[argparse.Namespace], StoreRef], positive: Callable[[str], int]) -> None:
-    """Register show, timeline, forget and stats on the ``agentguard`` parser's subparsers."""
+    """Register show, timeline, forget, stats and verify on the ``agentguard`` parser's subparsers."""
 
     def on_store(fn: Callable[[argparse.Namespace, StoreRef], int]) -> Callable[[argparse.Namespace], int]:
         return lambda args: fn(args, existing(args))
@@ -243,5 +264,14 @@ def add_commands(sub: Any, store_options: Callable[[argparse.ArgumentParser], No
     p.add_argument("--since", type=duration, metavar="DURATION",
                    help="only the last DURATION (90, 30s, 15m, 1h, 7d; default: everything kept)")
     common(p, 'print {"since": float | null, "tools": [{tool, calls, replayed, replay_rate, refused, took_over, '
-              "guard_ms_p50, guard_ms_p99}]}")
+              "went_away, guard_ms_p50, guard_ms_p99}]}")
     p.set_defaults(run=on_store(_stats))
+
+    p = sub.add_parser("verify", help="check the ledger's hash chains: exit 1 naming the first entry tampered with",
+                       description="Walk each scope's hash chain of ledger entries and operators' acts, in one "
+                                   "snapshot. Exits 1, naming the first entry that was edited, deleted or "
+                                   "reordered, if any; prints each chain's head digest (keep a copy elsewhere: "
+                                   "it proves every entry up to it).")
+    common(p, 'print {"ok": bool, "scopes": [{scope, ok, entries, first, last, head, unchained, problem, '
+              "entry_id, seq}]}")
+    p.set_defaults(run=on_store(_verify))

@@ -284,7 +284,7 @@ def _replayed(replay: Replay, note: Note | None) -> Any:
 
 def _claimed(claim: Claim, note: Note | None) -> Claim:
     if note is not None:
-        note.claimed(claim.attempt, claim.took)
+        note.claimed(claim.attempt, claim.took, claim.gone)
     return claim
 
 

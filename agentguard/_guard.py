@@ -417,12 +417,14 @@ class Guard(Views):
         abandoned = _codec.encode_error(
             OutcomeUnknownError(f"operation {key} was abandoned by an operator after an unknown outcome"))
         value = abandoned if abandon else None if retry else _codec.dumps(result)
+        gone = await self._gone(key, scope)  # (read before: the record stops saying its worker went away)
         decided = await self._machine.store_call(
             self._store.decide(scope, key, how, value, self._retention, seen=None if seen is None else seen.text))
         if decided.applied:
             self._cache.clear()
             done = said(how, decided.step)
-            await self._operator_entries(key, scope, RESOLVED, done)
+            # A step settled leaves the record running: its next call takes it over and writes that entry then.
+            await self._operator_entries(key, scope, RESOLVED, done, gone if decided.step is None else None)
             return done
         now = decided.before
         if seen is not None and (now is None or now.revision != seen.text):

@@ -5,7 +5,9 @@ A lease is not a lock. It only says how long a claim is held without news from i
 the claim is fenced anyway, so a worker that stalled past its lease and wakes up can no longer write.
 
 - Owner tokens are unique across every process of a fleet (a claimer recognises its own claim whose reply
-  was lost by it): a random per-process prefix, renewed in a forked child, and a counter.
+  was lost by it): a per-process prefix, renewed in a forked child, and a counter. The prefix names the process
+  (``host:pid/``, then random hex: unique whatever the host names), so that a record whose worker went away says
+  which process that was (the ledger's ``went_away`` entries: ``stores._attempts.owner_process``).
 - Fences only need to start at an unpredictable point per key (they never repeat for a key, not even after a
   release or a sweep): a PRNG seeded from the OS, reseeded in a forked child.
 """
@@ -16,20 +18,39 @@ import asyncio
 import itertools
 import os
 import random
+import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+HOST_MAX = 24  # characters of the host's name in an owner token (whose column holds 64 in all)
+
+
+def process_name() -> str:
+    """``host:pid`` of this process, as the ledger names it: a host name longer than ``HOST_MAX`` is cut to its
+    first label (then to ``HOST_MAX``)."""
+    host = socket.gethostname()
+    if len(host) > HOST_MAX:
+        host = host.split(".")[0][:HOST_MAX]
+    return f"{host}:{os.getpid()}"
+
+
+def _prefix() -> str:
+    """``host:pid/`` and 8 random hex digits and a dot: at most 42 characters, so that a token with any counter
+    fits the record's 64."""
+    return f"{process_name()}/{os.urandom(4).hex()}."
+
+
 _rng = random.Random()
-_owner_prefix = os.urandom(6).hex()
+_owner_prefix = _prefix()
 _owner_count = itertools.count()
 
 
 def _after_fork() -> None:
     global _owner_prefix
-    _owner_prefix = os.urandom(6).hex()
+    _owner_prefix = _prefix()
     _rng.seed(os.urandom(16))
 
 

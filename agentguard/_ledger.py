@@ -17,12 +17,12 @@ import collections
 import contextlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ._fork import abandon, on_fork
+from ._lease import process_name
 from ._portal import Portal
 from .stores import LedgerStore
 from .stores._attempts import DROPPED
@@ -40,7 +40,7 @@ def process() -> str:
     """``host:pid`` of this process (after a fork, the child's)."""
     global _process
     if not _process:
-        _process = f"{socket.gethostname()}:{os.getpid()}"
+        _process = process_name()  # (as an owner token names it: an attempt that went away is named so)
     return _process
 
 
@@ -83,15 +83,22 @@ class Ledger:
         self._writing = False
         self._task = self._wake = None
 
+    @property
+    def pending(self) -> bool:
+        """Entries are queued or being written."""
+        return bool(self.queue) or self._writing
+
     def add(self, scope: str, key: str, task_id: str, operation: str, tool: str, kind: str, detail: str,
-            attempt: int, call_id: str | None, guard_ms: float | None, wait_ms: float | None) -> None:
-        """Queue one entry; never blocks. (Called from any thread: ``deque.append`` is atomic.)"""
+            attempt: int, call_id: str | None, guard_ms: float | None, wait_ms: float | None, *,
+            about: str | None = None) -> None:
+        """Queue one entry; never blocks. (Called from any thread: ``deque.append`` is atomic.) ``about``: the
+        ``host:pid`` the entry is about, when it is not this one (an attempt whose worker went away)."""
         queue = self.queue
         if len(queue) >= QUEUE_MAX:
             self._drop(1)
             return
         at = time.time()
-        queue.append((scope, key, task_id, operation, tool, kind, detail, attempt, call_id, process(), at,
+        queue.append((scope, key, task_id, operation, tool, kind, detail, attempt, call_id, about or process(), at,
                       guard_ms, wait_ms, at + self.retention))
         if not self._writing:
             self._writing = True

@@ -339,7 +339,9 @@ class Machine:
                         attempt = 1 if stale else rec.attempts + 1
                         self.events.emit("takeover" if not stale else "claimed", call, attempt,
                                          f"previous state {rec.state}" if not stale else "previous record expired")
-                        return (yield from self.claimed(call, took[0], attempt, took[1], None if stale else rec.state))
+                        gone = (rec.attempts, rec.owner) if rec.state == RUNNING else None
+                        return (yield from self.claimed(call, took[0], attempt, took[1], None if stale else rec.state,
+                                                        gone))
                     continue  # another caller took it first: look again
                 if call.on_conflict == "raise":
                     raise self.in_progress(call, rec, "on_conflict='raise'")
@@ -358,9 +360,10 @@ class Machine:
                 if waiting.watcher is not None:
                     waiting.watcher.leave()
 
-    def claimed(self, call: Call, fence: int, attempt: int, origin: int, took: str | None = None) -> Plan[Claim]:
+    def claimed(self, call: Call, fence: int, attempt: int, origin: int, took: str | None = None,
+                gone: tuple[int, str | None] | None = None) -> Plan[Claim]:
         self.replaying.discard(call)  # (the body runs: the task's call was not a replay after all)
-        claim = Claim(call, fence, attempt, origin, took)
+        claim = Claim(call, fence, attempt, origin, took, gone)
         yield StartBeat(claim)
         return claim
 

@@ -7,7 +7,6 @@ made of it); ``Observer.end`` turns it, or the exception the call raised, into o
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -23,18 +22,30 @@ from ._errors import (
     StoreError,
 )
 from ._ledger import Ledger
-from .stores._attempts import CALL_ID_MAX, LEASE_LOST, NOT_STORED, RAN, REFUSED, REPLAYED, TOOK_OVER, UNKNOWN
+from .stores._attempts import (
+    CALL_IDS,
+    LEASE_LOST,
+    NOT_STORED,
+    RAN,
+    REFUSED,
+    REPLAYED,
+    TOOK_OVER,
+    UNKNOWN,
+    WENT_AWAY,
+    call_id_of,
+    owner_process,
+    went_away_detail,
+)
 
-# Host ids of an invocation, in the order one is picked for ``call_id`` (the audit the adapters store). The last,
-# an MCP request's JSON-RPC id, names the request, not the model's tool call: never a ``gen_ai.tool.call.id``.
-_CALL_IDS = ("tool_call_id", "claudecode/toolUseId", "callId", "itemId", "request_id")
-_TOOL_CALL_IDS = _CALL_IDS[:-1]
+# Host ids of an invocation (``CALL_IDS``) the last of which, an MCP request's JSON-RPC id, names the request, not
+# the model's tool call: never a ``gen_ai.tool.call.id``.
+_TOOL_CALL_IDS = CALL_IDS[:-1]
 
 
 class Note:
     """One call as the drivers saw it."""
 
-    __slots__ = ("attempt", "body", "call", "detail", "kind", "span", "started", "token", "took")
+    __slots__ = ("attempt", "body", "call", "detail", "gone", "kind", "span", "started", "token", "took")
 
     def __init__(self, call: Call) -> None:
         self.call = call
@@ -44,32 +55,19 @@ class Note:
         self.detail = ""
         self.attempt = 0
         self.took: str | None = None  # the state a takeover found (running: its worker went away)
+        self.gone: tuple[int, str | None] | None = None  # a takeover's: the attempt that went away, its owner
         self.span: Any = None
         self.token: Any = None
 
-    def claimed(self, attempt: int, took: str | None) -> None:
-        self.attempt, self.took = attempt, took
+    def claimed(self, attempt: int, took: str | None, gone: tuple[int, str | None] | None = None) -> None:
+        self.attempt, self.took, self.gone = attempt, took, gone
 
     def ran(self, detail: str) -> None:
         self.kind = TOOK_OVER if self.took == "running" else RAN
         self.detail = detail if self.took is None else f"{detail} (after a {self.took} claim)"
 
 
-def call_id(audit: str | None, names: tuple[str, ...] = _CALL_IDS) -> str | None:
-    """The host's id of this invocation, from the audit (a JSON object), at most ``CALL_ID_MAX`` characters
-    (the store keeps it as every store can hold it: ``stores._attempts.storable``). ``names``: the ids to look
-    for, in order."""
-    if not audit:
-        return None
-    try:
-        ids = json.loads(audit)
-    except ValueError:
-        return None
-    if isinstance(ids, dict):
-        for name in names:
-            if isinstance(ids.get(name), str | int):
-                return str(ids[name])[:CALL_ID_MAX]
-    return None
+call_id = call_id_of  # (the host's id of this invocation, from the call's audit)
 
 
 def _refusal(exc: BaseException) -> tuple[str, str] | None:
@@ -127,6 +125,11 @@ class Observer:
         waited = call.waited
         guard_s = max(elapsed - note.body - waited, 0.0)
         if self.ledger is not None:
+            if note.gone is not None:  # the attempt this one took over from: its process died with its own entry
+                attempt, owner = note.gone
+                self.ledger.add(call.scope, call.key, call.task_id, call.operation, call.tool, WENT_AWAY,
+                                went_away_detail(owner, f"taken over by attempt {note.attempt}"), attempt, None,
+                                None, None, about=owner_process(owner) or "unknown")
             self.ledger.add(call.scope, call.key, call.task_id, call.operation, call.tool, kind, detail,
                             note.attempt, call_id(call.audit), guard_s * 1000, waited * 1000)
         if note.span is not None:

@@ -15,8 +15,16 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import GuardError, StoreError
-from .stores import RUNNING, Attempt, LedgerStore, RecordDetail
-from .stores._attempts import DROPPED, FORGOTTEN, REFUSED, REPLAYED, RESOLVED, TOOK_OVER
+from .stores import RUNNING, Attempt, ChainCheck, LedgerStore, RecordDetail
+from .stores._attempts import (
+    DROPPED,
+    FORGOTTEN,
+    REFUSED,
+    REPLAYED,
+    RESOLVED,
+    TOOK_OVER,
+    WENT_AWAY,
+)
 from .stores._protocols import keeps_ledger
 
 if TYPE_CHECKING:
@@ -54,16 +62,28 @@ class Views:
         return 0 if self._ledger is None else self._ledger.dropped
 
     async def flush_ledger(self) -> None:
-        """Write the ledger entries queued so far (they are written within a fraction of a second anyway)."""
+        """Write the ledger entries queued so far (the writer writes them within ``_ledger.INTERVAL``, 0.2 s,
+        anyway; this guard's own reads flush first)."""
         if self._ledger is not None:
             await self._machine.portal.arun(self._ledger.flush())
+
+    async def _read_own_writes(self) -> None:
+        # A read in the process that wrote sees what it wrote: what is still queued (or being written) first.
+        if self._ledger is not None and self._ledger.pending:
+            await self.flush_ledger()
 
     async def attempts(
         self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,
         since: float | None = None, limit: int = 1000,
     ) -> list[Attempt]:
         """Ledger entries, oldest first: of the record ``key``, else of the task ``task_id``, else all;
-        ``scope``: only that scope's; ``since``: only those at or after it (seconds since the epoch)."""
+        ``scope``: only that scope's; ``since``: only those at or after it (seconds since the epoch).
+
+        What this guard queued is written first; another process's entries are read once its writer wrote them
+        (within ``_ledger.INTERVAL``, 0.2 s, while its store keeps up). An attempt whose worker went away before
+        writing anything (its process died) is read from its record once its lease ran out: a ``went_away``
+        entry (``id`` 0) until whoever takes it over, or settles it, writes it."""
+        await self._read_own_writes()
         return await self._call(self._ledger_store().read_attempts(key=key, task_id=task_id, scope=scope,
                                                                    since=since, limit=limit))
 
@@ -71,10 +91,18 @@ class Views:
         """What the agent did in ``task_id``, in order (every attempt and operator's act); raises GuardError if
         the store knows no such task."""
         store = self._ledger_store()
+        await self._read_own_writes()
         entries = await self._call(store.read_attempts(task_id=task_id, scope=scope, limit=limit))
         if not entries and not await self._call(store.task_known(task_id)):
             raise GuardError(f"no task {task_id!r} in this store: no record or attempt names it", task_id=task_id)
         return entries
+
+    async def verify_ledger(self, *, scope: str | None = None) -> list[ChainCheck]:
+        """Walk each scope's hash chain of ledger entries and operators' acts (or ``scope``'s), in one snapshot:
+        a :class:`agentguard.stores.ChainCheck` per scope, with the first entry that was edited, deleted or
+        reordered, if any (``agentguard verify``). What this guard queued is written first."""
+        await self._read_own_writes()
+        return await self._call(self._ledger_store().verify_ledger(scope))
 
     async def record(self, key: str, *, scope: str | None = None) -> RecordDetail:
         """The record ``key`` in full (with its steps); raises GuardError if there is none, or if several
@@ -109,27 +137,45 @@ class Views:
         await self._operator_entry(rec, FORGOTTEN, f"was {rec.state}")
         return rec
 
-    async def _operator_entries(self, key: str, scope: str, kind: str, detail: str) -> None:
-        """The ledger's entry of an operator's act on the record ``key`` of ``scope`` (``resolve``)."""
+    async def _gone(self, key: str, scope: str) -> list[Attempt]:
+        """The record's attempt whose worker went away with nothing written (read from the record), if any: an
+        operator settling the record writes it (the record stops saying so)."""
+        if not keeps_ledger(self._store):
+            return []
+        entries = await self._call(self._store.read_attempts(key=key, scope=scope))
+        return [e for e in entries if e.kind == WENT_AWAY and e.id == 0]
+
+    async def _operator_entries(self, key: str, scope: str, kind: str, detail: str,
+                                gone: list[Attempt] | None = None) -> None:
+        """The ledger's entry of an operator's act on the record ``key`` of ``scope`` (``resolve``), after the
+        ``went_away`` entry of the attempt it settles (``gone``: read before the act)."""
         if keeps_ledger(self._store):
             for rec in await self._call(self._store.record_details(key, scope)):
+                for e in gone or ():
+                    settled = f"{e.detail.rpartition('; ')[0]}; settled by an operator: {detail}"
+                    await self._operator_entry(rec, WENT_AWAY, settled, attempt=e.attempt, about=e.process)
                 await self._operator_entry(rec, kind, detail)
 
-    async def _operator_entry(self, rec: RecordDetail, kind: str, detail: str) -> None:
+    async def _operator_entry(self, rec: RecordDetail, kind: str, detail: str, *, attempt: int | None = None,
+                              about: str | None = None) -> None:
         from ._ledger import process
 
         if not keeps_ledger(self._store):
             return
+        await self._read_own_writes()  # (the act follows, in its chain too, what this guard saw happen)
         at = time.time()
-        entry = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail, rec.attempts, None,
-                 process(), at, None, None, at + self._retention)
+        entry = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail,
+                 rec.attempts if attempt is None else attempt, None, about or process(), at, None, None,
+                 at + self._retention)
         if await self._call(self._store.write_attempts([entry])):
             raise StoreError(f"the store refused the ledger's entry of {kind} {rec.key!r} (see the log)", key=rec.key)
 
     async def stats(self, *, since: float | None = None, scope: str | None = None,
                     limit: int = 1_000_000) -> list[dict[str, Any]]:
         """Per tool, from the ledger: calls, replays and the replay rate, refusals, takeovers, and the guard's
-        own time per call (p50, p99, in milliseconds). ``since``: seconds since the epoch."""
+        own time per call (p50, p99, in milliseconds), and attempts whose worker went away (``went_away``: their
+        process died or stalled past its lease before it recorded an outcome). ``since``: seconds since the
+        epoch."""
         entries = await self.attempts(since=since, scope=scope, limit=limit)
         by_tool: dict[str, list[Attempt]] = {}
         for e in entries:
@@ -142,6 +188,7 @@ class Views:
             out.append({
                 "tool": tool, "calls": len(calls), "replayed": replayed, "replay_rate": replayed / len(calls),
                 "refused": sum(e.kind == REFUSED for e in calls), "took_over": sum(e.kind == TOOK_OVER for e in calls),
+                "went_away": sum(e.kind == WENT_AWAY for e in calls),
                 "guard_ms_p50": _rank(times, 0.50), "guard_ms_p99": _rank(times, 0.99),
             })
         return out

@@ -1,9 +1,10 @@
-"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, resolve, sweep, doctor, console, mcp-proxy,
-help.
+"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, verify, resolve, sweep, doctor, console,
+mcp-proxy, help.
 
     agentguard demo                                  the offline demo, on the embedded SQLite store
     agentguard ls [--json] [--state S] [--task T]    the latest records (--state unknown: held on an unknown outcome)
     agentguard show KEY | timeline TASK | forget KEY | stats [--since 1h]   (see agentguard._cli_ledger)
+    agentguard verify [--scope S]                    the ledger's hash chains: exit 1 naming the first tampered entry
     agentguard resolve KEY (--result JSON | --retry | --abandon) [--revision REV]
     agentguard sweep [--batch N]                     delete records past their retention
     agentguard doctor [--workers N] [--pool-size N]  check the store a deployment will use, and a live race on it

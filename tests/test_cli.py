@@ -88,7 +88,8 @@ def test_whitebox_redaction() -> None:
 
 # -- the command line behaves like the tools people know ---------------------------------------------------
 
-COMMANDS = ("demo", "ls", "show", "timeline", "forget", "stats", "resolve", "sweep", "doctor", "console", "mcp-proxy")
+COMMANDS = ("demo", "ls", "show", "timeline", "forget", "stats", "verify", "resolve", "sweep", "doctor", "console",
+            "mcp-proxy")
 # Tests that never open the suite's store run once, in the SQLite pass.
 
 
@@ -185,7 +186,8 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(store_url: str, tmp_pa
 @pytest.mark.storeless
 @pytest.mark.parametrize("args", [("ls",), ("ls", "--unknown"), ("ls", "--json"), ("sweep",),
                                   ("resolve", "ag_x", "--retry"), ("ls", "--state", "running"), ("show", "ag_x"),
-                                  ("timeline", "t-1"), ("forget", "ag_x", "--yes"), ("stats", "--since", "1h")])
+                                  ("timeline", "t-1"), ("forget", "ag_x", "--yes"), ("stats", "--since", "1h"),
+                                  ("verify",)])
 def test_commands_that_read_or_settle_never_create_a_store(tmp_path: Path, args: tuple[str, ...]) -> None:
     out = run(*args, cwd=tmp_path)  # the default store, agentguard.db here
     assert out.returncode == 1 and out.stdout == ""

@@ -58,6 +58,12 @@ def test_spans_metrics_ledger_and_timeline_tell_the_same_story(store_url: str, t
     lines = effects.read_text().split()
     assert len(lines) == 4 and lines.count(took["key"]) == 2
 
+    # The ledger also keeps the killed worker's attempt (its process died with its own entry): written by the
+    # takeover, just before its own; spans and metrics tell of calls made here only.
+    gone = [e for e in ledger if e.kind == "went_away"]
+    assert [(e.operation, e.attempt, e.id > 0) for e in gone] == [(O1, 1, True)]
+    assert ledger.index(gone[0]) == 4 and "taken over by attempt 2" in gone[0].detail
+    ledger = [e for e in ledger if e.kind != "went_away"]
     assert [(e.operation, e.kind) for e in ledger] == STORY
     assert [e.attempt for e in ledger] == [1, 2, 1, 1, 2, 0, 2]
     assert ledger[4].detail == "succeeded (after a running claim)"
@@ -65,10 +71,12 @@ def test_spans_metrics_ledger_and_timeline_tell_the_same_story(store_url: str, t
     out = subprocess.run([sys.executable, "-m", "agentguard.cli", "timeline", t, "--url", store_url, "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert [(a["operation"], a["kind"]) for a in json.loads(out.stdout)["attempts"]] == STORY
+    told = [(a["operation"], a["kind"]) for a in json.loads(out.stdout)["attempts"]]
+    assert told == [*STORY[:4], (O1, "went_away"), *STORY[4:]]
     text = subprocess.run([sys.executable, "-m", "agentguard.cli", "timeline", t, "--url", store_url],
                           capture_output=True, text=True, timeout=120).stdout.splitlines()
-    assert [line.split()[2] for line in text] == ["RELEASE", "ran", "ran", "REPLAY", "TAKEOVR", "REFUSED", "REPLAY"]
+    assert [line.split()[2] for line in text] == ["RELEASE", "ran", "ran", "REPLAY", "GONE", "TAKEOVR", "REFUSED",
+                                                  "REPLAY"]
 
     finished = [s for s in spans.get_finished_spans() if s.name == "execute_tool charge"]
     by_key = {e.key: e.operation for e in ledger}

@@ -33,6 +33,7 @@ MARKS: dict[str, tuple[str, str]] = {
     "step_unknown": ("#ef6c00", "step of unknown outcome"),
     "ran": ("#1b5e20", "ran"),
     "took_over": ("#6a1b9a", "took over"),
+    "went_away": ("#d50000", "worker went away"),
     "replayed": ("#0d47a1", "replayed"),
     "refused": ("#455a64", "refused"),
     "released": ("#9e9e9e", "released (retry)"),

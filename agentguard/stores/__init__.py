@@ -18,11 +18,13 @@ What the guard asks of a store is written as three protocols (``ClaimStore``, ``
 - ``_listen``      Postgres: one connection per loop listening for announced outcomes;
 - ``_views``       what the console reads, off the hot path;
 - ``_attempts``    the ledger of attempts: its table, ``Attempt``, its statements and verbs;
+- ``_chain``       the ledger's hash chain per scope: writing in order, the sweep's anchor, ``verify``;
 - ``_store``       ``SQLStore``: the verbs;
 - ``_protocols``   the interfaces.
 """
 
 from ._attempts import Attempt, RecordDetail
+from ._chain import ChainCheck
 from ._protocols import AdminStore, ClaimStore, LedgerStore, StepStore, StepTransaction, Store
 from ._schema import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Listing, Record, record_of
 from ._store import SQLStore
@@ -36,6 +38,7 @@ __all__ = [
     "SUCCEEDED",
     "AdminStore",
     "Attempt",
+    "ChainCheck",
     "ClaimStore",
     "LedgerStore",
     "Listing",

@@ -7,7 +7,7 @@ aiosqlite runs each connection on a thread of its own and hands every call to it
   joined (:func:`join_threads`) before the event loop it reports to is let go;
 - :func:`fetch_row` is one statement in one hop (a function run on the connection's thread through that queue);
 - :func:`fetch_plan` runs the rest of a claim plan (``_claims``) there: its statements, one hop;
-- :func:`insert_rows` runs :func:`inserted` there: a batch of rows in one transaction, one hop.
+- :func:`on_thread` runs any function there, one hop (the ledger's chained batches: ``_chain.sqlite_append``).
 
 Each statement runs through :func:`statement`: a write waits for SQLite's write lock in short sleeps of its own
 (:func:`written`, as on a sync tool's own connection: ``_direct``), a claim's insert commits unsynced where the
@@ -23,13 +23,15 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import make_url
 
 from ._claims import Plan
 from ._statements import Compiled
+
+T = TypeVar("T")
 
 log = logging.getLogger("agentguard.store")
 
@@ -177,7 +179,7 @@ class Unsynced:
     """Around a claim's commit on ``conn`` at ``synchronous=FULL``: not synced. The completion's commit, synced,
     covers its WAL frames too; a power loss between the two loses the claim, and the retry runs again with the
     same downstream key — what a takeover after a crash does anyway — so the contract holds while a first call
-    costs one sync instead of two. (The ledger's batches commit so too: ``inserted``.)"""
+    costs one sync instead of two. (The ledger's batches commit so too: ``_chain.sqlite_append``.)"""
 
     __slots__ = ("conn",)
 
@@ -225,24 +227,6 @@ def _advance(conn: Any, plan: Plan, compiled: Callable[[Any], Compiled], claim_u
         plan.answered(statement(conn, sql, args(plan.params), ask.writes, claim_unsynced and ask.claims, waiting))
 
 
-def insert_rows(drv: Any, sql: str, rows: Sequence[Sequence[Any]], *, unsynced: bool) -> Any:
-    """:func:`inserted` in one hop (awaitable)."""
-    return drv._execute(inserted, drv._conn, sql, rows, unsynced)
-
-
-def inserted(conn: Any, sql: str, rows: Sequence[Sequence[Any]], unsynced: bool) -> None:
-    """Runs on aiosqlite's thread (autocommit): ``sql`` (an INSERT with positional parameters) for each of
-    ``rows`` in one transaction, all or none; the write lock waited for by the connection's busy handler (off
-    the callers' path). ``unsynced`` (a store at ``synchronous=FULL``): the commit does not sync the WAL; the
-    next synced commit (a completion's) covers its frames."""
-    with Unsynced(conn) if unsynced else contextlib.nullcontext():
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(sql, rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-
+def on_thread(drv: Any, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+    """``fn(conn, *args)`` on an aiosqlite connection's thread, in one hop (``conn``: its sqlite3 connection)."""
+    return drv._execute(fn, drv._conn, *args)  # type: ignore[no-any-return]

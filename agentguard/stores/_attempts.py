@@ -1,14 +1,21 @@
 """The ledger of attempts: one row per time a caller came to the guard (it ran the body, replayed, was refused,
-took over, released, lost its lease, was held on an unknown outcome) and per operator's act (resolved,
-forgotten). Written in batches off the caller's path (``agentguard._ledger``); read by ``agentguard show``,
-``timeline`` and ``stats``, and by anything built on :class:`Attempt` (a console's task timeline).
+took over, released, lost its lease, was held on an unknown outcome), per attempt whose worker went away, and per
+operator's act (resolved, forgotten). Written in batches off the caller's path (``agentguard._ledger``), each
+entry in its scope's hash chain (``_chain``); read by ``agentguard show``, ``timeline`` and ``stats``, and by
+anything built on :class:`Attempt` (a console's task timeline).
 
-The table is created with the records' tables (an older store gets it on first use, under the schema lock).
-Its rows carry their own ``expires_at`` (the guard's retention) and are swept with the records.
+An attempt whose process died before its entry was written is still read: a record still ``running`` whose
+lease ran out, with no entry for its attempt, is read as a ``went_away`` entry derived from the record (id 0);
+the caller that takes it over, holds it for a person, or an operator who settles it, writes that entry.
+
+The table is created with the records' tables (an older store gets it, and the chain's columns, on first use,
+under the schema lock). Its rows carry their own ``expires_at`` (the guard's retention) and are swept with the
+records, each chain from its start (``_chain``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +25,10 @@ from sqlalchemy import BigInteger, Column, Double, Index, Integer, String, Table
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
-from ._schema import RUNNING, STEPS, TABLE, metadata
+from . import _chain
+from ._aiosqlite import on_thread
+from ._chain import CHAIN_COLUMNS, Chain, ChainCheck
+from ._schema import HELD_LEASE, RUNNING, STEPS, TABLE, metadata
 from ._sweep import paced
 
 if TYPE_CHECKING:
@@ -32,8 +42,15 @@ ATTEMPTS = "agentguard_attempts"
 RAN, REPLAYED, REFUSED, TOOK_OVER = "ran", "replayed", "refused", "took_over"
 RELEASED_KIND, LEASE_LOST, UNKNOWN, NOT_STORED = "released", "lease_lost", "unknown", "not_stored"
 RESOLVED, FORGOTTEN, DROPPED = "resolved", "forgotten", "dropped"
+WENT_AWAY = "went_away"  # an attempt whose worker went away (its lease ran out) before it recorded an outcome
 KINDS = (RAN, REPLAYED, REFUSED, TOOK_OVER, RELEASED_KIND, LEASE_LOST, UNKNOWN, NOT_STORED, RESOLVED, FORGOTTEN,
-         DROPPED)
+         DROPPED, WENT_AWAY)
+# The kinds that end a claimed attempt, written by the attempt's own process (or, went_away, by whoever found it
+# gone): a running record whose lease ran out and whose attempt has none of them is read as gone.
+ENDED = (RAN, TOOK_OVER, RELEASED_KIND, LEASE_LOST, NOT_STORED, WENT_AWAY)
+# Entries of a record's current life are those at or after its creation, by the database's clock, less this margin
+# for the callers' clocks (an earlier life's last entries are a whole retention older).
+SKEW = 60.0
 
 attempts = Table(
     ATTEMPTS,
@@ -54,9 +71,16 @@ attempts = Table(
     Column("guard_ms", Double),  # the guard's own time in this attempt (not the body's, not waiting)
     Column("wait_ms", Double),  # time spent waiting for another caller of the same key
     Column("expires_at", Double, nullable=False),
+    # The entry's place in its scope's hash chain, the digest of the entry before it, its own (``_chain``); NULL in
+    # an entry written before the store had the chain.
+    Column("seq", BigInteger),
+    Column("prev", String(64)),
+    Column("digest", String(64)),
     Index(f"{ATTEMPTS}_task_idx", "task_id", "at"),
     Index(f"{ATTEMPTS}_at_idx", "at"),
     Index(f"{ATTEMPTS}_expires_idx", "expires_at"),
+    # One entry per place (whatever a writer's lock did); a chain is walked, and cut, in order of place.
+    Index(f"{ATTEMPTS}_chain_idx", "scope", "seq", unique=True),
 )
 # A key's entries are found by the key's first characters ("ag_" and 13 hex digits of its SHA-256, which tell
 # keys apart; a lookup also compares the whole key), in the order they happened. A key is random, so each entry
@@ -72,6 +96,38 @@ COLUMNS = ("scope", "key", "task_id", "operation", "tool", "kind", "detail", "at
 WRITTEN = (*COLUMNS, "expires_at")  # an entry as it is written: its values, then when it expires
 
 CALL_ID_MAX = 255  # characters of a host's id of an invocation the ledger keeps
+# Host ids of an invocation, in the order one is picked for ``call_id`` (the audit the adapters store).
+CALL_IDS = ("tool_call_id", "claudecode/toolUseId", "callId", "itemId", "request_id")
+
+
+def call_id_of(audit: str | None, names: tuple[str, ...] = CALL_IDS) -> str | None:
+    """The host's id of an invocation, from an audit (a JSON object), at most ``CALL_ID_MAX`` characters (the
+    store keeps it as every store can hold it: :func:`storable`). ``names``: the ids to look for, in order."""
+    if not audit:
+        return None
+    try:
+        ids = json.loads(audit)
+    except ValueError:
+        return None
+    if isinstance(ids, dict):
+        for name in names:
+            if isinstance(ids.get(name), str | int):
+                return str(ids[name])[:CALL_ID_MAX]
+    return None
+
+
+def owner_process(owner: str | None) -> str:
+    """``host:pid`` of the process that made a claim, from its owner token (``agentguard._lease``: ``host:pid/``
+    and a random part); "" for a token of an earlier version, which names none."""
+    head, slash, _ = (owner or "").rpartition("/")
+    return head if slash and ":" in head else ""
+
+
+def went_away_detail(owner: str | None, then: str, *, held: bool = False) -> str:
+    """A ``went_away`` entry's detail: what is known of the attempt, and ``then`` (what became of it)."""
+    where = " inside the body" if held else ""
+    return f"its lease ran out{where} with no outcome recorded (owner {owner or 'unknown'}); {then}"
+
 TEXT_MAX = 4000  # characters of any other text column's value (an entry is a line for a person)
 # (position in WRITTEN, characters kept) of each text column: a VARCHAR's length, else the above.
 _TEXTS = tuple(
@@ -139,16 +195,20 @@ class Attempt:
 
     - ``kind``: ``ran`` (claimed, the body ran, its outcome stored: ``detail`` says ``succeeded`` or the cached
       error), ``took_over`` (ran after taking over a claim whose worker went away; ``detail`` also says what
-      was there before), ``replayed`` (``detail``: ``cache`` or ``store``), ``refused`` (``detail`` starts
+      was there before), ``went_away`` (an attempt whose worker went away — its process died or stalled past
+      its lease — before it recorded an outcome: ``process`` is that worker's, ``detail`` names its owner token
+      and what became of it; ``id`` 0 when it is read from its record, still running, rather than written),
+      ``replayed`` (``detail``: ``cache`` or ``store``), ``refused`` (``detail`` starts
       with ``reuse``, ``in progress``, ``missing task`` or ``store``: the body did not run), ``released`` (the
       body raised; the claim was released for a retry), ``lease_lost`` (the result was refused: another worker
       had taken over), ``unknown`` (held on a step of unknown outcome), ``not_stored`` (the result could not be
       encoded), ``resolved`` and ``forgotten`` (an operator's acts), ``dropped`` (``detail``: how many entries
       this process dropped because the store could not keep up; the entry is not about one call);
     - ``attempt``: the record's attempt number (1 for the first claim, +1 for each retry or takeover; a replay
-      carries the attempt that produced the outcome);
+      carries the attempt that produced the outcome; ``went_away``: the attempt that went away);
     - ``call_id``: the host's id of this invocation where there is one (MCP ``_meta``, request id), else None;
-    - ``process``: ``host:pid`` of the caller; ``at``: when the attempt ended (seconds since the epoch);
+    - ``process``: ``host:pid`` of the caller; ``at``: when the attempt ended (seconds since the epoch;
+      ``went_away``: when it was found gone, or, read from its record, when its lease ran out);
     - ``guard_ms`` / ``wait_ms``: the guard's own time (excluding the body and waiting) and the time spent
       waiting for another caller of the key, in milliseconds (None for an operator's act).
     """
@@ -177,6 +237,15 @@ def attempt_from_row(r: Sequence[Any]) -> Attempt:
                    None if r[12] is None else float(r[12]), None if r[13] is None else float(r[13]))
 
 
+def _went_away(r: Sequence[Any]) -> Attempt:
+    """A ``went_away`` entry read from a running record whose lease ran out (a row of the ``gone`` statements)."""
+    held = bool(r[9])
+    then = "from its record, held for a person" if held else "from its record, still running"
+    return Attempt(0, r[0], r[1], r[2], r[3], r[4], WENT_AWAY, went_away_detail(r[6], then, held=held), int(r[5]),
+                   call_id_of(r[7]), owner_process(r[6]), float(r[8]), None, None)
+
+
+
 @dataclass(frozen=True, slots=True)
 class RecordDetail:
     """One record in full, for a person (``agentguard show``): what ``Listing`` shows, and the rest."""
@@ -199,10 +268,9 @@ class RecordDetail:
 
 
 class AttemptStatements:
-    """The ledger's statements, for one database clock (``now``); ``row_id``, ``rows_by_id``: as the records'
-    (``_statements.Statements``)."""
+    """The ledger's statements, for one database clock (``now``)."""
 
-    def __init__(self, now: str, row_id: str = "rowid", rows_by_id: str = "rowid IN ({})") -> None:
+    def __init__(self, now: str) -> None:
         cols = ", ".join(("id", *COLUMNS))
         where = ("(CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
                  " AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR at >= :since)")
@@ -218,10 +286,26 @@ class AttemptStatements:
             f"SELECT {cols} FROM {ATTEMPTS} WHERE task_id = :task_id AND {where} ORDER BY at, id LIMIT :limit"
         )
         self.since = text(f"SELECT {cols} FROM {ATTEMPTS} WHERE {where} ORDER BY at, id LIMIT :limit")
-        once = f"(SELECT {now})"
-        # As the records' sweep, for the same reasons: oldest first through the index, deleted by address.
-        batch = f"SELECT {row_id} FROM {ATTEMPTS} WHERE expires_at < {once} ORDER BY expires_at LIMIT :batch"
-        self.sweep = text(f"DELETE FROM {ATTEMPTS} WHERE {rows_by_id.format(batch)}")
+        # Running records whose lease ran out (or that are held for a person on their body) with no entry that ends
+        # their attempt: attempts whose worker went away before anything was written (read as ``went_away``). No
+        # index serves it: an index of running records costs every first call its upkeep, where this read, a
+        # person's, scans the records (docs/benchmarks.md, "Every attempt kept").
+        ended = f"CASE WHEN c.lease_until = {HELD_LEASE} THEN c.updated_at ELSE c.lease_until END"
+        kinds = ", ".join(f"'{k}'" for k in ENDED)
+        gone = (
+            f"SELECT c.scope, c.key, c.task_id, c.operation, c.tool, c.attempts, c.owner, c.audit, {ended} AS ended,"
+            f" CASE WHEN c.lease_until = {HELD_LEASE} THEN 1 ELSE 0 END AS held FROM {TABLE} c"
+            f" WHERE c.state = '{RUNNING}' AND c.lease_until <= {now}"
+            " AND (CAST(:scope AS VARCHAR) IS NULL OR c.scope = :scope)"
+            f" AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR {ended} >= :since)"
+            f" AND NOT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE substr(a.key, 1, {KEY_PREFIX}) ="
+            f" substr(c.key, 1, {KEY_PREFIX}) AND a.key = c.key AND a.scope = c.scope AND a.attempt = c.attempts"
+            f" AND a.kind IN ({kinds}) AND a.at >= c.created_at - {SKEW})"
+        )
+        order = " ORDER BY ended LIMIT :limit"
+        self.gone_by_key = text(f"{gone} AND c.key = :key{order}")
+        self.gone_by_task = text(f"{gone} AND c.task_id = :task_id{order}")
+        self.gone_since = text(f"{gone}{order}")
         self.detail = text(
             f"SELECT scope, key, task_id, operation, tool, state, attempts, fence, {now} - created_at,"
             f" {now} - updated_at, expires_at - {now},"
@@ -241,18 +325,50 @@ class AttemptStatements:
         self.task_known = text(f"SELECT 1 FROM {TABLE} WHERE task_id = :task_id LIMIT 1")
 
 
+# Postgres: the chain's columns and index, added to a ledger made before them, without locking the table when they
+# are there already (run under the schema lock, after the tables are made).
+CHAIN_DDL = f"""
+DO $ddl$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{ATTEMPTS}') AND attname = 'seq'
+                 AND NOT attisdropped) THEN
+    ALTER TABLE {ATTEMPTS} ADD COLUMN seq bigint, ADD COLUMN prev varchar(64), ADD COLUMN digest varchar(64);
+    CREATE UNIQUE INDEX IF NOT EXISTS {ATTEMPTS}_chain_idx ON {ATTEMPTS} (scope, seq);
+  END IF;
+END $ddl$"""
+
+
+async def upgrade(conn: AsyncConnection, sqlite: bool) -> None:
+    """The chain's columns and index added to a ledger made before them, inside the schema's transaction (under its
+    lock: SQLite's write lock, Postgres' advisory one), only if they are missing (a read, otherwise)."""
+    if not sqlite:
+        await conn.exec_driver_sql(CHAIN_DDL)
+        return
+    if any(tuple(r)[1] == "seq" for r in await conn.exec_driver_sql(f"PRAGMA table_info({ATTEMPTS})")):
+        return
+    for name, sql_type in zip(CHAIN_COLUMNS, ("BIGINT", "VARCHAR(64)", "VARCHAR(64)"), strict=True):
+        await conn.exec_driver_sql(f"ALTER TABLE {ATTEMPTS} ADD COLUMN {name} {sql_type}")
+    await conn.exec_driver_sql(f"CREATE UNIQUE INDEX IF NOT EXISTS {ATTEMPTS}_chain_idx ON {ATTEMPTS} (scope, seq)")
+
+
 class AttemptVerbs:
     """The ledger's verbs of ``SQLStore`` (the ``LedgerStore`` protocol). Needs ``_executor`` and ``dialect``."""
 
     _executor: Executor
     _attempt_sql: AttemptStatements | None = None
+    _chain_sql: Chain | None = None
+    _chained_scopes: set[str] | None = None  # Postgres: scopes whose chain row this store has seen made
 
     @property
     def attempt_sql(self) -> AttemptStatements:
         if self._attempt_sql is None:
-            d = self._executor.dialect
-            self._attempt_sql = AttemptStatements(d.now, d.row_id, d.rows_by_id)
+            self._attempt_sql = AttemptStatements(self._executor.dialect.now)
         return self._attempt_sql
+
+    @property
+    def chain_sql(self) -> Chain:
+        if self._chain_sql is None:
+            self._chain_sql = Chain(ATTEMPTS, WRITTEN, self._executor.dialect.now)
+        return self._chain_sql
 
     async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> int:
         """Insert ledger entries (each the values of ``WRITTEN``, in order), every text as every store holds it
@@ -288,11 +404,23 @@ class AttemptVerbs:
         return left_out
 
     async def _write_attempts(self, rows: Sequence[Sequence[Any]]) -> None:
-        """Insert ``rows``, all or none: the batch handed to the driver whole (Postgres' COPY; SQLite: one hop,
-        the rows bound by sqlite3, unsynced at ``FULL`` as a claim is: ``Dialect.copy_rows``)."""
-        dialect = self._executor.dialect
-        await self._executor.on_driver("writing the attempt ledger",
-                                       lambda drv: dialect.copy_rows(drv, ATTEMPTS, WRITTEN, rows), body_ran=None)
+        """Insert ``rows``, all or none, each placed in its scope's hash chain (``_chain``): the batch handed to
+        the driver whole, in one transaction with the chains' heads (Postgres: COPY; SQLite: one hop, the rows
+        bound by sqlite3 on aiosqlite's thread, unsynced at ``FULL`` as a claim is). A value that cannot be
+        hashed as the store keeps it is refused as the database refuses one (``Dialect.refuses_row``)."""
+        dialect, chain = self._executor.dialect, self.chain_sql
+        if self._chained_scopes is None:
+            self._chained_scopes = set()
+        known = self._chained_scopes
+
+        async def write(drv: Any) -> None:
+            entries = _chain.prepared(rows)  # (hashed before the heads are locked)
+            if dialect.name == "sqlite":
+                await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced)
+            else:
+                await _chain.pg_append(drv, chain, entries, known)
+
+        await self._executor.on_driver("writing the attempt ledger", write, body_ran=None)
 
     async def read_attempts(
         self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,
@@ -311,23 +439,27 @@ class AttemptVerbs:
         else:
             stmt = sql.since
 
+        gone = sql.gone_by_key if key is not None else sql.gone_by_task if task_id is not None else sql.gone_since
+
         async def run(conn: AsyncConnection) -> list[Attempt]:
-            return [attempt_from_row(r) for r in await conn.execute(stmt, params)]
+            written = [attempt_from_row(r) for r in await conn.execute(stmt, params)]
+            derived = [_went_away(r) for r in await conn.execute(gone, params)]
+            if not derived:
+                return written
+            return sorted([*written, *derived], key=lambda e: (e.at, e.id))[:limit]
 
         return await self._executor.run("reading the attempt ledger", run, body_ran=None)
 
     async def sweep_attempts(self, batch: int = 1000) -> int:
         """Delete ledger entries past their retention, in short batches of at most ``batch``, paced as the
-        records' sweep is (``_sweep``)."""
-        stmt = self.attempt_sql.sweep
+        records' sweep is (``_sweep``): each scope's chain from its start, the anchor moved where it is cut
+        (``_chain.sweep``)."""
+        return await _chain.sweep(self._executor, self.chain_sql, batch, paced)
 
-        async def run(size: int) -> int:
-            async def one(conn: AsyncConnection) -> int:
-                return int((await conn.execute(stmt, {"batch": size})).rowcount or 0)
-
-            return await self._executor.run("sweeping the attempt ledger", one, body_ran=None)
-
-        return await paced(run, batch)
+    async def verify_ledger(self, scope: str | None = None) -> list[ChainCheck]:
+        """Walk each scope's hash chain (or ``scope``'s) in one snapshot: what verified, and the first entry
+        that was edited, deleted or moved, if any."""
+        return await _chain.verify(self._executor, self.chain_sql, scope)
 
     async def record_details(self, key: str, scope: str | None = None) -> list[RecordDetail]:
         """The records with ``key`` (one per scope that has it), each with its current steps."""

@@ -41,7 +41,6 @@ from .._redact import redact_url
 from ._aiosqlite import BUSY_MS, Opened, Waiters, connector
 from ._aiosqlite import fetch_plan as aiosqlite_plan
 from ._aiosqlite import fetch_row as aiosqlite_row
-from ._aiosqlite import insert_rows as aiosqlite_rows
 from ._claims import InsertFirst, Plan, ReadFirst
 from ._schema import TABLE
 from ._statements import Compiled, compiler
@@ -153,11 +152,6 @@ class Dialect:
     def fetch_rows(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         """One statement on the driver connection ``drv``: all its rows (only where ``gathers``)."""
         raise NotImplementedError(f"{self.name} gathers no statements")
-
-    def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-                  ) -> Awaitable[Any]:
-        """``rows`` (values of ``columns``, in order) into ``table`` in one driver call: all or none."""
-        raise NotImplementedError
 
     def connection_lost(self, exc: BaseException, drv: Any = None) -> bool:
         """Whether ``exc`` says the connection is gone (killed since it was pooled, a server restart), so the
@@ -303,13 +297,6 @@ class SQLite(Dialect):
         return aiosqlite_plan(  # type: ignore[no-any-return]
             drv, plan, self.compiled, claim_unsynced=self.claim_unsynced, waiting=self.waiters)
 
-    def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-                  ) -> Awaitable[Any]:
-        # A batch in one hop, the binding done by sqlite3 in C (``_aiosqlite.inserted``), rather than SQLAlchemy's
-        # parameters for each row on the guard's portal thread, which holds the GIL meanwhile.
-        sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-        return aiosqlite_rows(drv, sql, rows, unsynced=self.claim_unsynced)  # type: ignore[no-any-return]
-
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
         # aiosqlite's own, never a value sqlite3 refused (UnicodeEncodeError is a ValueError too)
         return isinstance(exc, ValueError) and str(exc) in _AIOSQLITE_CLOSED
@@ -369,10 +356,6 @@ class Postgres(Dialect):
 
     def fetch_rows(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         return drv.fetch(sql, *args)  # type: ignore[no-any-return]
-
-    def copy_rows(self, drv: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-                  ) -> Awaitable[Any]:
-        return drv.copy_records_to_table(table, records=rows, columns=columns)  # type: ignore[no-any-return]
 
     def listen_connection(self) -> Awaitable[Any]:
         import asyncpg  # type: ignore[import-untyped,unused-ignore]

@@ -255,7 +255,7 @@ class Executor:
 
     async def on_driver(self, what: str, call: Callable[[Any], Awaitable[T]], *, body_ran: bool | None) -> T:
         """``call(drv)``, one driver call, on the driver connection of a connection of the loop's lane
-        (``_lane.Lane``), as :meth:`one`'s statements run: the dialect's bulk writes (``copy_rows``)."""
+        (``_lane.Lane``), as :meth:`one`'s statements run: the ledger's chained batches (``_chain``)."""
         if not self.schema_ready:
             await self.ensure_schema()
         engine, lane = self.engines.here()

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._attempts import Attempt, RecordDetail
+from ._chain import ChainCheck
 from ._decisions import Decided, How
 from ._schema import Listing, Record
 
@@ -221,6 +222,10 @@ class LedgerStore(Protocol):
         ...
 
     async def sweep_attempts(self, batch: int = 1000) -> int: ...
+
+    async def verify_ledger(self, scope: str | None = None) -> list[ChainCheck]:
+        """Walk each scope's hash chain of entries (``_chain``): what verified, and the first entry that did not."""
+        ...
 
     async def record_details(self, key: str, scope: str | None = None) -> list[RecordDetail]: ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -90,9 +90,11 @@ steps = Table(
 )
 
 
-async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, more: Sequence[str]) -> None:
-    """Create the tables (if missing) and run the ``more`` DDL in one explicit transaction, so that ``lock`` (taken
-    first, if any) covers all of it; ``conn`` is in autocommit mode."""
+async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, more: Sequence[str],
+                        upgrade: Callable[[AsyncConnection], Awaitable[None]] | None = None) -> None:
+    """Create the tables (if missing), run the ``more`` DDL and ``upgrade`` (what a store made by an earlier version
+    lacks) in one explicit transaction, so that ``lock`` (taken first, if any) covers all of it; ``conn`` is in
+    autocommit mode."""
     await conn.exec_driver_sql(begin)
     try:
         if lock:
@@ -100,6 +102,8 @@ async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, mor
         await conn.run_sync(metadata.create_all, checkfirst=True)
         for ddl in more:
             await conn.exec_driver_sql(ddl)
+        if upgrade is not None:
+            await upgrade(conn)
         await conn.exec_driver_sql("COMMIT")
     except BaseException:
         # The connection may be the failure (terminated, a server restarting): then the rollback fails too,

@@ -12,13 +12,14 @@ body rather than at its completion.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
 from ._attempts import ATTEMPTS
+from ._chain import CHAINS
 from ._schema import STEPS, TABLE, create_schema
 
 # The column a store made by an earlier version may lack (``_statements.WATCHED_DDL``).
@@ -29,6 +30,7 @@ PRIVILEGES = {
     TABLE: ("SELECT", "INSERT", "UPDATE", "DELETE"),
     STEPS: ("SELECT", "INSERT", "UPDATE", "DELETE"),
     ATTEMPTS: ("SELECT", "INSERT", "DELETE"),
+    CHAINS: ("SELECT", "INSERT", "UPDATE", "DELETE"),  # each scope's head, moved by every batch and sweep
 }
 SEQUENCE = (ATTEMPTS, "id")  # the table and column whose sequence numbers the ledger's entries
 
@@ -46,15 +48,17 @@ async def read_only(conn: AsyncConnection) -> str | None:
 
 
 async def missing_objects(conn: AsyncConnection) -> list[str]:
-    """The store's tables (and the column an earlier version lacks) that the search path does not find."""
-    names = (TABLE, STEPS, ATTEMPTS)
-    found = (await conn.exec_driver_sql(
-        "SELECT " + ", ".join(f"to_regclass('{name}') IS NOT NULL" for name in names)
-        + f", EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{TABLE}')"
-        f" AND attname = '{WATCHED}' AND NOT attisdropped)")).one()
-    missing = [f"table {name}" for name, there in zip(names, found, strict=False) if not there]
-    if found[0] and not found[-1]:
-        missing.append(f"column {TABLE}.{WATCHED}")
+    """The store's tables (and the columns an earlier version lacks) that the search path does not find."""
+    names = (TABLE, STEPS, ATTEMPTS, CHAINS)
+    columns = ((TABLE, WATCHED), (ATTEMPTS, "seq"))
+    found = tuple((await conn.exec_driver_sql(
+        "SELECT " + ", ".join(f"to_regclass('{name}') IS NOT NULL" for name in names) + "".join(
+            f", EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{table}')"
+            f" AND attname = '{column}' AND NOT attisdropped)" for table, column in columns))).one())
+    tables, there = dict(zip(names, found, strict=False)), found[len(names):]
+    missing = [f"table {name}" for name, ok in tables.items() if not ok]
+    missing += [f"column {table}.{column}" for (table, column), ok in zip(columns, there, strict=True)
+                if tables[table] and not ok]
     return missing
 
 
@@ -90,7 +94,8 @@ async def current_role(conn: AsyncConnection) -> str:
 _NOT_ALLOWED = "42501"
 
 
-async def prepare(conn: AsyncConnection, begin: str, lock: str | None, more: Sequence[str]) -> None:
+async def prepare(conn: AsyncConnection, begin: str, lock: str | None, more: Sequence[str],
+                  upgrade: Callable[[AsyncConnection], Awaitable[None]] | None = None) -> None:
     """Make the store usable on ``conn`` (autocommit) or refuse, before any body: refused on a server that takes no
     writes; the missing objects made (``_schema.create_schema``; ``begin`` must read committed, so that a worker
     that waited for ``lock`` sees the tables made meanwhile); refused if the role may not make them or lacks a
@@ -101,7 +106,7 @@ async def prepare(conn: AsyncConnection, begin: str, lock: str | None, more: Seq
     missing = await missing_objects(conn)
     if missing:
         try:
-            await create_schema(conn, begin, lock, more)
+            await create_schema(conn, begin, lock, more, upgrade)
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != _NOT_ALLOWED:
                 raise

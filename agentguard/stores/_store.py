@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -21,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._fork import on_fork
 from .._redact import redact_url
+from . import _attempts
 from ._attempts import AttemptVerbs
 from ._claims import Ask, Claimed
 from ._decisions import Decided, How, decide
@@ -138,10 +140,11 @@ class SQLStore(AttemptVerbs):
 
     async def _create(self, conn: AsyncConnection) -> None:
         d = self.dialect
+        upgrade = functools.partial(_attempts.upgrade, sqlite=d.name == "sqlite")
         if d.name == "postgresql":
-            await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL])
+            await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL], upgrade)
         else:
-            await create_schema(conn, d.schema_begin, d.schema_lock, [])
+            await create_schema(conn, d.schema_begin, d.schema_lock, [], upgrade)
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""
