@@ -155,7 +155,7 @@ async def test_a_search_path_of_the_applications_schema_then_public(store_url: s
     tables = await run_sql(store_url, "SELECT table_schema, table_name FROM information_schema.tables"
                                       " WHERE table_name LIKE 'agentguard%' ORDER BY table_name")
     assert [tuple(t) for t in tables] == [(where, "agentguard_attempts"), (where, "agentguard_calls"),
-                                          (where, "agentguard_steps")]
+                                          (where, "agentguard_ledger_chains"), (where, "agentguard_steps")]
 
 
 # -- roles -------------------------------------------------------------------------------------------------
@@ -163,7 +163,8 @@ async def test_a_search_path_of_the_applications_schema_then_public(store_url: s
 
 def grants_sql(role: str, *, create: bool) -> str:
     return (f"GRANT USAGE{', CREATE' if create else ''} ON SCHEMA public TO {role};"
-            f" GRANT SELECT, INSERT, UPDATE, DELETE ON agentguard_calls, agentguard_steps TO {role};"
+            f" GRANT SELECT, INSERT, UPDATE, DELETE ON agentguard_calls, agentguard_steps, agentguard_ledger_chains"
+            f" TO {role};"
             f" GRANT SELECT, INSERT, DELETE ON agentguard_attempts TO {role};"
             f" GRANT USAGE ON SEQUENCE agentguard_attempts_id_seq TO {role}")
 
