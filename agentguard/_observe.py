@@ -25,8 +25,10 @@ from ._errors import (
 from ._ledger import Ledger
 from .stores._attempts import CALL_ID_MAX, LEASE_LOST, NOT_STORED, RAN, REFUSED, REPLAYED, TOOK_OVER, UNKNOWN
 
-# Host ids of an invocation, in the order one is picked for ``call_id`` (the audit the adapters store).
+# Host ids of an invocation, in the order one is picked for ``call_id`` (the audit the adapters store). The last,
+# an MCP request's JSON-RPC id, names the request, not the model's tool call: never a ``gen_ai.tool.call.id``.
 _CALL_IDS = ("tool_call_id", "claudecode/toolUseId", "callId", "itemId", "request_id")
+_TOOL_CALL_IDS = _CALL_IDS[:-1]
 
 
 class Note:
@@ -53,9 +55,10 @@ class Note:
         self.detail = detail if self.took is None else f"{detail} (after a {self.took} claim)"
 
 
-def call_id(audit: str | None) -> str | None:
+def call_id(audit: str | None, names: tuple[str, ...] = _CALL_IDS) -> str | None:
     """The host's id of this invocation, from the audit (a JSON object), at most ``CALL_ID_MAX`` characters
-    (the store keeps it as every store can hold it: ``stores._attempts.storable``)."""
+    (the store keeps it as every store can hold it: ``stores._attempts.storable``). ``names``: the ids to look
+    for, in order."""
     if not audit:
         return None
     try:
@@ -63,7 +66,7 @@ def call_id(audit: str | None) -> str | None:
     except ValueError:
         return None
     if isinstance(ids, dict):
-        for name in _CALL_IDS:
+        for name in names:
             if isinstance(ids.get(name), str | int):
                 return str(ids[name])[:CALL_ID_MAX]
     return None
@@ -103,7 +106,7 @@ class Observer:
                 return None
             return Note(call)
         note = Note(call)
-        note.span, note.token = otel.start(call.tool)
+        note.span, note.token = otel.start(call.tool, call_id(call.audit, _TOOL_CALL_IDS))
         return note
 
     def end(self, note: Note, exc: BaseException | None) -> None:
@@ -132,9 +135,8 @@ class Observer:
                 "agentguard.outcome": kind, "agentguard.outcome.detail": detail,
                 "agentguard.replayed": kind == REPLAYED, "agentguard.attempt": note.attempt,
                 "agentguard.scope": call.scope, "agentguard.task_id": call.task_id, "agentguard.key": call.key,
-                "agentguard.tool": call.tool,
             }
-            failed = None if exc is None else type(exc).__name__
+            failed = None if exc is None else type(exc).__qualname__  # error.type, as the MCP SDK names it
             if otel is not None:
                 otel.end(note.span, note.token, attributes, failed, call.tool, kind, guard_s, waited)
             else:  # switched off meanwhile: close what was opened
@@ -146,6 +148,6 @@ class Observer:
             self.ledger.add("", "", "", tool, tool, REFUSED, "missing task", 0, call_id(audit), None, None)
         otel = _otel.current()
         if otel is not None:
-            span, token = otel.start(tool)
-            otel.end(span, token, {"agentguard.outcome": REFUSED, "agentguard.outcome.detail": "missing task",
-                                   "agentguard.tool": tool}, MissingTaskError.__name__, tool, REFUSED, 0.0, 0.0)
+            span, token = otel.start(tool, call_id(audit, _TOOL_CALL_IDS))
+            otel.end(span, token, {"agentguard.outcome": REFUSED, "agentguard.outcome.detail": "missing task"},
+                     MissingTaskError.__qualname__, tool, REFUSED, 0.0, 0.0)

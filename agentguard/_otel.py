@@ -6,16 +6,20 @@ call does nothing more (one dictionary look-up). When it has, the instruments ar
 providers, and every later call uses them. ``agentguard.otel.instrument()`` names providers explicitly (or
 switches telemetry on or off for good).
 
-What is recorded (never argument values):
+What is recorded (never argument values), by the OpenTelemetry GenAI semantic conventions for tool execution
+where they name the thing, and under ``agentguard.`` where only agentguard knows it:
 
-- a span per guarded call, named after the tool (``agentguard charge``), a child of the caller's current span
-  and the parent of whatever the body does, with ``agentguard.outcome`` (``ran``, ``took_over``,
-  ``replayed``, ``refused``, ``released``, ``lease_lost``, ``unknown``, ``not_stored``),
-  ``agentguard.outcome.detail``, ``agentguard.replayed``, ``agentguard.attempt``, ``agentguard.scope``,
-  ``agentguard.task_id``, ``agentguard.key``, ``agentguard.tool``; status ERROR when the call raised;
-- ``agentguard.calls`` (counter; attributes ``agentguard.tool`` and ``agentguard.outcome``);
+- a span per guarded call, ``execute_tool <tool>`` (kind INTERNAL), a child of the caller's current span (the
+  framework's own ``execute_tool`` span, the MCP SDK's ``tools/call`` span) and the parent of whatever the body
+  does, with ``gen_ai.operation.name`` (``execute_tool``), ``gen_ai.tool.name``, ``gen_ai.tool.call.id`` (the
+  host's id of the call, where it has one), ``error.type`` (the class of what the call raised; status ERROR),
+  ``agentguard.outcome`` (``ran``, ``took_over``, ``replayed``, ``refused``, ``released``, ``lease_lost``,
+  ``unknown``, ``not_stored``), ``agentguard.outcome.detail``, ``agentguard.replayed``, ``agentguard.attempt``,
+  ``agentguard.scope``, ``agentguard.task_id``, ``agentguard.key``;
+- ``agentguard.calls`` (counter; attributes ``gen_ai.tool.name``, ``agentguard.outcome``, ``error.type``);
 - ``agentguard.guard.duration`` (histogram, seconds: the guard's own time in a call, excluding the body and
-  waiting) and ``agentguard.wait.duration`` (histogram, seconds: waiting for another caller of the key);
+  waiting; same attributes) and ``agentguard.wait.duration`` (histogram, seconds: waiting for another caller
+  of the key; ``gen_ai.tool.name``), both with the bucket boundaries of ``DURATION_BUCKETS``;
 - ``agentguard.ledger.dropped`` (counter: ledger entries dropped because the store did not keep up or refused
   them).
 """
@@ -26,6 +30,19 @@ import sys
 from typing import Any
 
 SCOPE_NAME = "agentguard"
+
+# The SDK's default boundaries (0, 5, 10, 25 ... 10000) suit milliseconds, not seconds: every call would land
+# in the first bucket. A guard's own time runs from a tenth of a millisecond (a replay from the cache) to tens of
+# milliseconds; a wait lasts as long as another caller's tool body, up to a minute.
+DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0)
+
+# The GenAI semantic conventions' names (opentelemetry-semantic-conventions is not a dependency: four strings).
+OPERATION = "gen_ai.operation.name"
+EXECUTE_TOOL = "execute_tool"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+ERROR_TYPE = "error.type"
 
 
 class Telemetry:
@@ -43,31 +60,42 @@ class Telemetry:
                                           description="guarded calls, by tool and outcome")
         self.guard_time = meter.create_histogram(
             "agentguard.guard.duration", unit="s",
-            description="the guard's own time in a call, excluding the body and waiting")
+            description="the guard's own time in a call, excluding the body and waiting",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
         self.wait_time = meter.create_histogram(
-            "agentguard.wait.duration", unit="s", description="time a call waited for another caller of its key")
+            "agentguard.wait.duration", unit="s", description="time a call waited for another caller of its key",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
         self.dropped = meter.create_counter(
             "agentguard.ledger.dropped", unit="{entry}",
             description="attempt-ledger entries dropped because the store did not keep up or refused them")
         self.error = trace.StatusCode.ERROR
+        self.internal = trace.SpanKind.INTERNAL
 
-    def start(self, tool: str) -> tuple[Any, Any]:
-        """A span for a call of ``tool``, made current (the body's spans are its children); and the token."""
-        span = self.tracer.start_span(f"agentguard {tool}")
+    def start(self, tool: str, call_id: str | None) -> tuple[Any, Any]:
+        """A span for a call of ``tool``, made current (the body's spans are its children); and the token.
+
+        What a sampler may decide on is set at the start: the operation, the tool, the host's call id."""
+        attributes = {OPERATION: EXECUTE_TOOL, TOOL_NAME: tool}
+        if call_id is not None:
+            attributes[TOOL_CALL_ID] = call_id
+        span = self.tracer.start_span(f"{EXECUTE_TOOL} {tool}", kind=self.internal, attributes=attributes)
         return span, self.context.attach(self.trace.set_span_in_context(span))
 
     def end(self, span: Any, token: Any, attributes: dict[str, Any], failed: str | None, tool: str, outcome: str,
             guard_s: float, wait_s: float) -> None:
+        """``failed``: the class of what the call raised (``error.type``), None if it returned."""
         self.context.detach(token)
         span.set_attributes(attributes)
+        labels = {TOOL_NAME: tool, "agentguard.outcome": outcome}
         if failed is not None:
+            span.set_attribute(ERROR_TYPE, failed)
             span.set_status(self.error, failed)
+            labels[ERROR_TYPE] = failed
         span.end()
-        labels = {"agentguard.tool": tool, "agentguard.outcome": outcome}
         self.calls.add(1, labels)
         self.guard_time.record(guard_s, labels)
         if wait_s > 0:
-            self.wait_time.record(wait_s, {"agentguard.tool": tool})
+            self.wait_time.record(wait_s, {TOOL_NAME: tool})
 
 
 _forced: Telemetry | None = None

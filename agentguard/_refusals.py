@@ -1,4 +1,5 @@
-"""What a model reads when agentguard did not run a tool (or ran it but cannot hand back its outcome).
+"""What a model reads when agentguard did not run a tool (or ran it but cannot hand back its outcome), and the
+note that tells it a result is a replay.
 
 One table for every caller: the framework adapters (pydantic-ai, OpenAI Agents, LangChain) and both MCP
 paths (the guarding proxy and guarded native tools) turn a :class:`GuardError` into text with
@@ -105,6 +106,19 @@ def refusal(exc: GuardError, *, ran: bool | None = None, fix: str = NO_TASK_FIX)
         fix=fix,
     )
     return redact_text(nothing_executed(text) if state is False else text)
+
+
+REPLAYED_MARK: Final = "dev.agentguard/replayed"
+"""The key that marks a replay for the program, never for the model: MCP ``_meta`` and the adapters' metadata
+(pydantic-ai's ``ToolReturn.metadata``, LangChain's ``ToolMessage.response_metadata``, AG2's ``ToolResult``)."""
+
+
+def replay_note(operation: str, task_id: str) -> str:
+    """What a model reads beside a replayed result (the MCP paths and every adapter that can tell it)."""
+    return (
+        f"agentguard: REPLAY. {operation} already happened in task {task_id!r}; this is its recorded result, "
+        "returned again. Nothing was executed again."
+    )
 
 
 def unusable_arguments(tool: str, exc: BaseException) -> str:

@@ -244,31 +244,47 @@ class Spec:
         ba = inspect.BoundArguments(self.full_sig, ordered)  # type: ignore[arg-type,unused-ignore]
         return self.fn(*ba.args, **ba.kwargs)
 
+    async def run_async(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], audit: str | None = None
+    ) -> tuple[Any, Call | None]:
+        """One call of an async tool: its value, and the call when it was a replay (None when it ran). The
+        framework adapters tell the model of a replay from it (``integrations._common.adapt``) and pass the
+        ``audit`` of the call (its framework's tool call id, as ``Guard.run``'s ``audit``)."""
+        try:
+            call, arguments = self.call(args, kwargs)
+        except MissingTaskError:
+            self.machine.observer.missing_task(self.tool, audit)
+            raise
+        call.audit = audit
+        value, replayed = await drive(self.machine, call, lambda key: self.invoke(args, kwargs, arguments, key))
+        return value, call if replayed else None
+
+    def run_sync(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], audit: str | None = None
+    ) -> tuple[Any, Call | None]:
+        """:meth:`run_async` for a sync tool, in the caller's thread."""
+        try:
+            call, arguments = self.call(args, kwargs)
+        except MissingTaskError:
+            self.machine.observer.missing_task(self.tool, audit)
+            raise
+        call.audit = audit
+        value, replayed = drive_sync(self.machine, call, lambda key: self.invoke(args, kwargs, arguments, key))
+        return value, call if replayed else None
+
     def wrapper(self) -> Any:
-        fn, spec, machine = self.fn, self, self.machine
+        fn, run_async, run_sync = self.fn, self.run_async, self.run_sync
 
         if self.is_async:
 
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    call, arguments = spec.call(args, kwargs)
-                except MissingTaskError:
-                    machine.observer.missing_task(spec.tool)
-                    raise
-                value, _ = await drive(machine, call, lambda key: spec.invoke(args, kwargs, arguments, key))
-                return value
+                return (await run_async(args, kwargs))[0]
 
             wrapper: Any = async_wrapper
         else:
 
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    call, arguments = spec.call(args, kwargs)
-                except MissingTaskError:
-                    machine.observer.missing_task(spec.tool)
-                    raise
-                value, _ = drive_sync(machine, call, lambda key: spec.invoke(args, kwargs, arguments, key))
-                return value
+                return run_sync(args, kwargs)[0]
 
             wrapper = sync_wrapper
         functools.update_wrapper(wrapper, fn)

@@ -1,10 +1,12 @@
-"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, resolve, sweep, console, mcp-proxy, help.
+"""The ``agentguard`` command: demo, ls, show, timeline, forget, stats, resolve, sweep, doctor, console, mcp-proxy,
+help.
 
     agentguard demo                                  the offline demo, on the embedded SQLite store
     agentguard ls [--json] [--state S] [--task T]    the latest records (--state unknown: held on an unknown outcome)
     agentguard show KEY | timeline TASK | forget KEY | stats [--since 1h]   (see agentguard._cli_ledger)
     agentguard resolve KEY (--result JSON | --retry | --abandon)
     agentguard sweep [--batch N]                     delete records past their retention
+    agentguard doctor [--workers N] [--pool-size N]  check the store a deployment will use, and a live race on it
     agentguard console [--port N] [--host H]         a local web page: tasks, timelines, held outcomes (console extra)
     agentguard mcp-proxy --config agentguard.toml    the guarding MCP proxy (the mcp extra)
     agentguard help [COMMAND]                        the help, of the command or of one of its commands
@@ -200,6 +202,28 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from ._storeconfig import from_arguments
+
+    ref = from_arguments(args.url, args.config)  # (a SQLite file that does not exist yet is the doctor's to report)
+    _check_driver(ref.url)
+    from ._doctor import Settings, run
+
+    settings = Settings(pool_size=args.pool_size, workers=args.workers, race=not args.no_race, keep=args.keep,
+                        timeout=args.timeout)
+    return run(ref.url, settings, as_json=args.json)
+
+
+def _seconds(text: str) -> float:
+    try:
+        n = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not n > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return n
+
+
 def _console(args: argparse.Namespace) -> int:
     require("starlette", "uvicorn", extra="console", by="agentguard console")
     ref = _existing_store(args)
@@ -324,6 +348,33 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--batch", type=_positive, default=1000, metavar="N",
                          help="delete at most N records per statement (default: 1000)")
     p_sweep.set_defaults(run=_sweep)
+
+    p_doctor = sub.add_parser(
+        "doctor", help="check the store a deployment will use: server, pooler, rights, clock, budget, a live race",
+        description="Check the store your workers will use, through the same URL (SQLite file, Postgres, or "
+                    "Postgres behind a pooler), and print a line per check: server version and read-only mode, "
+                    "pooler mode, isolation, clock offset, privileges, listen/notify, round trip, the connection "
+                    "budget against max_connections; then a short live race on a scratch scope of its own "
+                    "(parallel callers on one key while the winner's completion is made to fail: its connection "
+                    "killed on Postgres, the file locked on SQLite), which must end with one execution. What the "
+                    "race wrote is deleted; no other scope is touched. Exit status 0 when no line failed, 1 when "
+                    "one did (each failed line says what to change).")
+    _store_options(p_doctor)
+    p_doctor.add_argument("--workers", type=_positive, default=1, metavar="N",
+                          help="worker processes that will share the store, for the connection budget (default: 1)")
+    p_doctor.add_argument("--pool-size", type=_positive, default=10, metavar="N",
+                          help="the pool_size your guards use, for the connection budget (default: 10, Guard's)")
+    p_doctor.add_argument("--no-race", action="store_true",
+                          help="skip the live race: check only, write nothing")
+    p_doctor.add_argument("--keep", action="store_true",
+                          help="leave what the race wrote (its scope is printed) for `agentguard ls --scope S`; "
+                               "it expires within the hour")
+    p_doctor.add_argument("--timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                          help="how long to wait for a connection (default: 10)")
+    p_doctor.add_argument("--json", action="store_true",
+                          help='print one JSON document: {"url", "ok", "lines": [{check, status, found, fix}], '
+                               '"race": {callers, executions, results, replayed, errors, failures, ...} | null}')
+    p_doctor.set_defaults(run=_doctor)
 
     p_console = sub.add_parser("console", help="serve a local web page: tasks, timelines, held outcomes to settle",
                                description="Serve a page of the store's tasks, each task's timeline and the "

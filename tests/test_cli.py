@@ -88,7 +88,7 @@ def test_whitebox_redaction() -> None:
 
 # -- the command line behaves like the tools people know ---------------------------------------------------
 
-COMMANDS = ("demo", "ls", "show", "timeline", "forget", "stats", "resolve", "sweep", "console", "mcp-proxy")
+COMMANDS = ("demo", "ls", "show", "timeline", "forget", "stats", "resolve", "sweep", "doctor", "console", "mcp-proxy")
 # Tests that never open the suite's store run once, in the SQLite pass.
 
 

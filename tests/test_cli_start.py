@@ -95,7 +95,7 @@ def test_help_shows_the_commands_help_or_a_commands(tmp_path: Path) -> None:
     assert whole.returncode == 0 and whole.stderr == ""
     assert whole.stdout == run("--help", cwd=tmp_path).stdout
     assert "agentguard help COMMAND" in whole.stdout and "    help " in whole.stdout
-    for command in ("show", "resolve", "mcp-proxy", "demo"):
+    for command in ("show", "resolve", "doctor", "mcp-proxy", "demo"):
         one = run("help", command, cwd=tmp_path)
         assert one.returncode == 0 and one.stderr == ""
         assert one.stdout == run(command, "--help", cwd=tmp_path).stdout

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from ag2 import Agent, Context, tool
-from ag2.events import ToolCallEvent, ToolErrorEvent, ToolResultEvent, ToolResultsEvent
+from ag2.events import TextInput, ToolCallEvent, ToolErrorEvent, ToolResultEvent, ToolResultsEvent
 from ag2.testing import TestConfig, TrackingConfig
 from ag2.tools.final import FunctionTool
 
@@ -18,6 +18,7 @@ from agentguard import Guard, current_key, task
 from agentguard.integrations.ag2 import GuardToolError, once, refusals
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 def script(*turns: Sequence[int]) -> TrackingConfig:
@@ -45,10 +46,21 @@ def results(config: TrackingConfig) -> dict[str, ToolResultEvent]:
     return out
 
 
-def data(result: ToolResultEvent) -> Any:
+def data(result: ToolResultEvent, task_id: str | None = None) -> Any:
+    """The value of a tool result; of a replay (``task_id``: its task), after the note it must start with."""
     assert not isinstance(result, ToolErrorEvent), result
-    (part,) = result.result.parts
+    if task_id is None:
+        (part,) = result.result.parts
+        assert "dev.agentguard/replayed" not in result.result.metadata
+    else:
+        note, part = result.result.parts
+        assert isinstance(note, TextInput) and note.content == NOTE.format(task=task_id)
+        assert result.result.metadata == {"dev.agentguard/replayed": True}
     return part.data  # type: ignore[union-attr]
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
 
 
 def charge_tool(guard: Guard, ledger: Ledger) -> FunctionTool:
@@ -76,9 +88,35 @@ async def test_retry_after_a_timeout_and_parallel_duplicates_charge_once(guard: 
     assert len(ledger.charges) == 1
     out = results(config)
     first = {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
-    assert [data(out[c]) for c in ("c0_0", "c1_0", "c2_0", "c2_1")] == [first] * 4
+    assert data(out["c0_0"]) == first  # the replays tell the model so, before the same value
+    assert [data(out[c], "ticket-1") for c in ("c1_0", "c2_0", "c2_1")] == [first] * 3
     (record,) = await guard.records()
     assert record.task_id == "ticket-1" and ledger.charges[0][2] == record.key
+
+
+async def test_a_string_result_is_replayed_after_the_note_and_replay_note_false_tells_nothing(guard: Guard) -> None:
+    ledger = Ledger()
+
+    def text_tool(quiet: bool) -> FunctionTool:
+        @tool
+        @once(guard, key="order_id", replay_note=not quiet)
+        def charge(order_id: str, amount_cents: int) -> str:
+            """Charge an order."""
+            return "charged " + ledger.charge(order_id, amount_cents, current_key())["charge_id"]
+
+        return charge
+
+    config = script([500], [500])
+    with task("t-text"):
+        await Agent("billing", config=config, tools=[text_tool(False)]).ask("go")
+    first, again = results(config)["c0_0"].result.parts, results(config)["c1_0"].result.parts
+    assert [p.content for p in first] == ["charged ch_1"]  # type: ignore[attr-defined]
+    assert [p.content for p in again] == [NOTE.format(task="t-text"), "charged ch_1"]  # type: ignore[attr-defined]
+    config = script([500], [500])
+    with task("t-quiet"):
+        await Agent("billing", config=config, tools=[text_tool(True)]).ask("go")
+    assert results(config)["c1_0"].result.parts == results(config)["c0_0"].result.parts
+    assert len(ledger.charges) == 2  # two tasks, each charged once
 
 
 async def test_other_arguments_reach_the_model_as_a_tool_error_saying_nothing_ran(guard: Guard) -> None:
@@ -162,3 +200,19 @@ async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, context, order_id")
     assert ledger.charges == []
+
+
+async def test_each_guarded_calls_span_carries_the_tool_call_id(guard: Guard) -> None:
+    """gen_ai.tool.call.id: the id of the model's tool call (the Context's tool_call_id), for the call that ran
+    and each one replayed; the ledger keeps the same ids."""
+    ledger = Ledger()
+    config = script([500], [500, 500])
+    with guard_spans() as spans:
+        await Agent("billing", config=config, tools=[charge_tool(guard, ledger)]).ask(
+            "charge o-1", variables={"task_id": "ticket-ids"})
+    assert len(ledger.charges) == 1
+    calls = spans.calls("charge")
+    assert sorted(i for _, i in calls) == ["c0_0", "c1_0", "c1_1"]
+    assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
+    await guard.flush_ledger()
+    assert {e.call_id for e in await guard.timeline("ticket-ids")} == {"c0_0", "c1_0", "c1_1"}

@@ -220,3 +220,35 @@ async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, order_id, run_context")
     assert ledger.charges == []
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+def text_tool(guard: Guard, ledger: Ledger, **options: Any) -> Any:
+    @tool
+    @once(guard, key="order_id", **options)
+    def charge(run_context: RunContext, order_id: str, amount_cents: int) -> str:
+        """Charge an order."""
+        return json.dumps(ledger.charge(order_id, amount_cents, ""))
+
+    return charge
+
+
+async def test_a_replayed_string_is_told_to_the_model_a_dict_keeps_its_text(guard: Guard) -> None:
+    """The second call in the task is replayed: the model's tool message is the note, then the first call's text;
+    a dict result (which agno sends as its str) is replayed as it is; replay_note=False tells nothing."""
+    ledger = Ledger()
+    model = Scripted(turns=[[500], [500]])
+    tools = await run(text_tool(guard, ledger), model, session_state={"task_id": "task-t"})
+    first = json.dumps({"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500})
+    assert model.told() == [first, f"{NOTE.format(task='task-t')}\n\n{first}"]
+    assert tools["call_1_0"].result == f"{NOTE.format(task='task-t')}\n\n{first}"
+    model = Scripted(turns=[[500], [500]])
+    await run(charge_tool(guard, ledger), model, session_state={"task_id": "task-d"})
+    assert model.told()[0] == model.told()[1] == str({"charge_id": "ch_2", "order_id": "o-1", "amount_cents": 500})
+    model = Scripted(turns=[[500], [500]])
+    await run(text_tool(guard, ledger, replay_note=False), model, session_state={"task_id": "task-q"})
+    assert model.told()[0] == model.told()[1]
+    assert len(ledger.charges) == 3  # three tasks, each charged once

@@ -93,11 +93,50 @@ async def test_retry_after_a_timeout_and_parallel_duplicates_charge_once(guard: 
         assert await run_sync(api, sync_charge(guard, ledger)) == "done"
     assert len(ledger.charges) == 1
     results = tool_results(api.requests[-1])
-    texts = {result_text(results[i]) for i in ("toolu_0_0", "toolu_1_0", "toolu_2_0", "toolu_2_1")}
-    assert texts == {"charged o-1: 500 cents, ch_1"}
+    assert result_text(results["toolu_0_0"]) == "charged o-1: 500 cents, ch_1"
+    texts = {result_text(results[i]) for i in ("toolu_1_0", "toolu_2_0", "toolu_2_1")}  # replays: told so
+    assert texts == {f"{NOTE.format(task='ticket-1')}\n\ncharged o-1: 500 cents, ch_1"}
     assert not any(r.get("is_error") for r in results.values())
     (record,) = await guard.records()
     assert record.task_id == "ticket-1" and ledger.charges[0][2] == record.key
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+@pytest.mark.parametrize("api", [script([500], [500], [500])], indirect=True)
+async def test_a_replay_of_content_blocks_gets_a_first_text_block_and_replay_note_false_none(
+    guard: Guard, api: FakeMessagesAPI
+) -> None:
+    """A tool returning content blocks: each replay the model reads is the first call's blocks, unchanged, after
+    one more holding the note; the same tool guarded with replay_note=False replays the blocks alone."""
+    ledger = Ledger()
+
+    def blocks(quiet: bool) -> Any:
+        @beta_async_tool
+        @once(guard, key="order_id", replay_note=not quiet)
+        async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> list[dict[str, Any]]:
+            """Charge an order."""
+            return [{"type": "text", "text": ledger.charge(order_id, amount_cents, idempotency_key)}]
+
+        return charge
+
+    client = anthropic.AsyncAnthropic(api_key="test", base_url=api.url, max_retries=0)
+    with task("ticket-b"):
+        runner = client.beta.messages.tool_runner(
+            model="claude-test", max_tokens=100, tools=[blocks(False)], messages=[{"role": "user", "content": "go"}]
+        )
+        await runner.until_done()
+        assert await blocks(True).call({"order_id": "o-1", "amount_cents": 500}) == [
+            {"type": "text", "text": "charged o-1: 500 cents, ch_1"}]
+    await client.close()
+    assert len(ledger.charges) == 1
+    results = tool_results(api.requests[-1])
+    first = [{"type": "text", "text": "charged o-1: 500 cents, ch_1"}]
+    assert results["toolu_0_0"]["content"] == first
+    assert results["toolu_1_0"]["content"] == results["toolu_2_0"]["content"] == [
+        {"type": "text", "text": NOTE.format(task="ticket-b")}, *first]
 
 
 @pytest.mark.parametrize("api", [script([500], [700])], indirect=True)

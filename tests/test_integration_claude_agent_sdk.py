@@ -115,6 +115,15 @@ async def test_retry_after_a_timeout_and_parallel_duplicates_charge_once(guard: 
     assert record.task_id == "ticket-1" and ledger.charges[0][2] == record.key
 
 
+async def test_replay_note_false_replays_the_stored_result_alone(guard: Guard, tmp_path: Path) -> None:
+    ledger = Ledger()
+    with FakeMessagesAPI(script([charge_args()], [charge_args()])) as api, task("ticket-q"):
+        await run(api, charge_tool(guard, ledger, replay_note=False), tmp_path)
+    assert len(ledger.charges) == 1
+    out = final_results(api)
+    assert text_of(out["toolu_1_0"]) == text_of(out["toolu_0_0"]) == "charged o-1: 500 cents, ch_1"
+
+
 async def test_other_arguments_reach_the_model_as_a_tool_error(guard: Guard, tmp_path: Path) -> None:
     ledger = Ledger()
     with FakeMessagesAPI(script([charge_args(500)], [charge_args(700)])) as api, task("ticket-2"):

@@ -115,7 +115,7 @@ class ScriptedNative(Scripted):
 
 
 def guarded_tool(guard: Guard, ledger: Ledger, before: Callable[[], None] = lambda: None) -> Any:
-    @once(guard, key="order_id")
+    @once(guard, key="order_id", operation="charge")
     def charge_order(order_id: str, amount_cents: int, idempotency_key: str = "") -> str:
         return ledger.charge(order_id, amount_cents, idempotency_key)
 
@@ -138,6 +138,16 @@ def crew_of(tool_: Any, llm: Scripted, *, async_execution: bool = False) -> Crew
 async def kickoff(crew: Crew) -> str:
     """``crew.kickoff()`` as a sync caller makes it: on a thread with no event loop (the task context goes along)."""
     return str(await asyncio.to_thread(crew.kickoff))
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+def bare(observation: str, task_id: str) -> tuple[str, bool]:
+    """An observation without the replay note (and whether it had one: a replay tells the model so)."""
+    note = NOTE.format(task=task_id) + "\n\n"
+    return (observation[len(note):], True) if observation.startswith(note) else (observation, False)
 
 
 @pytest.fixture(autouse=True)
@@ -177,7 +187,7 @@ async def test_a_rerun_after_a_timeout_replays_and_a_change_is_refused(guard: Gu
     charged = json.loads(first.observations()[0])
     assert charged == {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
     replayed, refused = rerun.observations()
-    assert json.loads(replayed) == charged
+    assert bare(replayed, "task-42") == (json.dumps(charged), True)  # the stored text, after the note
     assert [e.kind for e in events].count("replayed") == 1
     assert refused.startswith("Refused by agentguard:") and "amount_cents" in refused
     assert "already called in task 'task-42' with different arguments" in refused
@@ -194,7 +204,9 @@ async def test_two_crews_at_once_charge_once(guard: Guard, start: str) -> None:
         outs = await asyncio.gather(getattr(crew_of(tool_, one), start)(), getattr(crew_of(tool_, two), start)())
     assert [str(o) for o in outs] == ["done", "done"]
     assert len(ledger.charges) == 1
-    assert one.observations() == two.observations()
+    (a,), (b,) = one.observations(), two.observations()
+    (text_a, told_a), (text_b, told_b) = bare(a, "task-7"), bare(b, "task-7")
+    assert text_a == text_b and sorted([told_a, told_b]) == [False, True]  # the replay, and only it, is told
 
 
 async def test_two_calls_in_one_step_run_on_two_threads_and_charge_once(guard: Guard, events: list[GuardEvent]) -> None:
@@ -206,7 +218,8 @@ async def test_two_calls_in_one_step_run_on_two_threads_and_charge_once(guard: G
         assert await kickoff(crew_of(tool_, llm)) == "done"
     assert len(ledger.charges) == 1
     charged = {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
-    assert [json.loads(o) for o in llm.observations()] == [charged, charged]
+    seen = [bare(o, "task-8") for o in llm.observations()]
+    assert [json.loads(o) for o, _ in seen] == [charged, charged] and sorted(t for _, t in seen) == [False, True]
     assert [e.kind for e in events].count("replayed") == 1
 
 
@@ -218,7 +231,8 @@ async def test_an_async_execution_task_keeps_the_task_and_charges_once(guard: Gu
         assert await kickoff(crew_of(tool_, first, async_execution=True)) == "done"
         assert await kickoff(crew_of(tool_, rerun, async_execution=True)) == "done"
     assert len(ledger.charges) == 1
-    assert first.observations() == rerun.observations()
+    (said,), (again,) = first.observations(), rerun.observations()
+    assert bare(again, "task-9") == (said, True)
     (record,) = await guard.records()
     assert record.task_id == "task-9"
 
@@ -273,3 +287,19 @@ async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, order_id")
     assert ledger.charges == []
+
+
+async def test_replay_note_false_replays_the_observation_as_it_is(guard: Guard) -> None:
+    ledger = Ledger()
+
+    @tool("charge")
+    @once(guard, key="order_id", replay_note=False)
+    def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> str:
+        """Charge an order."""
+        return ledger.charge(order_id, amount_cents, idempotency_key)
+
+    first, rerun = Scripted([500]), Scripted([500])
+    with task("task-q"):
+        await kickoff(crew_of(charge, first))
+        await kickoff(crew_of(charge, rerun))
+    assert len(ledger.charges) == 1 and first.observations() == rerun.observations()

@@ -138,5 +138,24 @@ async def test_a_misspelt_key_is_refused_at_decoration(make_guard: Callable[...,
     assert runs == []
 
 
+@pytest.mark.storeless
+async def test_a_step_has_no_model_to_tell_of_a_replay(make_guard: Callable[..., Guard]) -> None:
+    """A workflow engine's step is replayed as it is (the workflow's code reads it, not a model): the option
+    that would tell a model is refused rather than silently ignored; in a task, a replay is the bare value."""
+    from agentguard.integrations import temporal as temporal_adapter
+
+    guard = make_guard()
+    for adapter in (dbos_adapter, temporal_adapter):
+        with pytest.raises(TypeError, match=r"replay_note \(no model to tell\)"):
+            adapter.once(guard, replay_note=True)  # type: ignore[call-arg]
+
+    @dbos_adapter.once(guard)
+    async def charge(order_id: str) -> str:
+        return f"charged {order_id}"
+
+    with task("t-step"):
+        assert await charge("o-1") == await charge("o-1") == "charged o-1"
+
+
 if __name__ == "__main__":
     worker(*sys.argv[1:6])

@@ -21,6 +21,7 @@ from agentguard import Guard, current_key, task
 from agentguard.integrations.google_adk import once
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 Turn = Sequence[tuple[str, dict[str, Any]]]
@@ -111,9 +112,46 @@ async def test_retry_after_a_timeout_and_parallel_duplicates_charge_once(guard: 
     assert len(ledger.charges) == 1
     out = model.responses()
     first = {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
-    assert out["call_0_0"] == out["call_1_0"] == out["call_2_0"] == out["call_2_1"] == first
+    replayed = {**first, "agentguard": NOTE.format(task="ticket-1")}  # the replays tell the model
+    assert out["call_0_0"] == first and out["call_1_0"] == out["call_2_0"] == out["call_2_1"] == replayed
     (record,) = await guard.records()
     assert record.task_id == "ticket-1" and ledger.charges[0][2] == record.key
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+async def test_a_replay_is_told_in_the_response_dict_and_a_string_after_the_note(guard: Guard) -> None:
+    """The second call in the session is replayed: the model reads the response dict's entries as the first
+    call's, unchanged, plus the note in one more (the guarded function is ADK's tool: called directly, it
+    answers as ADK would be answered); a string result (ADK's {"result": ...}) starts with the note;
+    replay_note=False tells nothing."""
+    ledger = Ledger()
+    model = script([500], [500])
+    tool = guarded_charge(guard, ledger)
+    await run(tool, model, state={"task_id": "ticket-7"})
+    out = model.responses()
+    first = {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
+    assert out["call_0_0"] == first and out["call_1_0"] == {**first, "agentguard": NOTE.format(task="ticket-7")}
+    with task("ticket-7"):
+        assert await tool("o-1", 500, None) == {**first, "agentguard": NOTE.format(task="ticket-7")}
+
+    @once(guard, key="order_id")
+    async def charge(order_id: str, amount_cents: int) -> str:
+        """Charge an order."""
+        return "charged " + ledger.charge(order_id, amount_cents, current_key())["charge_id"]
+
+    model = script([500], [500])
+    with task("ticket-8"):
+        await run(charge, model)
+    out = model.responses()
+    assert out["call_0_0"] == {"result": "charged ch_2"}
+    assert out["call_1_0"] == {"result": f"{NOTE.format(task='ticket-8')}\n\ncharged ch_2"}
+    quiet, model = guarded_charge(guard, ledger, replay_note=False), script([500], [500])
+    await run(quiet, model, state={"task_id": "ticket-9"})
+    assert model.responses()["call_1_0"] == model.responses()["call_0_0"]
+    assert len(ledger.charges) == 3  # three tasks, each charged once
 
 
 async def test_other_arguments_reach_the_model_as_an_error_saying_nothing_ran(guard: Guard) -> None:
@@ -194,3 +232,17 @@ async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, order_id, tool_context")
     assert ledger.charges == []
+
+
+async def test_each_guarded_calls_span_carries_the_function_call_id(guard: Guard) -> None:
+    """gen_ai.tool.call.id: the id of the model's function call (the ToolContext's function_call_id), for the
+    call that ran and each one replayed; the ledger keeps the same ids."""
+    ledger = Ledger()
+    with guard_spans() as spans:
+        await run(guarded_charge(guard, ledger), script([500], [500, 500]), state={"task_id": "ticket-ids"})
+    assert len(ledger.charges) == 1
+    calls = spans.calls("charge")
+    assert sorted(i for _, i in calls) == ["call_0_0", "call_1_0", "call_1_1"]
+    assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
+    await guard.flush_ledger()
+    assert {e.call_id for e in await guard.timeline("ticket-ids")} == {"call_0_0", "call_1_0", "call_1_1"}

@@ -19,9 +19,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command, interrupt
+from pydantic import Field
 
 from agentguard import Guard, GuardEvent, current_key, task
 from agentguard.integrations.langchain import GuardToolException, ToolGuard, once
+
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Ledger:
@@ -266,7 +269,9 @@ async def test_create_agent_middleware_replays_with_the_current_tool_call_id(
                          checkpointer=InMemorySaver())
     out = tool_messages(agent.invoke({"messages": [HumanMessage("go")]}, thread("t-mw")))
     assert len(ledger.attempts) == 1
-    assert out["call_1"].content == out["call_2"].content == out["call_3"].content
+    # call_1 and call_2 run at once (the ToolNode's threads): either may be the one that ran
+    ran, replayed = sorted(("call_1", "call_2"), key=lambda c: "dev.agentguard/replayed" in out[c].response_metadata)
+    assert out[ran].content == untold(out[replayed], "t-mw") == untold(out["call_3"], "t-mw")
     assert [out[c].tool_call_id for c in ("call_1", "call_2", "call_3")] == ["call_1", "call_2", "call_3"]
     assert out["call_4"].status == "error" and "different arguments" in str(out["call_4"].content)
     (sent,) = BOUND
@@ -289,7 +294,7 @@ async def test_middleware_async_path_and_validated_arguments(guard: Guard) -> No
     app = graph([charge], fake_model(turns), wrap_tool_call=tg.wrap_tool_call, awrap_tool_call=tg.awrap_tool_call)
     out = tool_messages(await app.ainvoke({"messages": [HumanMessage("go")]}, thread()))
     assert len(ledger.attempts) == 1  # "500" validates to 500: the same operation, replayed
-    assert out["call_1"].content == out["call_2"].content and out["call_2"].tool_call_id == "call_2"
+    assert out["call_1"].content == untold(out["call_2"], "explicit-task") and out["call_2"].tool_call_id == "call_2"
     assert [r.task_id for r in await guard.records()] == ["explicit-task"]
 
 
@@ -376,3 +381,123 @@ async def test_decorator_refuses_a_misspelt_key_at_decoration(guard: Guard) -> N
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, order_id")
     assert ledger.attempts == []
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+def untold(message: ToolMessage, task_id: str) -> Any:
+    """The content of a replay's message without the note it must start with (and the mark it must carry)."""
+    assert message.response_metadata.get("dev.agentguard/replayed") is True
+    content = message.content
+    if isinstance(content, str):
+        note = NOTE.format(task=task_id) + "\n\n"
+        assert content.startswith(note), content
+        return content[len(note):]
+    assert content[0] == {"type": "text", "text": NOTE.format(task=task_id)}, content
+    return content[1:]
+
+
+class Recording(GenericFakeChatModel):
+    """Keeps the messages of every call: what the model was told."""
+
+    seen: list[list[BaseMessage]] = Field(default_factory=list)
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
+        self.seen.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+
+def recording(turns: Sequence[Sequence[dict[str, Any]]]) -> Recording:
+    return Recording(messages=iter([AIMessage("", tool_calls=list(t)) for t in turns] + [AIMessage("done")]))
+
+
+def told_to(model: Recording, call_id: str) -> ToolMessage:
+    """The tool message of ``call_id`` as the model last read it."""
+    (found,) = [m for m in model.seen[-1] if isinstance(m, ToolMessage) and m.tool_call_id == call_id]
+    return found
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_the_middleware_tells_a_replay_and_keeps_the_artifact(guard: Guard, path: str) -> None:
+    """A content-and-artifact tool guarded by ToolGuard: the second call in the thread is replayed; the model
+    reads the note before the content; the artifact, the program's value, is the first call's unchanged."""
+    ledger = Ledger()
+
+    @tool(response_format="content_and_artifact")
+    def charge(order_id: str, amount_cents: int) -> tuple[str, dict[str, Any]]:
+        """Charge an order."""
+        receipt = ledger.charge(order_id, amount_cents, current_key())
+        return f"charged {order_id}", receipt
+
+    tg = ToolGuard(guard, {"charge": "order_id"})
+    model = recording([[call("call_1")], [call("call_2")]])
+    app = graph([charge], model, wrap_tool_call=tg.wrap_tool_call, awrap_tool_call=tg.awrap_tool_call)
+    start = {"messages": [HumanMessage("go")]}
+    state = app.invoke(start, thread("t-art")) if path == "sync" else await app.ainvoke(start, thread("t-art"))
+    out = tool_messages(state)
+    assert ledger.charges == 1 and len(ledger.attempts) == 1
+    first, again = told_to(model, "call_1"), told_to(model, "call_2")
+    assert first.content == "charged o-1" and "dev.agentguard/replayed" not in first.response_metadata
+    assert again.content == f"{NOTE.format(task='t-art')}\n\ncharged o-1"
+    assert out["call_2"].artifact == out["call_1"].artifact == {"charge_id": "ch_1", "order_id": "o-1",
+                                                                "amount_cents": 500}
+    assert untold(out["call_2"], "t-art") == out["call_1"].content
+
+
+async def test_a_once_guarded_tool_under_the_middleware_is_told_whatever_it_returns(guard: Guard) -> None:
+    """A dict result has no room for a note, but its ToolMessage has: ToolGuard with no tools of its own tells
+    the replay of a once-guarded tool there, once."""
+    ledger = Ledger()
+    tg = ToolGuard(guard)
+    model = recording([[call("call_1")], [call("call_2")]])
+    app = graph([decorated(guard, ledger)], model, wrap_tool_call=tg.wrap_tool_call)
+    out = tool_messages(app.invoke({"messages": [HumanMessage("go")]}, thread("t-once")))
+    assert ledger.charges == 1
+    assert json.loads(untold(told_to(model, "call_2"), "t-once")) == json.loads(str(out["call_1"].content))
+    assert str(told_to(model, "call_2").content).count("agentguard: REPLAY.") == 1
+
+
+async def test_the_decorator_alone_tells_a_string_result_and_replay_note_false_nothing(guard: Guard) -> None:
+    ledger = Ledger()
+
+    def text_charge(replay_note: bool) -> BaseTool:
+        @tool
+        @once(guard, key="order_id", replay_note=replay_note)
+        def charge(order_id: str, amount_cents: int) -> str:
+            """Charge an order."""
+            return json.dumps(ledger.charge(order_id, amount_cents, current_key()))
+
+        return charge
+
+    model = recording([[call("call_1")], [call("call_2")]])
+    graph([text_charge(True)], model).invoke({"messages": [HumanMessage("go")]}, thread("t-text"))
+    first = str(told_to(model, "call_1").content)
+    assert told_to(model, "call_2").content == f"{NOTE.format(task='t-text')}\n\n{first}"
+    quiet = recording([[call("call_1")], [call("call_2")]])
+    graph([text_charge(False)], quiet).invoke({"messages": [HumanMessage("go")]}, thread("t-quiet"))
+    assert told_to(quiet, "call_2").content == told_to(quiet, "call_1").content
+    tg = ToolGuard(guard, {"charge": "order_id"}, replay_note=False)
+    quiet = recording([[call("call_1")], [call("call_2")]])
+    graph([plain_charge(ledger)], quiet, wrap_tool_call=tg.wrap_tool_call).invoke(
+        {"messages": [HumanMessage("go")]}, thread("t-quiet-mw"))
+    again = told_to(quiet, "call_2")
+    assert again.content == told_to(quiet, "call_1").content and not again.response_metadata
+    assert ledger.charges == len(ledger.attempts) == 3  # three threads: three tasks, each charged once
+
+
+async def test_a_call_the_middleware_refuses_for_want_of_a_task_id_has_its_span(
+    guard: Guard, middleware_model: Callable[..., ToolCallingFake]
+) -> None:
+    """No thread id, no task: the model is told nothing ran, and the refusal has its span (refused, error.type
+    MissingTaskError, the tool call's id)."""
+    ledger = Ledger()
+    agent = create_agent(middleware_model([[call("call_1")]]), tools=[plain_charge(ledger)],
+                         middleware=[ToolGuard(guard, {"charge": "order_id"})])
+    with guard_spans() as spans:
+        out = tool_messages(await agent.ainvoke({"messages": [HumanMessage("go")]}))
+    assert ledger.attempts == [] and out["call_1"].status == "error" and "no task id" in str(out["call_1"].content)
+    (span,) = spans.guarded("charge")
+    assert span.attributes is not None and span.attributes["agentguard.outcome"] == "refused"
+    assert span.attributes["error.type"] == "MissingTaskError" and span.attributes["gen_ai.tool.call.id"] == "call_1"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
-from llama_index.core.base.llms.types import ToolCallBlock
+from llama_index.core.base.llms.types import TextBlock, ToolCallBlock
 from llama_index.core.llms import ChatMessage, MessageRole
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.tools import FunctionTool
@@ -228,3 +228,42 @@ async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, ctx, order_id")
     assert ledger.charges == []
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+async def test_a_replayed_string_or_list_of_blocks_is_told_to_the_model(guard: Guard) -> None:
+    """The second call in the task is replayed: the tool message the model reads is the note, then the first
+    call's text (a string result), or a first text block before the first call's blocks (a list of blocks);
+    a dict result keeps its raw_output (the first test); replay_note=False tells nothing."""
+    ledger = Ledger()
+
+    def text_tool(**options: Any) -> FunctionTool:
+        @once(guard, key="order_id", **options)
+        async def charge(ctx: Context, order_id: str, amount_cents: int) -> str:
+            """Charge an order."""
+            return "charged " + ledger.charge(order_id, amount_cents, "")["charge_id"]
+
+        return FunctionTool.from_defaults(charge)
+
+    script = Script([500], [500])
+    _, results = await run(agent_for(text_tool(), script, task_id="task-t"))
+    told = f"{NOTE.format(task='task-t')}\n\ncharged ch_1"
+    assert script.tool_messages() == ["charged ch_1", told]
+    assert results["call_1_0"].raw_output == told and results["call_0_0"].raw_output == "charged ch_1"
+
+    @once(guard, key="order_id", operation="charge")
+    async def blocks(ctx: Context, order_id: str, amount_cents: int) -> list[TextBlock]:
+        """Charge an order."""
+        return [TextBlock(text="charged " + ledger.charge(order_id, amount_cents, "")["charge_id"])]
+
+    script = Script([500], [500])
+    _, results = await run(agent_for(FunctionTool.from_defaults(blocks, name="charge"), script, task_id="task-b"))
+    assert [b.text for b in results["call_1_0"].blocks] == [NOTE.format(task="task-b"), "charged ch_2"]
+    assert script.tool_messages()[1] == f"{NOTE.format(task='task-b')}\ncharged ch_2"  # (its blocks, joined)
+    script = Script([500], [500])
+    await run(agent_for(text_tool(replay_note=False), script, task_id="task-q"))
+    assert script.tool_messages() == ["charged ch_3", "charged ch_3"]
+    assert len(ledger.charges) == 3  # three tasks, each charged once

@@ -16,6 +16,7 @@ from agentguard import Guard, current_key, task
 from agentguard.integrations.openai_agents import guard_tool, once
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 @pytest.fixture(autouse=True)
@@ -241,3 +242,100 @@ async def test_decorator_refuses_a_misspelt_key_at_decoration(guard: Guard) -> N
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, ctx, order_id")
     assert ledger.charges == []
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+def sent(model: ScriptedModel, call_id: str) -> Any:
+    """The output of ``call_id`` as the model was sent it (in the input of a later model call)."""
+    for call in model.calls:
+        for i in call.input if isinstance(call.input, list) else ():
+            if isinstance(i, dict) and i.get("type") == "function_call_output" and i.get("call_id") == call_id:
+                return i["output"]
+    raise AssertionError(f"the model was never sent {call_id}")
+
+
+def text_tool(ledger: Ledger) -> FunctionTool:
+    @function_tool
+    async def charge(order_id: str, amount_cents: int) -> str:
+        """Charge an order."""
+        receipt = ledger.charge(order_id, amount_cents, current_key())
+        return json.dumps(receipt)
+
+    return charge
+
+
+@pytest.mark.parametrize("how", ["once", "guard_tool"])
+async def test_a_replayed_string_output_is_told_to_the_model(guard: Guard, how: str) -> None:
+    """The second call in the task is replayed: the model reads the note, then the first call's text unchanged;
+    a replay's text is the note and the stored text, nothing else."""
+    ledger = Ledger()
+    if how == "once":
+
+        @function_tool
+        @once(guard, key="order_id")
+        async def charge(order_id: str, amount_cents: int) -> str:
+            """Charge an order."""
+            return json.dumps(ledger.charge(order_id, amount_cents, current_key()))
+
+        tool = charge
+    else:
+        tool = guard_tool(text_tool(ledger), guard, key="order_id")
+    model = script([500], [500])
+    with task("task-42"):
+        result = await run(tool, model)
+    assert len(ledger.charges) == 1
+    first = json.dumps({"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500})
+    assert sent(model, "call_0_0") == outputs(result)["call_0_0"] == first
+    assert sent(model, "call_1_0") == outputs(result)["call_1_0"] == f"{NOTE.format(task='task-42')}\n\n{first}"
+    with task("task-42"):  # the stored value is the tool's own text: what a replay tells rests on it
+        stored = await guard.run("charge", lambda _k: _never(), key={"order_id": "o-1"},
+                                 arguments={"order_id": "o-1", "amount_cents": 500})
+    assert stored.replayed and stored.value == first
+
+
+async def _never() -> str:
+    raise AssertionError("replayed, never run")
+
+
+async def test_a_replayed_dict_output_keeps_its_type_and_replay_note_false_tells_nothing(guard: Guard) -> None:
+    ledger = Ledger()
+    result = await run(decorated(guard, ledger), script([500], [500]), Ctx("task-d"))
+    out = outputs(result)  # a dict has no room for a note: replayed as it is (test_two_calls_... above)
+    assert out["call_1_0"] == out["call_0_0"] == {"charge_id": "ch_1", "order_id": "o-1", "amount_cents": 500}
+    quiet = guard_tool(text_tool(Ledger()), guard, key="order_id", replay_note=False)
+    model = script([500], [500])
+    result = await run(quiet, model, Ctx("task-q"))
+    assert outputs(result)["call_1_0"] == outputs(result)["call_0_0"] == sent(model, "call_1_0")
+
+
+@pytest.mark.parametrize("how", ["once", "guard_tool"])
+async def test_each_guarded_calls_span_carries_the_models_call_id(guard: Guard, how: str) -> None:
+    """gen_ai.tool.call.id: the SDK's call_id of each call, the one that ran and the ones replayed (the
+    decorator finds it in the ToolContext the SDK hands the tool), and the ledger keeps the same ids."""
+    ledger = Ledger()
+    tool = decorated(guard, ledger) if how == "once" else guard_tool(plain_tool(ledger), guard, key="order_id")
+    with guard_spans() as spans:
+        await run(tool, script([500, 500], [500]), Ctx("task-ids"))
+    assert len(ledger.charges) == 1
+    calls = spans.calls("charge")
+    assert sorted(i for _, i in calls) == ["call_0_0", "call_0_1", "call_1_0"]
+    assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
+    await guard.flush_ledger()
+    assert {e.call_id for e in await guard.timeline("task-ids")} == {"call_0_0", "call_0_1", "call_1_0"}
+
+
+@pytest.mark.parametrize("how", ["once", "guard_tool"])
+async def test_a_call_refused_for_want_of_a_task_id_has_its_span(guard: Guard, how: str) -> None:
+    """Refused before any key exists (no task id): still a span, refused, error.type MissingTaskError, with the
+    SDK's call id."""
+    ledger = Ledger()
+    tool = decorated(guard, ledger) if how == "once" else guard_tool(plain_tool(ledger), guard, key="order_id")
+    with guard_spans() as spans:
+        result = await run(tool, script([500]), Ctx(None))
+    assert ledger.charges == [] and "no task id" in outputs(result)["call_0_0"]
+    (span,) = spans.guarded("charge")
+    assert span.attributes is not None and span.attributes["agentguard.outcome"] == "refused"
+    assert span.attributes["error.type"] == "MissingTaskError" and span.attributes["gen_ai.tool.call.id"] == "call_0_0"

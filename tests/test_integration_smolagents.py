@@ -220,3 +220,42 @@ async def test_a_misspelt_key_is_refused_by_guard_tool_and_at_decoration(guard: 
         tool(once(guard, key="orderid")(charge))
     assert str(info.value) == refusal
     assert ledger.charges == []
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+def text_charge(ledger: Ledger) -> Callable[[str, int], str]:
+    def charge(order_id: str, amount_cents: int) -> str:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much, in cents
+        """
+        return "charged " + ledger.charge(order_id, amount_cents, current_key())["charge_id"]
+
+    return charge
+
+
+@pytest.mark.parametrize("how", ["guard_tool", "once"])
+async def test_a_replayed_string_observation_is_told_to_the_model(guard: Guard, how: str) -> None:
+    """The second call in the task is replayed: the observation the model reads is the note, then the first
+    call's text; replay_note=False tells nothing."""
+    ledger = Ledger()
+
+    def made(quiet: bool) -> Tool:
+        if how == "guard_tool":
+            return guard_tool(tool(text_charge(ledger)), guard, key="order_id", replay_note=not quiet)
+        return tool(once(guard, key="order_id", replay_note=not quiet)(text_charge(ledger)))
+
+    model = Scripted([500], [500])
+    agent = ToolCallingAgent(tools=[made(False)], model=model, verbosity_level=0)
+    assert run(agent, f"task-{how}") == "done"
+    assert observations(agent)[:2] == ["charged ch_1", f"{NOTE.format(task=f'task-{how}')}\n\ncharged ch_1"]
+    assert f"{NOTE.format(task=f'task-{how}')}\n\ncharged ch_1" in model.told(2)
+    quiet = ToolCallingAgent(tools=[made(True)], model=Scripted([500], [500]), verbosity_level=0)
+    run(quiet, f"quiet-{how}")
+    assert observations(quiet)[:2] == ["charged ch_2"] * 2
+    assert len(ledger.charges) == 2  # two tasks, each charged once

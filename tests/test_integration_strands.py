@@ -19,6 +19,7 @@ from agentguard import Guard, GuardEvent, task
 from agentguard.integrations.strands import once
 
 from charges import Ledger
+from guard_spans import guard_spans
 
 pytestmark = [pytest.mark.anyio, pytest.mark.storeless]  # the adapter layer, not the store's SQL: runs once
 class Scripted(Model):
@@ -238,3 +239,66 @@ async def test_a_misspelt_key_is_refused_at_decoration(guard: Guard) -> None:
     assert str(info.value) == ("key='orderid' is not an argument of charge (did you mean 'order_id'?); its arguments "
                                "are: amount_cents, order_id, tool_context")
     assert ledger.charges == []
+
+
+NOTE = ("agentguard: REPLAY. charge[order_id=\"o-1\"] already happened in task {task!r}; this is its recorded "
+        "result, returned again. Nothing was executed again.")
+
+
+async def test_a_replayed_string_or_tool_result_is_told_to_the_model(guard: Guard) -> None:
+    """The second call in the task is replayed: the tool result the model reads holds the note, then the first
+    call's text (a string result) or the first call's blocks (a tool result the tool made); a dict result
+    keeps its JSON (the first test); replay_note=False tells nothing."""
+    ledger = Ledger()
+
+    def text_tool(**options: Any) -> Any:
+        @tool(context=True)
+        @once(guard, key="order_id", **options)
+        def charge(order_id: str, amount_cents: int, tool_context: ToolContext) -> str:
+            """Charge an order.
+
+            Args:
+                order_id: the order to charge
+                amount_cents: how much, in cents
+            """
+            return "charged " + ledger.charge(order_id, amount_cents, "")["charge_id"]
+
+        return charge
+
+    results = await run(text_tool(), Scripted([500], [500]), task_id="task-t")
+    assert results["call_0_0"]["content"] == [{"text": "charged ch_1"}]
+    assert results["call_1_0"]["content"] == [{"text": f"{NOTE.format(task='task-t')}\n\ncharged ch_1"}]
+
+    @tool(context=True)
+    @once(guard, key="order_id")
+    def charge(order_id: str, amount_cents: int, tool_context: ToolContext) -> dict[str, Any]:
+        """Charge an order.
+
+        Args:
+            order_id: the order to charge
+            amount_cents: how much, in cents
+        """
+        receipt = ledger.charge(order_id, amount_cents, "")
+        return {"status": "success", "content": [{"text": "charged " + receipt["charge_id"]}]}
+
+    results = await run(charge, Scripted([500], [500]), task_id="task-r")
+    assert results["call_0_0"]["content"] == [{"text": "charged ch_2"}]
+    assert results["call_1_0"]["content"] == [{"text": NOTE.format(task="task-r")}, {"text": "charged ch_2"}]
+    assert results["call_1_0"]["status"] == "success"
+    results = await run(text_tool(replay_note=False), Scripted([500], [500]), task_id="task-q")
+    assert results["call_1_0"]["content"] == results["call_0_0"]["content"] == [{"text": "charged ch_3"}]
+    assert len(ledger.charges) == 3  # three tasks, each charged once
+
+
+async def test_each_guarded_calls_span_carries_the_tool_use_id(guard: Guard) -> None:
+    """gen_ai.tool.call.id: the model's toolUseId of each call (the ToolContext's tool_use), the one that ran
+    and each one replayed; the ledger keeps the same ids."""
+    ledger = Ledger()
+    with guard_spans() as spans:
+        await run(charge_tool(guard, ledger), Scripted([500], [500, 500]), task_id="task-ids")
+    assert len(ledger.charges) == 1
+    calls = spans.calls("charge")
+    assert sorted(i for _, i in calls) == ["call_0_0", "call_1_0", "call_1_1"]
+    assert sorted(k for k, _ in calls) == ["ran", "replayed", "replayed"]
+    await guard.flush_ledger()
+    assert {e.call_id for e in await guard.timeline("task-ids")} == {"call_0_0", "call_1_0", "call_1_1"}

@@ -55,9 +55,17 @@ async def test_the_hosts_trace_is_continued_upstream(store_url: str, spans: InMe
     async with Client(proxy.server, mode=mode) as client:
         first = await client.call_tool("pay", {"order_id": "o-1", "task_id": "t-trace"}, meta=meta)
         again = await client.call_tool("pay", {"order_id": "o-1", "task_id": "t-trace"}, meta=meta)
-    assert not first.is_error and not again.is_error and len(seen) == 1
-    guarded = [s for s in spans.get_finished_spans() if s.name == "agentguard pay"]
+        # a host that sends no call id of its own: the JSON-RPC request id is kept in the ledger, but it names
+        # the request, not the model's tool call, so the span has no gen_ai.tool.call.id
+        bare = await client.call_tool("pay", {"order_id": "o-1", "task_id": "t-trace"},
+                                      meta={"traceparent": meta["traceparent"]})
+    assert not first.is_error and not again.is_error and not bare.is_error and len(seen) == 1
+    *guarded, unnamed = [s for s in spans.get_finished_spans() if s.name == "execute_tool pay"]
     assert [s.attributes["agentguard.outcome"] for s in guarded] == ["ran", "replayed"]
+    for s in guarded:  # the GenAI conventions' tool execution span, inside the MCP SDK's tools/call span
+        assert s.kind.name == "INTERNAL" and s.attributes["gen_ai.operation.name"] == "execute_tool"
+        assert s.attributes["gen_ai.tool.name"] == "pay" and s.attributes["gen_ai.tool.call.id"] == "toolu_01"
+    assert "gen_ai.tool.call.id" not in unnamed.attributes
     for s in guarded:  # children of the host's span, in the host's trace
         assert f"{s.context.trace_id:032x}" == TRACE
         assert s.parent is not None and f"{s.parent.span_id:016x}" == HOST_SPAN
@@ -66,4 +74,5 @@ async def test_the_hosts_trace_is_continued_upstream(store_url: str, spans: InMe
     assert trace == TRACE and parent == f"{guarded[0].context.span_id:016x}"
     async with Guard(store_url) as reader:  # the proxy's guard flushed its ledger when the host went away
         entries = await reader.timeline("t-trace")
-    assert [(e.kind, e.call_id) for e in entries] == [("ran", "toolu_01"), ("replayed", "toolu_01")]
+    assert [(e.kind, e.call_id) for e in entries][:2] == [("ran", "toolu_01"), ("replayed", "toolu_01")]
+    assert entries[2].kind == "replayed" and entries[2].call_id is not None  # the request id

@@ -70,7 +70,7 @@ def test_spans_metrics_ledger_and_timeline_tell_the_same_story(store_url: str, t
                           capture_output=True, text=True, timeout=120).stdout.splitlines()
     assert [line.split()[2] for line in text] == ["RELEASE", "ran", "ran", "REPLAY", "TAKEOVR", "REFUSED", "REPLAY"]
 
-    finished = [s for s in spans.get_finished_spans() if s.name == "agentguard charge"]
+    finished = [s for s in spans.get_finished_spans() if s.name == "execute_tool charge"]
     by_key = {e.key: e.operation for e in ledger}
     assert [(by_key[s.attributes["agentguard.key"]], s.attributes["agentguard.outcome"]) for s in finished] == STORY
     assert [s.attributes["agentguard.attempt"] for s in finished] == [e.attempt for e in ledger]

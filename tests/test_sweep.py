@@ -38,7 +38,12 @@ def _row(key: str, state: str, expires_in: float, lease_in: float | None = None)
 
 
 async def _insert(store: SQLStore, rows: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
-    """Rows written behind the store's back (records past their retention cannot be made through it quickly)."""
+    """Rows written behind the store's back (records past their retention cannot be made through it quickly);
+    on SQLite by stdlib ``sqlite3`` in one transaction (a tenth of the time of SQLAlchemy's executemany)."""
+    url = store.engine().url
+    if url.get_backend_name() == "sqlite":
+        await asyncio.to_thread(_insert_sqlite, str(url.database), rows, steps)
+        return
     async with store.engine().begin() as conn:
         names = [c.strip() for c in CALLS.split(",")]
         await conn.execute(text(f"INSERT INTO agentguard_calls ({CALLS}) VALUES"
@@ -46,6 +51,14 @@ async def _insert(store: SQLStore, rows: list[dict[str, Any]], steps: list[dict[
         if steps:
             await conn.execute(text(f"INSERT INTO agentguard_steps ({STEP_COLS}) VALUES"
                                     " (:scope, :key, 1, :name, 1, 'done', 1, '1', 0)"), steps)
+
+
+def _insert_sqlite(path: str, rows: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
+    names = [c.strip() for c in CALLS.split(",")]
+    _execute_sqlite(path, f"INSERT INTO agentguard_calls ({CALLS}) VALUES ({', '.join(':' + n for n in names)})", rows)
+    if steps:
+        _execute_sqlite(path, f"INSERT INTO agentguard_steps ({STEP_COLS}) VALUES"
+                              " (:scope, :key, 1, :name, 1, 'done', 1, '1', 0)", steps)
 
 
 async def _keys(store: SQLStore, table: str = "agentguard_calls") -> set[str]:
@@ -111,11 +124,14 @@ async def _empty_sweep(url: str, n: int, prefix: str = "a") -> list[tuple[str, A
         await _insert(store, [_row(f"{prefix}-live-{i}", "succeeded", 600) for i in range(n)], [])
         now = time.time()
         entries = [{"k": f"{prefix}-{i}", "now": now, "until": now + 600} for i in range(n)]
+        attempts = ("INSERT INTO agentguard_attempts (scope, key, task_id, operation, tool, kind, detail, attempt,"
+                    " process, at, expires_at) VALUES ('default', :k, 't', 'op', 'op', 'ran', 'succeeded', 1,"
+                    " 'p', :now, :until)")
+        if url.startswith("sqlite"):
+            await asyncio.to_thread(_execute_sqlite, str(make_url(url).database), attempts, entries)
         async with store.engine().begin() as conn:
-            await conn.execute(text(
-                "INSERT INTO agentguard_attempts (scope, key, task_id, operation, tool, kind, detail, attempt,"
-                " process, at, expires_at) VALUES ('default', :k, 't', 'op', 'op', 'ran', 'succeeded', 1,"
-                " 'p', :now, :until)"), entries)
+            if not url.startswith("sqlite"):
+                await conn.execute(text(attempts), entries)
             await conn.execute(text("ANALYZE"))
         sent: list[tuple[str, Any]] = []
 
@@ -126,6 +142,16 @@ async def _empty_sweep(url: str, n: int, prefix: str = "a") -> list[tuple[str, A
         assert await guard.sweep() == 0
         event.remove(store.engine().sync_engine, "before_cursor_execute", seen)
     return sent
+
+
+def _execute_sqlite(path: str, stmt: str, rows: list[dict[str, Any]]) -> None:
+    db = sqlite3.connect(path, isolation_level=None, timeout=60)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(stmt, rows)
+        db.execute("COMMIT")
+    finally:
+        db.close()
 
 
 def _vm_steps(path: str, sent: list[tuple[str, Any]]) -> int:

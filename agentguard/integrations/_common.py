@@ -1,28 +1,30 @@
-"""What every adapter shares: the task-id rule, context-parameter detection, and the decorator shell that
-puts them around :meth:`Guard.once`; refusal texts come from the one table in ``agentguard._refusals``.
-Nothing here imports a framework."""
+"""What every adapter shares: the task-id rule, context-parameter detection, how a replay is told to the model,
+and the decorator shell that puts them around :meth:`Guard.once`; refusal texts and the replay note come from
+``agentguard._refusals``. Nothing here imports a framework."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, ParamSpec, Protocol, TypedDict, TypeVar, Unpack
 
+from .. import _codec
+from .._calls import Call
 from .._context import DEFAULT_SCOPE, MAX_SCOPE, TaskInfo, check_id, check_task_id, current_task, task
 from .._errors import GuardError, MissingTaskError
 from .._frameworks import made_by
 from .._guard import Guard
 from .._names import check_arguments, check_tools
 from .._operation import Reconcile
-from .._refusals import refusal
+from .._refusals import refusal, replay_note
 from .._shapes import Shape
 
-T = TypeVar("T")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -127,11 +129,13 @@ def resolve_task(
     fallback: Callable[[Any], Any] | None,
     scope: str | None,
     hint: str,
+    on_missing: Callable[[], object] | None = None,
 ) -> TaskInfo:
     """explicit ``task_id=`` callable → ``with task(...)`` → the framework's stable id → refuse.
 
     ``fallback`` returns None when the framework has no stable id here. Never pass it a tool call id, a
-    trace id or a per-run random id: those change on re-invocation.
+    trace id or a per-run random id: those change on re-invocation. ``on_missing``: called before the refusal
+    (:func:`missing_task`: the ledger and the span see it, as they see the decorator's).
     """
     info = current_task()
     if explicit is not None:
@@ -141,6 +145,8 @@ def resolve_task(
         return info if scope is None else TaskInfo(info.task_id, scope)
     found = fallback(context) if fallback is not None else None
     if found is None:
+        if on_missing is not None:
+            on_missing()
         raise MissingTaskError(
             f"no task id for {tool!r}: not inside `with agentguard.task(<task id>):`, no task_id= given to the "
             f"adapter, and {hint}; the tool was not run",
@@ -150,9 +156,20 @@ def resolve_task(
 
 
 def call_ids(tool_call_id: object) -> dict[str, str] | None:
-    """The audit of a call from a framework's tool call: its id, kept beside the record and in the ledger
-    (it changes on every re-invocation, so it is never part of the key)."""
+    """The audit of a call from a framework's tool call: its id, kept beside the record and in the ledger, and
+    the span's ``gen_ai.tool.call.id`` (it changes on every re-invocation, so it is never part of the key)."""
     return {"tool_call_id": tool_call_id} if isinstance(tool_call_id, str) and tool_call_id else None
+
+
+CallIdOf = Callable[[Any, str], object]
+"""Where a framework's context of a call (what ``Framework.get_context`` found) holds the framework's id of that
+tool call, given the tool's name; None (or anything not a non-empty string) when it holds none for this tool."""
+
+
+def missing_task(guard: Guard, tool: str, audit: Mapping[str, Any] | None) -> None:
+    """A call of ``tool`` an adapter refused for want of a task id, told to the guard's ledger and telemetry
+    (a ``refused`` attempt, a span with ``error.type`` ``MissingTaskError``), as ``Guard.run`` tells its own."""
+    guard._machine.observer.missing_task(tool, None if audit is None else _codec.dumps(dict(audit)))
 
 
 def attribute_task_id(obj: Any, name: str = "task_id") -> Any:
@@ -223,6 +240,56 @@ def subclass_of(value: Any, classes: tuple[type, ...]) -> bool:
     return (isinstance(value, type) and issubclass(value, classes)) or isinstance(value, classes)
 
 
+# -- telling the model of a replay ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A replayed call, for its framework's model: the note to tell it (``agentguard._refusals.replay_note``),
+    the tool's name and the framework's context of the call (what ``Framework.get_context`` found; None if
+    none)."""
+
+    note: str
+    tool: str
+    context: Any = None
+
+
+Told = Callable[[Any, Replay], Any]
+"""How an adapter tells its framework's model that a result is a replay: given the replayed value, what it
+hands the framework as the tool's result. The note is added beside the value in the framework's convention,
+never in place of it, and never by changing the type of what the tool returns: where the framework leaves no
+room, the value is handed on as it is."""
+
+
+def noted_text(value: Any, replay: Replay) -> Any:
+    """A string result after the note, as its first paragraph; any other result as it is (only a string has
+    room for a line of text without becoming something else)."""
+    return f"{replay.note}\n\n{value}" if isinstance(value, str) else value
+
+
+def noted_blocks(value: Any, replay: Replay, block: Callable[[str], Any]) -> Any:
+    """A list of content blocks after one more, ``block(note)``; a string as :func:`noted_text`; else as it is."""
+    if isinstance(value, list):
+        return [block(replay.note), *value]
+    return noted_text(value, replay)
+
+
+# Inside a framework hook around one tool call that writes the note into the message it builds (LangChain's
+# ToolGuard, AG2's middleware): a replay of a ``once``-guarded tool is reported to the hook, and its value left
+# alone, so the note is told once, where the message has room for it whatever the value's type.
+_hearing: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("agentguard_hearing", default=None)
+
+
+@contextlib.contextmanager
+def hearing_replays() -> Iterator[list[str]]:
+    """Around one tool call: the yielded list receives the note of a replay of a ``once``-guarded tool."""
+    notes: list[str] = []
+    token = _hearing.set(notes)
+    try:
+        yield notes
+    finally:
+        _hearing.reset(token)
+
+
 # -- decorator order ---------------------------------------------------------------------------------------
 
 def order_error(adapter: str, decorator: str, what: str) -> TypeError:
@@ -272,13 +339,15 @@ class AdapterOptions(TypedDict, total=False):
     scope: str | None
     on_unknown: Literal["retry", "reconcile", "hold"]
     reconcile: Reconcile | None
+    replay_note: bool
 
 
 @dataclass(frozen=True, slots=True)
 class Framework:
     """How one framework's adapter guards a tool function: its module and decorator (for the decorator-order
     check), the parameters its framework injects (left out of the fingerprint), where its context and its
-    stable task id are found, and how a refusal reaches its model."""
+    stable task id are found, how a refusal reaches its model, how a replay is told to it (``told``; None:
+    there is no model), and where the context holds the id of the tool call (``call_id``; None: it holds none)."""
 
     adapter: str
     decorator: str
@@ -288,6 +357,8 @@ class Framework:
     hint: str
     refuse: Callable[[GuardError], Any]
     registered: Callable[[Any], str | None] | None = None
+    told: Told | None = None
+    call_id: CallIdOf | None = None
 
     def once(
         self, guard: Guard, task_id: TaskIdFrom | None, options: AdapterOptions
@@ -302,7 +373,7 @@ class Framework:
             wrapped: Callable[_P, _R] = adapt(
                 guard, fn, task_id=task_id, context_names=names,
                 get_context=lambda arguments: self.get_context(arguments, names), fallback=self.fallback,
-                hint=self.hint, refuse=self.refuse, **options,
+                hint=self.hint, refuse=self.refuse, told=self.told, call_id=self.call_id, **options,
             )
             return wrapped
 
@@ -319,10 +390,14 @@ def adapt(
     fallback: Callable[[Any], Any] | None,
     hint: str,
     refuse: Callable[[GuardError], Any],
+    told: Told | None = None,
+    call_id: CallIdOf | None = None,
     **options: Unpack[AdapterOptions],
 ) -> Any:
     """``guard.once`` with the framework's context left out of the fingerprint, the task id resolved by the
-    one rule, and refusals turned into the framework's tool-error convention."""
+    one rule, refusals turned into the framework's tool-error convention, a replay told to the model by
+    ``told`` (unless ``replay_note=False``), and the framework's id of the call (``call_id``) kept as its
+    audit: in the ledger and on the span."""
     ignore = options.get("ignore", ())
     if isinstance(ignore, str):
         ignore = (ignore,)
@@ -336,69 +411,79 @@ def adapt(
         key_shape=options.get("key_shape"),
     )(fn)
     sig = inspect.signature(core)
-    tool: str = core.__agentguard__.tool
+    spec = core.__agentguard__
+    tool: str = spec.tool
+    if not options.get("replay_note", True):
+        told = None
 
-    def scoped(args: tuple[Any, ...], kwargs: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    def scoped(
+        args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[contextlib.AbstractContextManager[Any], Any, str | None]:
+        """The task of this call, as a context to run it in, the framework's context of the call, and the
+        call's audit (its id)."""
         arguments: Mapping[str, Any] = {}
         if context_names:
             try:
                 arguments = sig.bind_partial(*args, **kwargs).arguments
             except TypeError:
                 arguments = {}  # the core wrapper reports the bad call itself
-        info = resolve_task(
-            tool, explicit=task_id, context=get_context(arguments), fallback=fallback, scope=scope, hint=hint
-        )
+        context = get_context(arguments)
+        ids = None if call_id is None or context is None else call_ids(call_id(context, tool))
+        audit = None if ids is None else _codec.dumps(ids)
+        info = resolve_task(tool, explicit=task_id, context=context, fallback=fallback, scope=scope, hint=hint,
+                            on_missing=lambda: spec.machine.observer.missing_task(tool, audit))
         if info == current_task():
-            return contextlib.nullcontext()
-        return task(info.task_id, scope=info.scope)
+            return contextlib.nullcontext(), context, audit
+        return task(info.task_id, scope=info.scope), context, audit
+
+    def tell(value: Any, replayed: Call | None, hearing: list[str] | None, context: Any) -> Any:
+        if replayed is None or told is None:
+            return value
+        note = replay_note(replayed.operation, replayed.task_id)
+        if hearing is not None:  # a hook around this tool call writes it into the message
+            hearing.append(note)
+            return value
+        return told(value, Replay(note, tool, context))
 
     if inspect.iscoroutinefunction(core):
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            hearing = _hearing.get()
+            # (a guarded tool that this one's body calls is not this call: the hook does not hear it)
+            token = None if hearing is None else _hearing.set(None)
             try:
-                with scoped(args, kwargs):
-                    return await core(*args, **kwargs)
+                within, context, audit = scoped(args, kwargs)
+                with within:
+                    value, replayed = await spec.run_async(args, kwargs, audit)
             except GuardError as exc:
                 return refuse(exc)
+            finally:
+                if token is not None:
+                    _hearing.reset(token)
+            return tell(value, replayed, hearing, context)
 
         wrapper: Any = async_wrapper
     else:
 
         def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            hearing = _hearing.get()
+            token = None if hearing is None else _hearing.set(None)
             try:
-                with scoped(args, kwargs):
-                    return core(*args, **kwargs)
+                within, context, audit = scoped(args, kwargs)
+                with within:
+                    value, replayed = spec.run_sync(args, kwargs, audit)
             except GuardError as exc:
                 return refuse(exc)
+            finally:
+                if token is not None:
+                    _hearing.reset(token)
+            return tell(value, replayed, hearing, context)
 
         wrapper = sync_wrapper
     functools.update_wrapper(wrapper, core)
     wrapper.__signature__ = sig
     wrapper.__annotations__ = dict(core.__annotations__)
     return wrapper
-
-
-def run_sync(
-    guard: Guard,
-    operation: str,
-    body: Callable[[str], T],
-    *,
-    arguments: Mapping[str, Any],
-    key: Mapping[str, Any] | None,
-    task_id: str,
-    scope: str,
-    returns: Any,
-    cache_errors: tuple[type[BaseException], ...],
-    on_unknown: Literal["retry", "hold"] = "hold",
-) -> tuple[T, bool]:
-    """:meth:`Guard.run_sync` as (value, replayed), for adapters called on a worker thread."""
-    out = guard.run_sync(
-        operation, body, arguments=arguments, key=key, task_id=task_id, scope=scope, returns=returns,
-        cache_errors=cache_errors, on_unknown=on_unknown,
-    )
-    return out.value, out.replayed
-
-
 
 
 def raise_refusal(exc: GuardError) -> NoReturn:
@@ -433,6 +518,8 @@ def engine_once(
     def once(
         guard: Guard, *, task_id: TaskIdFrom | None = None, **options: Unpack[AdapterOptions]
     ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+        if "replay_note" in options:  # no model reads a step's or an activity's result: nothing to tell
+            raise TypeError(f"{adapter}.once() got an unexpected keyword argument: replay_note (no model to tell)")
         return framework.once(guard, task_id, options)
 
     once.__doc__ = doc

@@ -19,7 +19,19 @@ from pydantic import BaseModel, ValidationError
 from .._errors import GuardError
 from .._guard import Guard
 from .._names import argument_names
-from ._common import ToolsArg, ToolSpec, call_ids, check_spec, check_specs, resolve_task, run_sync, tool_specs
+from .._refusals import REPLAYED_MARK
+from .._refusals import replay_note as note_for
+from ._common import (
+    ToolsArg,
+    ToolSpec,
+    call_ids,
+    check_spec,
+    check_specs,
+    hearing_replays,
+    missing_task,
+    resolve_task,
+    tool_specs,
+)
 from ._langchain_run import HINT, _exception_class, current_config, thread_id
 
 Result = ToolMessage | Command[Any]
@@ -43,6 +55,16 @@ def _stored(result: Any) -> Any:
     return result
 
 
+def noted_message(message: ToolMessage, note: str) -> ToolMessage:
+    """A ``ToolMessage`` that tells the model it is a replay: the note before its content (a first paragraph of
+    a string, a first text block of a list of blocks); its artifact, for the program, as it was; and
+    ``response_metadata`` marking the replay (sent to no model)."""
+    content = message.content
+    told = f"{note}\n\n{content}" if isinstance(content, str) else [{"type": "text", "text": note}, *content]
+    metadata = {**message.response_metadata, REPLAYED_MARK: True}
+    return message.model_copy(update={"content": told, "response_metadata": metadata})
+
+
 def tool_arguments(tool: BaseTool) -> list[str]:
     """The arguments the model sends a tool: its ``tool_call_schema`` (injected arguments left out)."""
     schema = tool.tool_call_schema
@@ -60,6 +82,11 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
     against the tool's schema before they are fingerprinted. Inside the tool, ``agentguard.current_key()``
     is the downstream key. Do not also put ``once`` on a tool guarded here: one guard per tool.
 
+    A replay is told to the model in its ``ToolMessage``: the replay note before the content (a first paragraph
+    of a string, a first text block of a list), the ``artifact`` left as the tool made it, and
+    ``response_metadata["dev.agentguard/replayed"]`` marking it for the program; a replay of a ``once``-guarded
+    tool under this middleware is told the same way, whatever its result's type. ``replay_note=False``: never.
+
     Every name is checked before a tool runs: in ``create_agent``, against the tools of each model request
     (a guarded tool the agent lacks, or a key field its tool does not take, fails the run before the model is
     asked); in a graph you build, :meth:`tool_node` checks them against the node's tools, and a guarded tool's
@@ -73,12 +100,14 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
         *,
         task_id: Callable[[RunnableConfig], str] | None = None,
         scope: str | None = None,
+        replay_note: bool = True,
     ) -> None:
         super().__init__()
         self.guard = guard
         self.guarded: dict[str, ToolSpec] = tool_specs(tools) if tools else {}
         self.task_id = task_id
         self.scope = scope
+        self.replay_note = replay_note
 
     def __repr__(self) -> str:
         return f"ToolGuard(tools={sorted(self.guarded)!r})"
@@ -113,13 +142,28 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
         runtime = getattr(request, "runtime", None)
         return getattr(runtime, "config", None) or current_config()
 
-    def _message(self, request: ToolCallRequest, name: str, value: Any) -> Result:
+    def _message(self, request: ToolCallRequest, name: str, value: Any, note: str | None) -> Result:
         if isinstance(value, Mapping) and "content" in value:
-            return ToolMessage(
+            message = ToolMessage(
                 content=value["content"], artifact=value.get("artifact"), tool_call_id=request.tool_call["id"],
                 name=name,
             )
+            return message if note is None or not self.replay_note else noted_message(message, note)
         return value  # type: ignore[no-any-return]
+
+    @contextlib.contextmanager
+    def _hearing(self) -> Iterator[list[str]]:
+        """Around a tool this middleware does not guard: a ``once``-guarded one's replay is told here."""
+        if not self.replay_note:
+            yield []
+            return
+        with hearing_replays() as notes:
+            yield notes
+
+    def _heard(self, result: Result, notes: list[str]) -> Result:
+        if notes and isinstance(result, ToolMessage) and result.status != "error":
+            return noted_message(result, notes[-1])
+        return result
 
     def _refusal(self, request: ToolCallRequest, exc: BaseException) -> ToolMessage:
         return ToolMessage(
@@ -133,9 +177,10 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
         if isinstance(request.tool, BaseTool):  # a graph's ToolNode shows the guard no tool list: check this one
             check_spec(spec, request.tool.name, tool_arguments(request.tool), where="ToolGuard", error=ValueError)
         args = self._arguments(request)
+        name = request.tool_call["name"]
         info = resolve_task(
-            request.tool_call["name"], explicit=self.task_id, context=self._config(request), fallback=thread_id,
-            scope=self.scope, hint=HINT,
+            name, explicit=self.task_id, context=self._config(request), fallback=thread_id, scope=self.scope,
+            hint=HINT, on_missing=lambda: missing_task(self.guard, name, call_ids(request.tool_call.get("id"))),
         )
         return spec, args, info.task_id, info.scope
 
@@ -176,14 +221,18 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
         with self._answering(request) as answer:
             plan = self._plan(request)
             if plan is None:
-                return handler(request)
+                with self._hearing() as notes:
+                    result = handler(request)
+                return self._heard(result, notes)
             spec, args, task_id, scope = plan
-            value, _ = run_sync(
-                self.guard, name, lambda _key: _stored(handler(request)), arguments=spec.fingerprinted(args),
+            outcome = self.guard.run_sync(
+                name, lambda _key: _stored(handler(request)), arguments=spec.fingerprinted(args),
                 key=spec.key_values(args), task_id=task_id, scope=scope, returns=Any,
-                cache_errors=spec.cache_errors, on_unknown=spec.on_unknown,
+                cache_errors=spec.cache_errors, audit=call_ids(request.tool_call.get("id")),
+                on_unknown=spec.on_unknown,
             )
-            answer.append(self._message(request, name, value))
+            note = note_for(outcome.operation, outcome.task_id) if outcome.replayed else None
+            answer.append(self._message(request, name, outcome.value, note))
         return answer[0]
 
     async def awrap_tool_call(
@@ -193,7 +242,9 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
         with self._answering(request) as answer:
             plan = self._plan(request)
             if plan is None:
-                return await handler(request)
+                with self._hearing() as notes:
+                    result = await handler(request)
+                return self._heard(result, notes)
             spec, args, task_id, scope = plan
 
             async def body(_key: str) -> Any:
@@ -204,5 +255,6 @@ class ToolGuard(AgentMiddleware[Any, Any, Any]):
                 scope=scope, returns=Any, cache_errors=spec.cache_errors, audit=call_ids(request.tool_call.get("id")),
                 on_unknown=spec.on_unknown,
             )
-            answer.append(self._message(request, name, outcome.value))
+            note = note_for(outcome.operation, outcome.task_id) if outcome.replayed else None
+            answer.append(self._message(request, name, outcome.value, note))
         return answer[0]

@@ -54,3 +54,4 @@ def _exception_class() -> type[Exception]:
 
 def refuse(exc: GuardError) -> NoReturn:
     raise _exception_class()(exc) from exc
+

@@ -14,8 +14,18 @@ from pydantic_ai.tools import ToolDefinition
 from .._errors import GuardError
 from .._guard import Guard
 from .._names import argument_names
-from ._common import ToolsArg, ToolSpec, call_ids, check_spec, check_specs, resolve_task, tool_specs
-from ._pydantic_ai_run import HINT, deps_task_id, refuse
+from .._refusals import replay_note as note_for
+from ._common import (
+    ToolsArg,
+    ToolSpec,
+    call_ids,
+    check_spec,
+    check_specs,
+    missing_task,
+    resolve_task,
+    tool_specs,
+)
+from ._pydantic_ai_run import HINT, deps_task_id, noted_return, refuse
 
 
 class GuardTools(AbstractCapability[Any]):
@@ -24,7 +34,8 @@ class GuardTools(AbstractCapability[Any]):
     ``tools``: ``["charge"]``, ``{"charge": "order_id"}`` or ``{"charge": ToolSpec(key=..., returns=...)}``.
     The arguments are the ones pydantic-ai validated; the ``RunContext`` never enters the fingerprint.
     Inside the tool, ``agentguard.current_key()`` is the downstream key. Do not also put ``once`` on a
-    tool guarded here: one guard per tool.
+    tool guarded here: one guard per tool. A replay is a ``ToolReturn``: the value unchanged, the replay note
+    beside it for the model, ``metadata`` marking it (``replay_note=False``: the bare value).
     """
 
     def __init__(
@@ -34,11 +45,13 @@ class GuardTools(AbstractCapability[Any]):
         *,
         task_id: Callable[[RunContext[Any]], str] | None = None,
         scope: str | None = None,
+        replay_note: bool = True,
     ) -> None:
         self.guard = guard
         self.tools: dict[str, ToolSpec] = tool_specs(tools)
         self.task_id = task_id
         self.scope = scope
+        self.replay_note = replay_note
 
     def __repr__(self) -> str:
         return f"GuardTools(tools={sorted(self.tools)!r})"
@@ -71,16 +84,19 @@ class GuardTools(AbstractCapability[Any]):
         async def body(_key: str) -> Any:
             return await handler(args)
 
+        audit = call_ids(getattr(ctx, "tool_call_id", None))
         try:
             info = resolve_task(
                 tool_def.name, explicit=self.task_id, context=ctx, fallback=deps_task_id, scope=self.scope,
-                hint=HINT,
+                hint=HINT, on_missing=lambda: missing_task(self.guard, tool_def.name, audit),
             )
             outcome = await self.guard.run(
                 tool_def.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
                 task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
-                audit=call_ids(getattr(ctx, "tool_call_id", None)), on_unknown=spec.on_unknown,
+                audit=audit, on_unknown=spec.on_unknown,
             )
         except GuardError as exc:
             refuse(exc)
+        if outcome.replayed and self.replay_note:
+            return noted_return(outcome.value, note_for(outcome.operation, outcome.task_id))
         return outcome.value

@@ -18,6 +18,11 @@ Refusals: AG2 turns an exception raised by a tool into a tool error (``ToolError
 formatted traceback. :func:`once` raises :class:`GuardToolError`, whose message is the refusal; the
 :func:`refusals` middleware makes that message alone the tool error the model reads (no traceback). Without
 the middleware the model still gets a tool error, with the refusal on its last line.
+
+A replay is AG2's own tool result, ``ToolResult``, with the replay note as its first part (a text input the
+model reads) and the stored value, unchanged, as the part after it (whatever its type: AG2 makes every result
+a ``ToolResult``); its ``metadata`` marks the replay for the program. A ``ToolResult`` the tool returned itself
+keeps its parts, after the note. ``replay_note=False`` replays the value alone.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, Unpack
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
+from .._refusals import REPLAYED_MARK
 from ._common import (
     AdapterOptions,
     Framework,
+    Replay,
     ToolSpec,
     attribute_task_id,
     context_params,
@@ -96,9 +103,21 @@ def _refuse(exc: GuardError) -> NoReturn:
     raise GuardToolError(exc) from None
 
 
+def noted_result(value: Any, replay: Replay) -> Any:
+    """A replay as AG2's ``ToolResult``: the note as a first text part, then the value's parts, unchanged; the
+    metadata marking it."""
+    from ag2 import ToolResult
+    from ag2.events import TextInput
+
+    result = ToolResult.ensure_result(value)
+    if result.final:  # the agent's final answer (one part), not a tool result the model reads: as it is
+        return value
+    return ToolResult(TextInput(replay.note), *result.parts, metadata={**result.metadata, REPLAYED_MARK: True})
+
+
 _FRAMEWORK = Framework(
     __name__, "@tool", context_names=_context_names, get_context=_get_context, fallback=variables_task_id,
-    hint=HINT, refuse=_refuse,
+    hint=HINT, refuse=_refuse, told=noted_result, call_id=lambda ctx, _tool: getattr(ctx, "tool_call_id", None),
 )
 
 

@@ -19,6 +19,11 @@ Refusals are raised as :class:`GuardToolError`, an ``agno.exceptions.AgentRunExc
 text to the model as the tool's failed result (``tool_call_error``) and logs it at debug level only (any other
 exception is logged with its traceback as a failure of the tool). agno's ``@tool`` decorator also logs every
 exception of the function it wraps, a refusal included, at error level on the ``agno`` logger.
+
+A replay is told to the model in the text agno sends it: a string result (or the content of agno's own
+``ToolResult``) starts with the replay note. agno sends any other result as ``str(result)``, which a note would
+turn into another type: it is replayed as it is, so return a string to have replays told. ``replay_note=False``
+never tells.
 """
 
 from __future__ import annotations
@@ -29,7 +34,16 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, Unpack
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
-from ._common import AdapterOptions, Framework, ToolSpec, attribute_task_id, context_params, refusal_message
+from ._common import (
+    AdapterOptions,
+    Framework,
+    Replay,
+    ToolSpec,
+    attribute_task_id,
+    context_params,
+    noted_text,
+    refusal_message,
+)
 
 require("agno", extra="agno", by=__name__)
 
@@ -104,9 +118,18 @@ def _refuse(exc: GuardError) -> NoReturn:
     raise _exception_class()(exc) from exc
 
 
+def noted_output(value: Any, replay: Replay) -> Any:
+    """A replayed string, or agno ``ToolResult``'s content, after the note; anything else as it is."""
+    from agno.tools.function import ToolResult
+
+    if isinstance(value, ToolResult):
+        return value.model_copy(update={"content": noted_text(value.content, replay)})
+    return noted_text(value, replay)
+
+
 _FRAMEWORK = Framework(
     __name__, "@tool", context_names=_context_names, get_context=_run_context, fallback=run_task_id, hint=_HINT,
-    refuse=_refuse,
+    refuse=_refuse, told=noted_output,
 )
 
 

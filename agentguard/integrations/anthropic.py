@@ -18,17 +18,21 @@ Refusals are raised as the SDK's ``ToolError`` with the refusal text: the runner
 ``tool_result`` with ``is_error: true`` and that text alone (any other exception would reach the model as its
 ``repr``). The runner executes the tool-use blocks of one reply one after another, so a model's parallel
 duplicate is replayed from the stored result.
+
+A replay is told to the model in its ``tool_result``: a string result starts with the replay note, a list of
+content blocks gets a first text block holding it; anything else is replayed as it is. ``replay_note=False``
+never tells.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NoReturn, ParamSpec, TypeVar, Unpack
+from typing import Any, NoReturn, ParamSpec, TypeVar, Unpack
 
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
-from ._common import AdapterOptions, Framework, ToolSpec, refusal_message
+from ._common import AdapterOptions, Framework, Replay, ToolSpec, noted_blocks, refusal_message
 
 require("anthropic", extra="anthropic", by=__name__)
 
@@ -45,9 +49,14 @@ def refuse(exc: GuardError) -> NoReturn:
     raise ToolError(refusal_message(exc)) from None
 
 
+def noted_content(value: Any, replay: Replay) -> Any:
+    """A replayed tool result after the note: a first paragraph of a string, a first text block of a list."""
+    return noted_blocks(value, replay, lambda note: {"type": "text", "text": note})
+
+
 _FRAMEWORK = Framework(
     __name__, "@beta_tool", context_names=lambda _fn: (), get_context=lambda _arguments, _names: None,
-    fallback=None, hint=HINT, refuse=refuse,
+    fallback=None, hint=HINT, refuse=refuse, told=noted_content,
 )
 
 

@@ -40,6 +40,7 @@ from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
 from .._names import argument_names
+from .._refusals import replay_note as note_for
 from ._common import ToolSpec, check_function, check_spec, refusal_message, resolve_task
 
 require("claude_agent_sdk", extra="claude-agent-sdk", by=__name__)
@@ -55,9 +56,7 @@ def refusal_result(exc: GuardError) -> dict[str, Any]:
 
 def replay_result(stored: Mapping[str, Any], operation: str, task_id: str) -> dict[str, Any]:
     """The stored result, after a text block saying it is a replay (the MCP proxy's words)."""
-    from ..mcp._meta import replay_note
-
-    note = {"type": "text", "text": replay_note(operation, task_id)}
+    note = {"type": "text", "text": note_for(operation, task_id)}
     return {**stored, "content": [note, *stored.get("content", [])]}
 
 
@@ -101,10 +100,12 @@ def once(
     cache_errors: tuple[type[BaseException], ...] = (),
     scope: str | None = None,
     on_unknown: Literal["retry", "hold"] = "hold",
+    replay_note: bool = True,
 ) -> Callable[[Handler], Handler]:
     """``guard.run`` around a Claude Agent SDK tool handler (``async def handler(args: dict) -> dict``); place it
     under ``@tool(...)``. ``operation`` defaults to the handler's name; ``key`` and ``ignore`` name entries of
-    the arguments dict; ``on_unknown`` as for ``ToolSpec`` (a worker that died inside the handler)."""
+    the arguments dict; ``on_unknown`` as for ``ToolSpec`` (a worker that died inside the handler);
+    ``replay_note=False`` replays the stored result without the leading text block that tells the model."""
     spec = ToolSpec(key=key, cache_errors=cache_errors, ignore=(ignore,) if isinstance(ignore, str) else ignore,
                     on_unknown=on_unknown)
     if scope is not None:
@@ -137,7 +138,7 @@ def once(
                 )
             except GuardError as exc:
                 return refusal_result(exc)
-            if outcome.replayed:
+            if outcome.replayed and replay_note:
                 return replay_result(outcome.value, outcome.operation, outcome.task_id)
             return outcome.value
 

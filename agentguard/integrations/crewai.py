@@ -23,6 +23,10 @@ charges again. The guard holds across crews, processes and restarts.
 
 Refusals are returned as the tool's output, the observation the agent reads. (An exception would make
 CrewAI call the tool again, up to its retry limit, and then tell the model "Moving on then".)
+
+A replayed string output is told to the model: the observation starts with the replay note, then the stored
+text. CrewAI sends any other output as its ``str``, which a note would turn into another type: it is replayed
+as it is, so return a string to have replays told. ``replay_note=False`` never tells.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any, ParamSpec, TypeVar, Unpack
 
 from .._extras import require
 from .._guard import Guard
-from ._common import AdapterOptions, Framework, ToolSpec, refusal_message
+from ._common import AdapterOptions, Framework, ToolSpec, noted_text, refusal_message
 
 require("crewai", extra="crewai", by=__name__)
 
@@ -43,7 +47,7 @@ _HINT = "CrewAI gives a tool no stable id of its own (wrap crew.kickoff() in `wi
 
 _FRAMEWORK = Framework(
     __name__, "@tool", context_names=lambda _fn: (), get_context=lambda _arguments, _names: None,
-    fallback=None, hint=_HINT, refuse=refusal_message,
+    fallback=None, hint=_HINT, refuse=refusal_message, told=noted_text,
 )
 
 

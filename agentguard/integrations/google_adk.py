@@ -20,6 +20,11 @@ Refusals are returned as ``{"error": "<text>"}``, the dict ADK's own ``FunctionT
 did not run a function (a missing argument, a rejected confirmation): the run goes on and the model reads
 why nothing was executed. A tool that raises is not a refusal: ADK ends the run with the exception, and the
 guard releases the claim (a retry runs with the same downstream key).
+
+A replay is told to the model in ADK's response dict: a dict result is replayed with one more entry,
+``"agentguard"``, holding the replay note (its own entries as they were stored); a string result (which ADK
+sends as ``{"result": ...}``) starts with the note. Any other result is replayed as it is (a note would change
+its type): return a dict, as ADK recommends. ``replay_note=False`` never tells.
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
-from ._common import AdapterOptions, Framework, ToolSpec, context_params, refusal_message, subclass_of
+from ._common import (
+    AdapterOptions,
+    Framework,
+    Replay,
+    ToolSpec,
+    context_params,
+    noted_text,
+    refusal_message,
+    subclass_of,
+)
 
 require("google.adk", extra="google-adk", by=__name__)
 
@@ -75,9 +89,21 @@ def refuse(exc: GuardError) -> dict[str, str]:
     return {"error": refusal_message(exc)}
 
 
+NOTE_ENTRY = "agentguard"
+"""The entry of a replayed dict response that holds the replay note."""
+
+
+def noted_response(value: Any, replay: Replay) -> Any:
+    """A replayed dict response with the note in one more entry; a string after the note; else as it is."""
+    if isinstance(value, dict):
+        return value if NOTE_ENTRY in value else {**value, NOTE_ENTRY: replay.note}
+    return noted_text(value, replay)
+
+
 _FRAMEWORK = Framework(
     __name__, "FunctionTool(...)", context_names=_context_names, get_context=_get_context,
-    fallback=session_task_id, hint=HINT, refuse=refuse,
+    fallback=session_task_id, hint=HINT, refuse=refuse, told=noted_response,
+    call_id=lambda ctx, _tool: getattr(ctx, "function_call_id", None),
 )
 
 

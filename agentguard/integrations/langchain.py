@@ -18,6 +18,12 @@ Refusals: :class:`ToolGuard` answers with ``ToolMessage(status="error")`` carryi
 ``tool_call_id`` — for the tools it guards and for tools guarded with :func:`once` below it. The decorator on
 its own raises :class:`GuardToolException`, a ``ToolException``: LangChain turns it into the same error
 message when the tool has ``handle_tool_error=True``; a bare ``ToolNode`` would re-raise it.
+
+Replays are told to the model in the ``ToolMessage``: :class:`ToolGuard` puts the replay note before its
+content, leaves its ``artifact`` as the tool made it and marks ``response_metadata["dev.agentguard/replayed"]``,
+for the tools it guards and for ``once``-guarded ones under it, whatever their result. The decorator on its own
+can only change what the tool returns: a string result starts with the note; any other is replayed as it is
+(a note would change its type). ``replay_note=False`` (on either) never tells.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from ._common import (
     Framework,
     ToolSpec,
     context_params,
+    noted_text,
     subclass_of,
 )
 from ._langchain_run import HINT, _exception_class, current_config, refuse, thread_id
@@ -75,6 +82,7 @@ def is_injected(annotation: Any) -> bool:
 _FRAMEWORK = Framework(
     __name__, "@tool", context_names=lambda fn: context_params(fn, is_injected, _INJECTED_NAMES),
     get_context=lambda _arguments, _names: current_config(), fallback=thread_id, hint=HINT, refuse=refuse,
+    told=noted_text,
 )
 
 

@@ -18,6 +18,11 @@ used. The ``Context`` parameter never enters the fingerprint.
 
 Refusals are raised as :class:`GuardToolError`: the agent turns a tool's exception into a ``ToolOutput`` with
 ``is_error=True`` whose content is the refusal text, which is how LlamaIndex reports a failed tool to the model.
+
+A replay is told to the model in the ``ToolOutput``'s content: a string result starts with the replay note; a
+list of content blocks gets a first ``TextBlock`` holding it. Any other result is replayed as it is (the
+``ToolOutput``'s ``raw_output`` is the function's return value, which a note would change the type of).
+``replay_note=False`` never tells.
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, Unpack
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
-from ._common import AdapterOptions, Framework, ToolSpec, context_params, refusal_message, subclass_of
+from ._common import (
+    AdapterOptions,
+    Framework,
+    Replay,
+    ToolSpec,
+    context_params,
+    noted_blocks,
+    refusal_message,
+    subclass_of,
+)
 
 require("llama_index", "workflows", extra="llamaindex", by=__name__)
 
@@ -70,10 +84,23 @@ def _context_names(fn: Callable[..., Any]) -> Sequence[str]:
     return context_params(fn, _is_context, ["Context"])
 
 
+def noted_output(value: Any, replay: Replay) -> Any:
+    """A replayed string after the note; a list of content blocks after a ``TextBlock`` holding it (LlamaIndex
+    sends any other list as its ``str``: as it is)."""
+    from llama_index.core.base.llms import types as blocks
+
+    # (the blocks FunctionTool takes as they are: any other list is sent as its str)
+    kinds = (blocks.TextBlock, blocks.ImageBlock, blocks.AudioBlock, blocks.CitableBlock, blocks.CitationBlock,
+             blocks.DocumentBlock, blocks.VideoBlock)
+    if isinstance(value, list) and not (value and all(isinstance(item, kinds) for item in value)):
+        return value
+    return noted_blocks(value, replay, lambda note: blocks.TextBlock(text=note))
+
+
 _FRAMEWORK = Framework(
     __name__, "FunctionTool.from_defaults", context_names=_context_names,
     get_context=lambda arguments, names: arguments.get(names[0]) if names else None,
-    fallback=lambda _ctx: _store_task.get(), hint=_HINT, refuse=_refuse,
+    fallback=lambda _ctx: _store_task.get(), hint=_HINT, refuse=_refuse, told=noted_output,
 )
 
 

@@ -13,6 +13,11 @@ Task id: ``task_id=`` (a callable of the ``ToolContext``) → ``with agentguard.
 Refusals are returned as the tool's output text, which is how the SDK reports tool errors to the model.
 (Raising would reach the model only as the default "An error occurred while running the tool. Please try
 again." — an invitation to repeat the call.)
+
+A replayed string output is told to the model: the replay note, a blank line, then the stored text unchanged.
+The SDK sends the model its tool's output and keeps that same object as the run item's ``output``, so there is
+no other place for the note: any other output (a dict, a model) is replayed as it is, since a note would change
+its type. Return a string (``json.dumps(...)``) to have replays told; ``replay_note=False`` never tells.
 """
 
 from __future__ import annotations
@@ -26,14 +31,18 @@ from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
 from .._names import argument_names
+from .._refusals import replay_note as note_for
 from ._common import (
     AdapterOptions,
     Framework,
+    Replay,
     ToolSpec,
     attribute_task_id,
     call_ids,
     check_spec,
     context_params,
+    missing_task,
+    noted_text,
     refusal_message,
     resolve_task,
     subclass_of,
@@ -64,7 +73,9 @@ def _context_names(fn: Callable[..., Any]) -> Sequence[str]:
 _FRAMEWORK = Framework(
     __name__, "@function_tool", context_names=_context_names,
     get_context=lambda arguments, names: arguments.get(names[0]) if names else None,
-    fallback=lambda ctx: _context_task_id(ctx), hint=_HINT, refuse=refusal_message,
+    fallback=lambda ctx: _context_task_id(ctx), hint=_HINT, refuse=refusal_message, told=noted_text,
+    # a ToolContext (a RunContextWrapper has no call) of this tool's call, not of a tool whose body calls it
+    call_id=lambda ctx, tool: getattr(ctx, "tool_call_id", None) if getattr(ctx, "tool_name", None) == tool else None,
 )
 
 
@@ -89,6 +100,7 @@ def guard_tool(
     task_id: Callable[[ToolContext[Any]], str] | None = None,
     scope: str | None = None,
     on_unknown: Literal["retry", "hold"] = "hold",
+    replay_note: bool = True,
 ) -> FunctionTool:
     """A copy of ``tool`` whose ``on_invoke_tool`` is guarded; the original is left as it was.
 
@@ -97,7 +109,8 @@ def guard_tool(
     tool releases the claim (a later call runs it again with the same downstream key) and reaches the model
     through the tool's ``failure_error_function``, as it would unguarded. ``on_unknown``: what a call does when
     the worker of an earlier one died inside the tool (``ToolSpec``): hold it for a person, or retry it with the
-    same key where the tool forwards ``current_key()`` to the provider.
+    same key where the tool forwards ``current_key()`` to the provider. A replayed string output starts with
+    the replay note (``replay_note=False``: never).
     """
     from agents import FunctionTool
     from agents.tool import maybe_invoke_function_tool_failure_error_function
@@ -126,14 +139,16 @@ def guard_tool(
         async def body(_key: str) -> Any:
             return await raw(ctx, input)
 
+        audit = call_ids(getattr(ctx, "tool_call_id", None))
         try:
             info = resolve_task(
-                tool.name, explicit=task_id, context=ctx, fallback=_context_task_id, scope=scope, hint=_HINT
+                tool.name, explicit=task_id, context=ctx, fallback=_context_task_id, scope=scope, hint=_HINT,
+                on_missing=lambda: missing_task(guard, tool.name, audit),
             )
             outcome = await guard.run(
                 tool.name, body, arguments=spec.fingerprinted(args), key=spec.key_values(args),
                 task_id=info.task_id, scope=info.scope, returns=spec.returns, cache_errors=spec.cache_errors,
-                audit=call_ids(getattr(ctx, "tool_call_id", None)), on_unknown=spec.on_unknown,
+                audit=audit, on_unknown=spec.on_unknown,
             )
         except GuardError as exc:
             return refusal_message(exc)
@@ -146,6 +161,8 @@ def guard_tool(
             if message is None:
                 raise
             return message
+        if outcome.replayed and replay_note:
+            return noted_text(outcome.value, Replay(note_for(outcome.operation, outcome.task_id), tool.name, ctx))
         return outcome.value
 
     on_invoke_tool.__agentguard__ = spec  # type: ignore[attr-defined]

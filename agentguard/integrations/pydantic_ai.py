@@ -15,6 +15,13 @@ run the unguarded function. :func:`once` finds the agent's ``Tool`` holding the 
 Task id: ``task_id=`` (a callable of the ``RunContext``) → ``with agentguard.task(...)`` → ``ctx.deps.task_id``
 → refused. Refusals are raised as pydantic-ai's ``ToolFailed``: the model sees the message as a failed tool
 result, without retry instructions and without consuming the tool's retry budget.
+
+A replay reaches the agent as pydantic-ai's ``ToolReturn``: the stored value, unchanged, is the tool's return
+(``ToolReturnPart.content``), the replay note goes to the model beside it (``ToolReturn.content``, a user part
+of the same request) and ``ToolReturnPart.metadata`` marks it for the program (``{"dev.agentguard/replayed":
+True}``). The decorator does so when the agent runs the tool under the function's own name; called by your own
+code, the guarded function returns the value as it is. ``replay_note=False`` (or ``GuardTools(...,
+replay_note=False)``) returns the bare value.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from ._common import (
     context_params,
     subclass_of,
 )
-from ._pydantic_ai_run import HINT, deps_task_id, refuse
+from ._pydantic_ai_run import HINT, call_id, deps_task_id, refuse, told_in_run
 
 require("pydantic_ai", extra="pydantic-ai", by=__name__)
 
@@ -96,7 +103,8 @@ def _context_names(fn: Callable[..., Any]) -> Sequence[str]:
 
 _FRAMEWORK = Framework(
     __name__, "@agent.tool", context_names=_context_names, get_context=lambda a, names: _run_context(a, names),
-    fallback=deps_task_id, hint=HINT, refuse=refuse, registered=lambda fn: registered_tool(fn),
+    fallback=deps_task_id, hint=HINT, refuse=refuse, registered=lambda fn: registered_tool(fn), told=told_in_run,
+    call_id=call_id,
 )
 
 
@@ -105,7 +113,8 @@ def once(
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """``guard.once`` for a pydantic-ai tool function; place it under ``@agent.tool``/``@agent.tool_plain``.
 
-    The ``RunContext`` parameter is left out of the fingerprint; only the model's validated arguments count.
+    The ``RunContext`` parameter is left out of the fingerprint; only the model's validated arguments count. A
+    replay in the agent's run is a ``ToolReturn`` that tells the model (``replay_note=False``: the bare value).
     """
     return _FRAMEWORK.once(guard, task_id, options)
 

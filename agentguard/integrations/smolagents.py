@@ -18,6 +18,10 @@ that copy the caller's context, so the task reaches them.
 
 Refusals are returned as the tool's output, which is the observation the model reads. (Raising would reach
 the model as "Error executing tool ... Please try again or use another tool": an invitation to repeat.)
+
+A replayed string output is told to the model: the observation starts with the replay note, then the stored
+text. Any other output (a dict, a number, an image) is replayed as it is: a note would change its type, which a
+``CodeAgent``'s code goes on to use. ``replay_note=False`` never tells.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 from .._extras import require
 from .._guard import Guard
-from ._common import AdapterOptions, Framework, ToolSpec, adapt, refusal_message
+from ._common import AdapterOptions, Framework, ToolSpec, adapt, noted_text, refusal_message
 
 require("smolagents", extra="smolagents", by=__name__)
 
@@ -43,7 +47,7 @@ _HINT = "smolagents gives a tool no stable id of its own (wrap agent.run(...) in
 
 _FRAMEWORK = Framework(
     __name__, "tool(...)", context_names=lambda _fn: (), get_context=lambda _arguments, _names: None,
-    fallback=None, hint=_HINT, refuse=refusal_message,
+    fallback=None, hint=_HINT, refuse=refusal_message, told=noted_text,
 )
 
 
@@ -64,11 +68,13 @@ def guard_tool(
     cache_errors: tuple[type[BaseException], ...] = (),
     task_id: Callable[[None], str] | None = None,
     scope: str | None = None,
+    replay_note: bool = True,
 ) -> Tool:
     """A copy of ``tool`` whose ``forward`` is guarded; the original is left as it was.
 
     The operation is the tool's name. Inside ``forward``, ``agentguard.current_key()`` is the downstream key.
-    An exception of the tool releases the claim and reaches the model as smolagents reports it.
+    An exception of the tool releases the claim and reaches the model as smolagents reports it. A replayed
+    string output starts with the replay note (``replay_note=False``: never).
     """
     from smolagents import Tool
 
@@ -87,8 +93,8 @@ def guard_tool(
     guarded = copy.copy(tool)
     guarded.forward = adapt(
         guard, forward, task_id=task_id, context_names=(), get_context=lambda _arguments: None, fallback=None,
-        hint=_HINT, refuse=refusal_message, operation=tool.name, key=key, ignore=ignore, cache_errors=cache_errors,
-        inject=None, scope=scope,
+        hint=_HINT, refuse=refusal_message, told=noted_text, operation=tool.name, key=key, ignore=ignore,
+        cache_errors=cache_errors, inject=None, scope=scope, replay_note=replay_note,
     )
     return guarded
 

@@ -17,6 +17,11 @@ every call. The parameters Strands injects never enter the fingerprint.
 
 Refusals are returned as a tool result with ``status: "error"`` whose text is the refusal, which is how
 Strands reports a failed tool to the model (an exception would reach it prefixed with "Error: GuardError - ").
+
+A replay is told to the model in its tool result: a string result starts with the replay note; a tool result
+the tool made itself (``{"status": ..., "content": [...]}``) gets a first text block holding it. Strands sends
+any other result as its JSON, which a note would turn into another type: it is replayed as it is, so return a
+string or a tool result to have replays told. ``replay_note=False`` never tells.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 from .._errors import GuardError
 from .._extras import require
 from .._guard import Guard
-from ._common import AdapterOptions, Framework, ToolSpec, context_params, refusal_message
+from ._common import AdapterOptions, Framework, Replay, ToolSpec, context_params, noted_text, refusal_message
 
 require("strands", extra="strands", by=__name__)
 
@@ -65,6 +70,12 @@ def _context(arguments: Mapping[str, Any], names: Sequence[str]) -> Any:
     return None
 
 
+def tool_use_id(context: Any, tool: str) -> Any:
+    """The model's ``toolUseId`` of this call of ``tool``, from its ``ToolContext`` (an agent holds none)."""
+    use = getattr(context, "tool_use", None)
+    return use.get("toolUseId") if isinstance(use, Mapping) and use.get("name") == tool else None
+
+
 def context_task_id(context: Any) -> Any:
     """The task id a ``ToolContext`` (or an ``Agent``) carries: ``task_id`` in the invocation state, in the
     agent's state, then the session manager's session id; else None."""
@@ -86,9 +97,16 @@ def refusal_result(exc: GuardError) -> dict[str, Any]:
     return {"status": "error", "content": [{"text": refusal_message(exc)}]}
 
 
+def noted_result(value: Any, replay: Replay) -> Any:
+    """A replayed string after the note; a Strands tool result with a first text block holding it."""
+    if isinstance(value, dict) and "status" in value and isinstance(value.get("content"), list):
+        return {**value, "content": [{"text": replay.note}, *value["content"]]}
+    return noted_text(value, replay)
+
+
 _FRAMEWORK = Framework(
     __name__, "@tool", context_names=_context_names, get_context=_context, fallback=context_task_id, hint=_HINT,
-    refuse=refusal_result,
+    refuse=refusal_result, told=noted_result, call_id=lambda ctx, tool: tool_use_id(ctx, tool),
 )
 
 

@@ -22,12 +22,12 @@ from mcp import MCPError
 from .._drive import current_audit
 from .._errors import GuardError, MissingTaskError
 from .._otel import inject as trace_into
-from .._refusals import refusal, unusable_arguments
+from .._refusals import refusal, replay_note, unusable_arguments
 from .._shapes import shape_key
 from ._config import Config, ToolConfig
 from ._confirm import META_CONFIRMATION, NotConfirmed, confirm
 from ._exchange import Exchange
-from ._meta import ABSENT, META_KEY, TASK_ID_FIX, replay_note, resolve_task_id
+from ._meta import ABSENT, META_KEY, TASK_ID_FIX, resolve_task_id
 from ._results import (
     error_result,
     held_replay,

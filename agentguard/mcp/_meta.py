@@ -1,4 +1,6 @@
-"""What the proxy and guarded native servers put on the wire: ``_meta`` keys, the task id, audit ids, the replay note.
+"""What the proxy and guarded native servers put on the wire: ``_meta`` keys, the task id rule, audit ids.
+
+(The replay note a model reads is ``agentguard._refusals.replay_note``, shared with the framework adapters.)
 
 ``dev.agentguard/`` is our reverse-DNS ``_meta`` prefix. Every prefix whose second label is
 ``modelcontextprotocol`` or ``mcp`` (``io.modelcontextprotocol/``, ``dev.mcp/``, ``org.mcp.tools/``) is
@@ -17,10 +19,11 @@ from mcp_types import LOG_LEVEL_META_KEY
 
 from .._context import check_task_id
 from .._errors import MissingTaskError
+from .._refusals import REPLAYED_MARK
 
 META_TASK_ID = "dev.agentguard/task_id"
 META_KEY = "dev.agentguard/idempotency_key"
-META_REPLAYED = "dev.agentguard/replayed"
+META_REPLAYED = REPLAYED_MARK
 
 ENV_TASK_ID = "AGENTGUARD_TASK_ID"
 
@@ -131,9 +134,3 @@ def audit_ids(
         out["protocol_version"] = protocol_version
     return out
 
-
-def replay_note(operation: str, task_id: str) -> str:
-    return (
-        f"agentguard: REPLAY. {operation} already happened in task {task_id!r}; this is its recorded result, "
-        "returned again. Nothing was executed again."
-    )

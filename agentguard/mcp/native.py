@@ -38,9 +38,9 @@ from pydantic import Field, PlainValidator
 from .._context import DEFAULT_SCOPE, current_key, task
 from .._errors import GuardError, MissingTaskError
 from .._guard import Guard
-from .._refusals import refusal
+from .._refusals import refusal, replay_note
 from .._shapes import Shape
-from ._meta import ABSENT, META_KEY, META_REPLAYED, TASK_ID_DESCRIPTION, TASK_ID_FIX, replay_note, resolve_task_id
+from ._meta import ABSENT, META_KEY, META_REPLAYED, TASK_ID_DESCRIPTION, TASK_ID_FIX, resolve_task_id
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -22,7 +22,7 @@ This module is the proxy's front door; the code lives in one module per concept:
     _hub.py         the hosts: change notifications, subscriptions, log levels, requests that name no call
     _tools.py       the upstream's tools as the proxy lists them (task_id, idempotentHint, tasks)
     _results.py     payloads stored, results sent, replay marking, the proxy's own refusal texts
-    _meta.py        the wire: _meta keys (reserved ones stripped), the task id rule, audit ids, the replay note
+    _meta.py        the wire: _meta keys (reserved ones stripped), the task id rule, audit ids
     _http.py        --http: Streamable HTTP for many hosts, behind a bearer token
     _command.py     the command: logging, stdin, signals, serving over stdio or HTTP, exit codes
 

@@ -2,8 +2,8 @@
 
 - the clock: always the database's, never the worker's, so leases and retention agree across machines
   (``Options.clock``, off by default, is a test seam that replaces it in every statement);
-- schema creation under concurrency: Postgres serialises it with an advisory lock (and makes its claim
-  function); SQLite through its single writer lock;
+- schema creation under concurrency: Postgres serialises it with an advisory lock; SQLite through its single
+  writer lock;
 - the claim plan for a key likely free (``_claims``): Postgres inserts first, SQLite reads first (a read there
   costs no round trip); for a key likely taken, both read first;
 - whether a plain read costs less than a claim that finds the record (Postgres: the insert, then the read);
@@ -15,7 +15,9 @@
   synchronous level, and a connector that registers every connection so its thread is joined (SQLite).
 
 Both share the upsert flavour (``INSERT ... ON CONFLICT (...) DO NOTHING RETURNING``), so claims never need
-unique-violation detection. Nothing outside this module asks which database it is.
+unique-violation detection. Outside this module only ``SQLStore`` asks which database it is, to choose its
+executors (a SQLite file's statements on the caller's own thread: ``_direct``; Postgres' over psycopg:
+``_direct_pg``).
 """
 
 from __future__ import annotations
@@ -80,9 +82,8 @@ class Options:
     pg_synchronous_commit: str | None = None
     pg_claim_unsynced: bool = False
     # A test seam, off by default: SQL for "seconds since the epoch" that replaces the database clock in every
-    # statement (and in the Postgres claim function), e.g. ``(SELECT t FROM my_clock)`` for a clock a test
-    # moves itself (tests/test_stateful_store.py). Never set it in production: leases must follow the
-    # database's own clock.
+    # statement, e.g. ``(SELECT t FROM my_clock)`` for a clock a test moves itself (tests/test_stateful_store.py).
+    # Never set it in production: leases must follow the database's own clock.
     clock: str | None = None
 
     def __post_init__(self) -> None:

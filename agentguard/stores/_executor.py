@@ -94,7 +94,7 @@ class Executor:
     # -- the schema, before the first statement -------------------------------------------------------
 
     async def ensure_schema(self) -> None:
-        """Create the tables (and functions) if missing; safe when many processes start at once.
+        """Create the tables if missing; safe when many processes start at once.
 
         Runs once per loop in its own task, which callers await shielded: a caller cancelled meanwhile (a
         client timeout on the very first call) never cuts a connect or a DDL transaction in half."""
