@@ -35,6 +35,8 @@ def bouncer(tmp_path: Path, store_url: str, mode: str, pool_size: int = 20) -> I
     """PgBouncer in ``mode`` (``transaction`` or ``session``) with ``pool_size`` server connections per database
     and user, in front of ``store_url``'s server: yields ``store_url`` through it."""
     if BINARY is None:
+        if os.environ.get("AGENTGUARD_REQUIRE_PGBOUNCER") == "1":  # (scripts/test.sh: installed, never skipped)
+            pytest.fail("pgbouncer is not installed, and AGENTGUARD_REQUIRE_PGBOUNCER=1")
         pytest.skip("pgbouncer is not installed (Debian package pgbouncer; scripts/test.sh installs it)")
     u = make_url(store_url)
     port = _free_port()

@@ -293,3 +293,44 @@ async def test_past_the_budget_a_call_waits_its_turn_then_fails_before_the_body(
         with task(t):
             assert await charge(5) == 5
     assert runs == 1
+
+
+async def test_the_budget_is_shared_by_every_event_loop_of_the_worker(store_url: str) -> None:
+    """The budget's one connection in use on another event loop (another thread's): a call here waits its turn in
+    the budget's line for ``connect_timeout``, then fails before its body, naming max_connections; once the other
+    loop is done (its engine gone with its loop), the call runs, once."""
+    runs = 0
+    store = SQLStore(store_url, max_connections=1, connect_timeout=0.5)
+    holding, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        async with store.engine().connect() as busy:
+            await busy.exec_driver_sql("SELECT 1")
+            holding.set()
+            await asyncio.to_thread(release.wait, 60)
+
+    other = threading.Thread(target=asyncio.run, args=(hold(),))
+    async with Guard(store=store) as guard:
+
+        @guard.once
+        async def charge(amount: int) -> int:
+            nonlocal runs
+            runs += 1
+            return amount
+
+        await store.ensure_schema()
+        await store.dispose()  # (the schema's connection: this loop holds none)
+        other.start()
+        try:
+            assert await asyncio.to_thread(holding.wait, 60)
+            t = tid()
+            with task(t), pytest.raises(StoreError, match="max_connections") as refused:
+                await charge(7)
+            assert not refused.value.body_ran and refused.value.transient
+            assert runs == 0
+        finally:
+            release.set()
+            await asyncio.to_thread(other.join, 60)
+        with task(t):
+            assert await charge(7) == 7
+    assert runs == 1

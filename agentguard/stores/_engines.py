@@ -180,6 +180,10 @@ class Engines:
 
     def _close_with(self, loop: asyncio.AbstractEventLoop) -> None:
         """Dispose this loop's engine when the loop shuts down."""
+        if loop in self._closers:
+            # (one closer per loop, which disposes whatever engine the loop has then: a second one, made after a
+            # dispose mid-loop, would drop the first, whose finalisation disposed the new engine under its callers)
+            return
 
         async def closer() -> AsyncIterator[None]:
             try:
