@@ -443,20 +443,26 @@ class Postgres(Dialect):
         listener's session is one server session, and it hears; under transaction pooling its LISTEN stayed on a
         server session it no longer holds, and it cannot. Told so, the store keeps no prepared statement and
         listens to nothing (waiters poll), rather than fail later."""
-        if self.probed:
-            return
-        first = await self._own_connection("agentguard")
-        try:
-            if first.get_server_pid() != await first.fetchval("SELECT pg_backend_pid()"):
-                self.pooling = "session" if await self._hears(first) else "transaction"
-        finally:
-            await _closed(first)
-        self.probed = True
-        if self.pooling is None:
-            return
-        log.info("the store %s is reached through a pooler doing %s pooling%s", redact_url(self.url), self.pooling,
-                 ": no prepared statements are kept, and waiters poll" if self.pooling == "transaction" else "")
-        if self.options.pg_synchronous_commit:
+        if not self.probed:
+            first = await self._own_connection("agentguard")
+            try:
+                try:  # (bounded: a pooler with no server session free would keep it waiting, silently)
+                    pid = await first.fetchval("SELECT pg_backend_pid()", timeout=self.options.connect_timeout)
+                except TimeoutError:
+                    raise PoolerFull(
+                        f"no answer to SELECT pg_backend_pid() within {self.options.connect_timeout:g}s: a pooler in "
+                        "front of the server with no server connection free? Make its pool hold every worker's "
+                        "max_connections") from None
+                if first.get_server_pid() != pid:
+                    self.pooling = "session" if await self._hears(first) else "transaction"
+            finally:
+                await _closed(first)
+            self.probed = True
+            if self.pooling is not None:
+                log.info("the store %s is reached through a pooler doing %s pooling%s", redact_url(self.url),
+                         self.pooling,
+                         ": no prepared statements are kept, and waiters poll" if self.pooling == "transaction" else "")
+        if self.pooling is not None and self.options.pg_synchronous_commit:  # (refused at every start, not once)
             raise StoreError(
                 f"the store failed (pg_synchronous_commit={self.options.pg_synchronous_commit!r} is a setting of the "
                 f"session, and the store {redact_url(self.url)} is reached through a pooler ({self.pooling} pooling), "
@@ -475,7 +481,9 @@ class Postgres(Dialect):
         await listener.add_listener(PROBE_CHANNEL, announced)
         other = await self._own_connection("agentguard")
         try:
-            await other.execute(f"SELECT pg_notify('{PROBE_CHANNEL}', '{token}')")
+            await other.execute(f"SELECT pg_notify('{PROBE_CHANNEL}', '{token}')", timeout=self.options.connect_timeout)
+        except TimeoutError:  # (not announced in time: taken as not heard, the safe side: no statement kept, polling)
+            return False
         finally:
             await _closed(other)
         try:
