@@ -336,3 +336,22 @@ async def test_the_budget_is_shared_by_every_event_loop_of_the_worker(store_url:
         with task(t):
             assert await charge(7) == 7
     assert runs == 1
+
+
+@pytest.mark.parametrize("query", ["statement_cache_size=0", "prepared_statement_cache_size=0"])
+async def test_the_cache_settings_people_add_for_pgbouncer_work_too(query: str, store_url: str, tmp_path: Path) -> None:
+    """The URL query parameters that guides suggest for PgBouncer (a number, given as text in the URL) are taken
+    as they are meant, never a bare TypeError; the calls run once each through transaction pooling."""
+    runs: dict[int, int] = {}
+    with bouncer(tmp_path, store_url, "transaction", pool_size=4) as url:
+        async with Guard(f"{url}?{query}") as guard:
+
+            @guard.once(key=["n"])
+            async def charge(n: int) -> int:
+                runs[n] = runs.get(n, 0) + 1
+                return n
+
+            with task(tid()):
+                got = await asyncio.gather(*(charge(i % 8) for i in range(32)))
+    assert got == [i % 8 for i in range(32)]
+    assert runs == {i: 1 for i in range(8)}

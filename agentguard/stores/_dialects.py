@@ -391,8 +391,10 @@ class Postgres(Dialect):
         _, params = PGDialect_asyncpg().create_connect_args(make_url(self.url))  # type: ignore[no-untyped-call]
         for sqlalchemy_only in ("prepared_statement_cache_size", "prepared_statement_name_func", "async_fallback"):
             params.pop(sqlalchemy_only, None)
+        params = dict(params)
+        _numbers(params)
         params.update(timeout=self.options.connect_timeout, statement_cache_size=0)
-        return dict(params)
+        return params
 
     async def _own_connection(self, application_name: str) -> Any:
         """An asyncpg connection outside the pool, in the budget (waiting its turn for a slot); its slot goes back
@@ -528,6 +530,7 @@ class Postgres(Dialect):
 
         def budgeted(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
             cparams["async_creator_fn"] = connect
+            _numbers(cparams)
 
         def closed(dbapi_conn: Any, _record: Any) -> None:  # (at once; the termination listener runs later)
             conn = getattr(dbapi_conn, "_connection", None)  # (the adapter's asyncpg connection)
@@ -557,6 +560,22 @@ class Postgres(Dialect):
 
     def _transient_here(self, e: BaseException) -> bool:
         return _asyncpg_connection_error(e)
+
+
+# asyncpg's connect arguments that are numbers, which a URL's query gives as text (``?statement_cache_size=0``
+# reached asyncpg as "0": a bare TypeError on every call).
+_NUMBERS = {"statement_cache_size": int, "max_cached_statement_lifetime": int, "max_cacheable_statement_size": int,
+            "command_timeout": float}
+
+
+def _numbers(params: dict[str, Any]) -> None:
+    for name, kind in _NUMBERS.items():
+        value = params.get(name)
+        if isinstance(value, str):
+            try:
+                params[name] = kind(value)
+            except ValueError:
+                raise StoreError(f"the store failed (the URL's {name}={value!r} is not a number)") from None
 
 
 async def _closed(conn: Any) -> None:

@@ -128,7 +128,9 @@ class Executor:
         try:
             async with self.engines.connection() as conn:
                 await self._make_schema_on(conn)
-        except (SQLAlchemyError, OSError) as exc:
+        except StoreError:
+            raise
+        except Exception as exc:  # (the driver's own, unwrapped by SQLAlchemy: a bad connect argument)
             raise self.error("creating the schema", exc, False) from exc
         self.schema_ready = True
 
