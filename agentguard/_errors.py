@@ -8,6 +8,7 @@
     ├── OutcomeUnknownError       409  held for a person: a step or a body whose worker died inside it, and
     │   │                              the tool's key cannot reach the provider (or its policy says hold)
     │   └── ResultNotStoredError  409  the body ran but its result could not be stored: recorded, never run again
+    ├── RecordChangedError        409  a person's decision made on a revision the record no longer has: not made
     ├── StepOrderError            409  a retry called an operation's steps in another order: not run
     └── StoreError                503  the store could not be used; says whether the body ran
 """
@@ -90,6 +91,20 @@ class ResultNotStoredError(OutcomeUnknownError):
     (``agentguard resolve KEY --result JSON``, or ``--abandon``)."""
 
     body_ran = True
+
+
+class RecordChangedError(GuardError):
+    """A person's decision (``Guard.resolve(..., revision=...)``, ``agentguard resolve --revision``, the
+    console's settle forms) was made on a revision of the record it no longer has: nothing was changed. The
+    message says what changed; ``seen`` is the revision the decision was made on, ``revision`` the record's
+    now (None: the record is gone)."""
+
+    status = 409
+
+    def __init__(self, message: str, *, seen: str, revision: str | None, **kw: str | None) -> None:
+        super().__init__(message, **kw)
+        self.seen = seen
+        self.revision = revision
 
 
 class StepOrderError(GuardError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -19,7 +20,7 @@ from ._calls import Call, Outcome, check_errors, check_operation, make_call
 from ._codec import Codec
 from ._context import task as _task_ctx
 from ._drive import drive, drive_sync
-from ._errors import GuardError, MissingTaskError, OutcomeUnknownError
+from ._errors import GuardError, MissingTaskError, OutcomeUnknownError, RecordChangedError
 from ._events import Events, GuardEvent
 from ._ledger import Ledger
 from ._machine import Machine
@@ -32,9 +33,10 @@ from ._spec import KeyOption, Spec
 from ._storeconfig import DEFAULT_URL, ENV_URL
 from ._views import Views
 from .stores import ClaimStore, Listing, SQLStore, Store
-from .stores._attempts import RESOLVED
+from .stores._attempts import FORGOTTEN, RESOLVED, Attempt
+from .stores._decisions import How, applied, changed, parse_revision, said
+from .stores._decisions import revision as revision_of
 from .stores._protocols import is_claim_store, keeps_ledger
-from .stores._schema import HELD_STEP
 
 __all__ = ["DEFAULT_URL", "Guard", "GuardEvent", "OnceOptions", "Outcome", "RunOptions"]
 
@@ -385,49 +387,70 @@ class Guard(Views):
         return done
 
     async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        """Operations held for a person, each with how (``held``): ``"step"``, its worker died inside a step
-        (named by ``step``); ``"body"``, its worker died inside the body (a tool whose key reaches the provider
-        takes it over on its next call; any other waits for a person); ``"not_stored"``, the body ran and its
-        result could not be stored."""
+        """Operations held for a person, one each, the latest change first, with how (``held``): ``"step"``,
+        its worker died inside a step (the first one started, named by ``step``); ``"body"``, its worker died
+        inside the body (a tool whose key reaches the provider takes it over on its next call; any other waits
+        for a person); ``"not_stored"``, the body ran and its result could not be stored. ``revision``: what a
+        decision on it is made on (:meth:`resolve`)."""
         rows = await self._machine.store_call(self._store.unknown(scope=scope, limit=limit))
         names = ("scope", "key", "task_id", "operation", "step", "attempts", "age", "held")
-        return [dict(zip(names, r, strict=True)) for r in rows]
+        return [dict(zip(names, r[:8], strict=True), revision=revision_of(r[9], r[10], r[8], r[7], r[4]))
+                for r in rows]
 
     async def resolve(
-        self, key: str, *, scope: str = "default", result: Any = _UNSET, retry: bool = False, abandon: bool = False
+        self, key: str, *, scope: str = "default", result: Any = _UNSET, retry: bool = False, abandon: bool = False,
+        revision: str | None = None,
     ) -> str:
         """Settle a held operation (:meth:`unknown`): record its ``result`` (a step's, or, for an operation
         held on its body, the operation's, which every later call then receives), or ``retry`` (the step, or the
         body, runs again on the next call), or ``abandon`` the operation (every later call raises
-        ``OutcomeUnknownError``)."""
+        ``OutcomeUnknownError``). Returns what was done.
+
+        ``revision``: the record's revision the decision was made on (as :meth:`unknown`, ``agentguard ls
+        --unknown`` and the console show it). The decision is then made only if the record still has it, in
+        one transaction; if it changed meanwhile, ``RecordChangedError`` says what changed and nothing is
+        written — unless what changed is exactly what this decision makes (the same decision sent twice, or by
+        two people): then nothing is written and the answer starts with ``"already applied"``. Without it, the
+        decision is made on the record as it is."""
         if sum((result is not _UNSET, retry, abandon)) != 1:
             raise ValueError("give exactly one of result=..., retry=True or abandon=True")
-        store_call, store = self._machine.store_call, self._store
+        seen = None if revision is None else parse_revision(revision)
+        how: How = "abandon" if abandon else "retry" if retry else "result"
+        abandoned = _codec.encode_error(
+            OutcomeUnknownError(f"operation {key} was abandoned by an operator after an unknown outcome"))
+        value = abandoned if abandon else None if retry else _codec.dumps(result)
+        decided = await self._machine.store_call(
+            self._store.decide(scope, key, how, value, self._retention, seen=None if seen is None else seen.text))
+        if decided.applied:
+            self._cache.clear()
+            done = said(how, decided.step)
+            await self._operator_entries(key, scope, RESOLVED, done)
+            return done
+        now = decided.before
+        if seen is not None and (now is None or now.revision != seen.text):
+            again = applied(seen, now, how, value)
+            if again is not None:
+                return f"already applied: {again}; nothing was changed"
+            acts = [] if now is None else await self._operator_acts(key, scope, seen.updated)
+            what = changed(seen, now, abandoned, bool(acts))
+            if acts:
+                what += f" ({_act(acts[-1])})"
+            raise RecordChangedError(
+                f"refused: {key} changed since revision {seen.text}: {what}; nothing was changed"
+                + (f". Its revision now: {now.revision}" if now is not None else ""),
+                key=key, scope=scope, seen=seen.text, revision=None if now is None else now.revision)
         if abandon:
-            err = OutcomeUnknownError(f"operation {key} was abandoned by an operator after an unknown outcome")
-            if not await store_call(store.abandon(scope, key, _codec.encode_error(err), self._retention)):
-                raise GuardError(f"no held, released or stalled operation {key!r} in scope {scope!r} to abandon",
-                                 key=key)
-            self._cache.clear()
-            await self._operator_entries(key, scope, RESOLVED, "abandoned")
-            return "abandoned"
-        held = [u for u in await self.unknown(scope=scope, limit=1000) if u["key"] == key]
-        if not held:
-            raise GuardError(f"no operation {key!r} in scope {scope!r} is held on an unknown outcome", key=key)
-        encoded = None if retry else _codec.dumps(result)
-        if held[0]["held"] != HELD_STEP:  # held on its body: its worker died inside it, or its result was not stored
-            if not await store_call(store.settle(scope, key, encoded, self._retention)):
-                raise GuardError(f"the held operation {key!r} changed meanwhile; look again", key=key)
-            self._cache.clear()
-            said = "cleared for a retry: its next call runs it again" if retry else "its result recorded"
-            await self._operator_entries(key, scope, RESOLVED, said)
-            return said
-        step = held[0]["step"]
-        ok = await store_call(store.resolve_step(scope, key, step, None if retry else "done", encoded))
-        if not ok:
-            raise GuardError(f"the unknown step {step!r} of {key!r} changed meanwhile; look again", key=key)
-        said = f"step {step!r} " + ("cleared for a retry" if retry else "recorded as done")
-        await self._operator_entries(key, scope, RESOLVED, said)
-        return said
+            raise GuardError(f"no held, released or stalled operation {key!r} in scope {scope!r} to abandon", key=key)
+        raise GuardError(f"no operation {key!r} in scope {scope!r} is held on an unknown outcome", key=key)
+
+    async def _operator_acts(self, key: str, scope: str, since: float) -> list[Attempt]:
+        """The operators' acts on ``key`` the ledger holds since ``since`` (none where the guard keeps no ledger)."""
+        if not keeps_ledger(self._store):
+            return []
+        entries = await self.attempts(key=key, scope=scope, since=since)
+        return [e for e in entries if e.kind in (RESOLVED, FORGOTTEN)]
 
 
+def _act(e: Attempt) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at))
+    return f"{e.detail}, by {e.process} at {when} UTC"

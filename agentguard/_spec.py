@@ -250,12 +250,7 @@ class Spec:
         """One call of an async tool: its value, and the call when it was a replay (None when it ran). The
         framework adapters tell the model of a replay from it (``integrations._common.adapt``) and pass the
         ``audit`` of the call (its framework's tool call id, as ``Guard.run``'s ``audit``)."""
-        try:
-            call, arguments = self.call(args, kwargs)
-        except MissingTaskError:
-            self.machine.observer.missing_task(self.tool, audit)
-            raise
-        call.audit = audit
+        call, arguments = self._adapted_call(args, kwargs, audit)
         value, replayed = await drive(self.machine, call, lambda key: self.invoke(args, kwargs, arguments, key))
         return value, call if replayed else None
 
@@ -263,14 +258,21 @@ class Spec:
         self, args: tuple[Any, ...], kwargs: dict[str, Any], audit: str | None = None
     ) -> tuple[Any, Call | None]:
         """:meth:`run_async` for a sync tool, in the caller's thread."""
+        call, arguments = self._adapted_call(args, kwargs, audit)
+        value, replayed = drive_sync(self.machine, call, lambda key: self.invoke(args, kwargs, arguments, key))
+        return value, call if replayed else None
+
+    def _adapted_call(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      audit: str | None) -> tuple[Call, Mapping[str, Any]]:
+        """The call an adapter makes, with its framework's tool call id; a refusal for want of a task id is
+        told to the ledger and the traces first."""
         try:
             call, arguments = self.call(args, kwargs)
         except MissingTaskError:
             self.machine.observer.missing_task(self.tool, audit)
             raise
         call.audit = audit
-        value, replayed = drive_sync(self.machine, call, lambda key: self.invoke(args, kwargs, arguments, key))
-        return value, call if replayed else None
+        return call, arguments
 
     def wrapper(self) -> Any:
         fn, run_async, run_sync = self.fn, self.run_async, self.run_sync

@@ -4,7 +4,7 @@ help.
     agentguard demo                                  the offline demo, on the embedded SQLite store
     agentguard ls [--json] [--state S] [--task T]    the latest records (--state unknown: held on an unknown outcome)
     agentguard show KEY | timeline TASK | forget KEY | stats [--since 1h]   (see agentguard._cli_ledger)
-    agentguard resolve KEY (--result JSON | --retry | --abandon)
+    agentguard resolve KEY (--result JSON | --retry | --abandon) [--revision REV]
     agentguard sweep [--batch N]                     delete records past their retention
     agentguard doctor [--workers N] [--pool-size N]  check the store a deployment will use, and a live race on it
     agentguard console [--port N] [--host H]         a local web page: tasks, timelines, held outcomes (console extra)
@@ -26,7 +26,8 @@ refused (it exists only inside the process that opened it).
     {"records": [{"scope": str, "task_id": str, "operation": str, "state": str, "attempts": int,
                   "age_seconds": float, "lease_left_seconds": float | null, "key": str, "audit": object | null}]}
     {"unknown": [{"scope": str, "key": str, "task_id": str, "operation": str, "step": str | null,
-                  "held": "step" | "body" | "not_stored", "attempts": int, "age_seconds": float}]}  # --unknown
+                  "held": "step" | "body" | "not_stored", "attempts": int, "age_seconds": float,
+                  "revision": str}]}  # --unknown
 
 Exit status: 0 done; 1 an error, named on stderr; 2 a usage error — and ``agentguard`` with no command,
 which prints the help (nothing was done, so a script that forgot the command must not read success);
@@ -123,7 +124,7 @@ async def _unknown(url: str, scope: str | None, limit: int) -> list[dict[str, An
     return [
         {"scope": r["scope"], "key": r["key"], "task_id": r["task_id"], "operation": r["operation"],
          "step": r["step"], "held": r["held"], "attempts": int(r["attempts"]),
-         "age_seconds": round(float(r["age"]), 3)}
+         "age_seconds": round(float(r["age"]), 3), "revision": r["revision"]}
         for r in rows
     ]
 
@@ -156,7 +157,7 @@ def _ls(args: argparse.Namespace) -> int:
             for r in held:
                 how = f"step={r['step']!r}" if r["step"] is not None else f"held={r['held']}"
                 print(f"{r['key']}  scope={r['scope']}  task={r['task_id']}  {r['operation']}  "
-                      f"{how}  attempts={r['attempts']}  age={_age(r['age_seconds'])}")
+                      f"{how}  attempts={r['attempts']}  age={_age(r['age_seconds'])}  revision={r['revision']}")
         return 0
     rows = _arun(_records(ref.url, scope, args.task_id, args.limit, args.state))
     if args.json:
@@ -182,7 +183,8 @@ def _resolve(args: argparse.Namespace) -> int:
         from ._guard import Guard
 
         async with Guard(ref.url) as guard:
-            return await guard.resolve(await full_key(guard, args.key, scope), scope=scope, **kwargs)
+            return await guard.resolve(await full_key(guard, args.key, scope), scope=scope, revision=args.revision,
+                                       **kwargs)
 
     print(_arun(go()))
     return 0
@@ -199,6 +201,45 @@ def _sweep(args: argparse.Namespace) -> int:
 
     n = _arun(go())
     print(f"deleted {n} expired record{'s' if n != 1 else ''}")
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from ._storeconfig import from_arguments
+
+    ref = from_arguments(args.url, args.config)
+    _check_driver(ref.url)
+    if args.grant and not ref.url.startswith("postgres"):
+        raise CommandError("--grant is for a Postgres store (SQLite has no roles)")
+    if args.sql:
+        from .stores._dialects import dialect_for
+        from .stores._schema import TABLE, schema_ddl
+        from .stores._server import grants
+        from .stores._statements import WATCHED_COLUMN
+
+        dialect = dialect_for(ref.url)
+        more = [f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {WATCHED_COLUMN}"] if dialect.announces else []
+        if args.grant:
+            more += grants(args.grant)
+        print("BEGIN;")
+        for statement in schema_ddl(dialect.driver_dialect(), more):
+            print(f"{statement};")
+        print("COMMIT;")
+        return 0
+
+    async def go() -> None:
+        from .stores import SQLStore
+
+        store = SQLStore(ref.url)
+        try:
+            await store.ensure_schema()
+        finally:
+            await store.dispose()
+
+    _arun(go())
+    from ._redact import redact_url
+
+    print(f"the store's tables are ready at {redact_url(ref.url)}")
     return 0
 
 
@@ -320,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.add_argument("--json", action="store_true",
                       help='print one JSON document for scripts: {"records": [{scope, task_id, operation, state, '
                            "attempts, age_seconds, lease_left_seconds, key, audit}]}; with --unknown "
-                           '{"unknown": [{scope, key, task_id, operation, step, held, attempts, age_seconds}]}')
+                           '{"unknown": [{scope, key, task_id, operation, step, held, attempts, age_seconds, '
+                           "revision}]}")
     p_ls.set_defaults(run=_ls)
 
     add_commands(sub, _store_options, _existing_store, _positive)
@@ -341,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--retry", action="store_true",
                      help="run it again (the same key or sub-key) on the next call")
     how.add_argument("--abandon", action="store_true", help="give the operation up: every later call errors")
+    p_resolve.add_argument("--revision", metavar="REV",
+                           help="the revision of the record you decided on (agentguard ls --unknown prints it): if "
+                                "the record changed since, nothing is done and what changed is said (exit 1); the "
+                                "same decision made twice is done once ('already applied', exit 0)")
     p_resolve.set_defaults(run=_resolve)
 
     p_sweep = sub.add_parser("sweep", help="delete records past their retention",
@@ -349,6 +395,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--batch", type=_positive, default=1000, metavar="N",
                          help="delete at most N records per statement (default: 1000)")
     p_sweep.set_defaults(run=_sweep)
+
+    p_migrate = sub.add_parser("migrate", help="create the store's tables, or print the SQL that does",
+                               description="Create the store's tables and indexes where missing (as the guard does "
+                                           "on first use), or print that SQL for an administrator to run, so that "
+                                           "workers may use a role that cannot create tables.")
+    _store_options(p_migrate)
+    p_migrate.add_argument("--sql", action="store_true",
+                           help="print the SQL (one transaction, for the store's dialect) instead of running it")
+    p_migrate.add_argument("--grant", metavar="ROLE",
+                           help="with --sql, also grant ROLE what every call needs on the tables (Postgres)")
+    p_migrate.set_defaults(run=_migrate)
 
     p_doctor = sub.add_parser(
         "doctor", help="check the store a deployment will use: server, pooler, rights, clock, budget, a live race",

@@ -43,6 +43,35 @@ def held(store_url: str) -> dict[str, dict[str, Any]]:
     return {h["task_id"]: h for h in found}
 
 
+def many(store_url: str, task_ids: list[str], *, operations: int = 1, scope: str = "default",
+         replays: int = 0) -> dict[str, list[str]]:
+    """Real guarded calls, 50 at a time: ``operations`` operations in each task, each then replayed ``replays``
+    times at once (from the guard's replay cache: within a millisecond or so). Returns each task's keys.
+    (On a thread of its own, as ``held``.)"""
+
+    async def go() -> dict[str, list[str]]:
+        async with Guard(store_url) as guard:
+            async def body(key: str) -> str:
+                return key[-6:]
+
+            async def one(t: str, i: int) -> str:
+                return (await guard.run("pay", body, key={"n": i}, task_id=t, scope=scope, arguments={"n": i})).key
+
+            calls = [(t, i) for t in task_ids for i in range(operations)]
+            keys: dict[str, list[str]] = {}
+            for k in range(0, len(calls), 50):
+                batch = calls[k:k + 50]
+                for (t, _), key in zip(batch, await asyncio.gather(*(one(t, i) for t, i in batch)), strict=True):
+                    keys.setdefault(t, []).append(key)
+            for t, i in calls if replays else ():
+                await asyncio.gather(*(one(t, i) for _ in range(replays)))
+            await guard.flush_ledger()
+            return keys
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
+
+
 def seeded(store_url: str, *, done: tuple[str, ...] = ("t-done",), hold: tuple[str, ...] = ("t-held",),
            release: tuple[str, ...] = ()) -> dict[str, str]:
     """Seed the store; returns the key of each held (and released) task's booking. A held one is made by a

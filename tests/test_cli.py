@@ -340,3 +340,28 @@ def test_whitebox_resolve_command_forms(tmp_path: Path, monkeypatch: pytest.Monk
     assert resolve_command("x", "ag_1", "s", config="agentguard.toml") == (
         f"agentguard resolve ag_1 --scope s --config {tmp_path / 'agentguard.toml'} "
         "--result JSON | --retry | --abandon")
+
+
+@pytest.mark.storeless
+def test_migrate_on_sqlite_makes_the_store_and_its_sql_makes_the_same(tmp_path: Path) -> None:
+    import sqlite3
+
+    def schema(path: Path) -> list[tuple[str, str]]:
+        db = sqlite3.connect(path)
+        try:
+            return sorted(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'agentguard%'"))
+        finally:
+            db.close()
+
+    made = agentguard("migrate", "--url", f"sqlite+aiosqlite:///{tmp_path / 'made.db'}", cwd=tmp_path)
+    assert made.returncode == 0 and "the store's tables are ready" in made.stdout, made.stderr
+    printed = agentguard("migrate", "--sql", "--url", f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", cwd=tmp_path)
+    assert printed.returncode == 0 and printed.stdout.startswith("BEGIN;\n"), printed.stderr
+    assert not (tmp_path / "x.db").exists()  # (printed, not run)
+    db = sqlite3.connect(tmp_path / "run.db")
+    db.executescript(printed.stdout)
+    db.close()
+    assert schema(tmp_path / "run.db") == schema(tmp_path / "made.db") != []
+    # (in SQLite, normalised: IF NOT EXISTS is not kept in sqlite_master)
+    refused = agentguard("migrate", "--sql", "--grant", "worker", "--url", "sqlite+aiosqlite:///x.db", cwd=tmp_path)
+    assert refused.returncode == 1 and "--grant is for a Postgres store" in refused.stderr

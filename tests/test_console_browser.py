@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import BACKEND, ROOT
-from console_server import Running, console, held, seed, seeded
+from console_server import Running, console, held, many, seed, seeded
 
 pytestmark = pytest.mark.slow
 
@@ -220,7 +220,103 @@ def test_a_second_settle_from_a_stale_tab_is_refused_on_the_page(store_url: str,
         second.fill("textarea#result", '{"id": "ch_guess"}')
         assert submit(second, "record result") == 409
         message = second.get_by_role("alert").inner_text()
-        assert "is held on an unknown outcome" in message and "nothing was changed" in message
+        assert "changed since revision" in message and "nothing was changed" in message
+        assert "another operator cleared its step for a retry" in message  # what changed, and by whom
         shot(second, "second-settle")
     answer = json.loads(seed(store_url, "resume", "t-held").stdout)
     assert answer["ok"]["charge"]["id"] != "ch_guess"  # the retry stood: the step ran again
+
+
+def _count(page: Any) -> str:
+    text: str = page.locator("nav.pager .count").first.inner_text()
+    return text
+
+
+def _search(page: Any, **fields: str) -> None:
+    for name in ("task", "key", "operation", "scope"):
+        page.fill(f"form[role=search] input[name={name}]", fields.get(name, ""))
+    with page.expect_navigation():
+        page.get_by_role("button", name="search").click()
+
+
+def test_a_person_finds_a_task_by_its_id_a_record_by_its_key_and_pages_through_the_tasks(
+    store_url: str, tmp_path: Path, context: Any
+) -> None:
+    many(store_url, [f"order-{i:03d}" for i in range(130)])
+    two = many(store_url, ["two-ops"], operations=2)["two-ops"]
+    many(store_url, ["elsewhere"], scope="acct-2")
+    with console(store_url, tmp_path / "console.log") as c:
+        page = context.new_page()
+        page.goto(f"{c.base}/")
+        assert _count(page) == "tasks 1–100 of 132"
+        assert page.locator("table.tasks tr").count() == 101  # a header and a page of tasks
+        page.get_by_role("link", name="next ›").first.click()
+        page.wait_for_load_state()
+        assert _count(page) == "tasks 101–132 of 132" and page.locator("table.tasks tr").count() == 33
+        assert page.get_by_role("link", name="next ›").count() == 0
+        shot(page, "tasks-page-2")
+
+        def listed() -> list[str]:
+            ids: list[str] = page.locator("table.tasks tr td:nth-child(2)").all_inner_texts()
+            return ids
+
+        _search(page, task="order-12")  # a task id's start
+        assert sorted(listed()) == [f"order-{i}" for i in range(120, 130)]
+        assert page.input_value("form[role=search] input[name=task]") == "order-12"  # the search stays in the form
+        shot(page, "search-task")
+        _search(page, scope="acct-2")
+        assert listed() == ["elsewhere"]
+        _search(page, operation="pay[n=1")  # an operation's start
+        assert listed() == ["two-ops"]
+        _search(page, key=two[1][:16])  # a key's start, as `agentguard show` takes it: its record's page
+        assert page.locator("h1").inner_text() == "Record pay[n=1]" and page.url.endswith(f"key={two[1]}")
+        assert two[1] in page.inner_text("main")
+        page.goto(f"{c.base}/")
+        _search(page, key="ag_")  # the start of every key: those it may name, each a link to its record
+        assert "Several records' keys start with" in page.inner_text("main")
+        assert page.locator("table.found tr").count() == 101  # a header and the first hundred
+        page.locator("table.found").get_by_role("link", name="two-ops").first.click()
+        page.wait_for_load_state()
+        assert page.locator("h1").inner_text() == "Task two-ops" and _count(page) == "operations 1–2 of 2"
+
+
+def test_a_task_page_shows_its_attempts_beside_its_timeline_and_marks_of_one_moment_apart(
+    store_url: str, tmp_path: Path, browser: Any
+) -> None:
+    many(store_url, ["burst"], replays=12)  # one call, then twelve replays at once: within a millisecond or so
+    wide = browser.new_context(viewport={"width": 1800, "height": 900})
+    try:
+        with console(store_url, tmp_path / "console.log") as c:
+            page = wide.new_page()
+            page.goto(f"{c.base}/task?scope=default&id=burst")
+            timeline, table = page.locator("svg.timeline"), page.locator("table.attempts")
+            heads = table.locator("th").all_inner_texts()
+            assert {"ended (UTC)", "what happened", "who", "how long", "downstream key"} <= set(heads)
+            lines = table.locator("tr[id]")
+            assert lines.count() == 13
+            first = lines.first.inner_text()
+            assert "ran" in first and "succeeded" in first and "guard" in first and "ag_" in first
+            assert lines.nth(1).inner_text().count("replayed") == 1
+            # beside the timeline: the table's left edge is right of the picture
+            svg_box, table_box = timeline.bounding_box(), table.bounding_box()
+            assert svg_box is not None and table_box is not None
+            assert table_box["x"] >= svg_box["x"] + svg_box["width"] and abs(table_box["y"] - svg_box["y"]) < 100
+            # marks of the same moment, as the browser draws them: none covers another; what does not fit is
+            # counted where it would be
+            boxes = [b for b in (m.bounding_box() for m in timeline.locator("circle.mark").all()) if b is not None]
+            more = sum(int(t.lstrip("+")) for t in timeline.locator("text.more").all_text_contents())
+            assert len(boxes) > 1 and len(boxes) + more == 13
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1:]:
+                    apart = (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                             or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
+                    assert apart, (a, b)
+            shot(page, "task-attempts")
+            # a mark leads to its line of the table, which the page then marks out
+            timeline.locator("circle.mark.replayed").last.click()
+            anchor = page.url.rsplit("#", 1)[1]
+            line = page.locator(f"tr#{anchor}")
+            assert "replayed" in line.inner_text() and line.is_visible()
+            assert line.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(255, 245, 157)"
+    finally:
+        wide.close()

@@ -49,8 +49,8 @@ async def test_public_api_is_exactly_this() -> None:
     assert agentguard.__all__ == sorted(agentguard.__all__)
     assert set(agentguard.__all__) == {
         "INJECTED", "Guard", "GuardError", "GuardEvent", "InProgressError", "KeyReuseError", "LeaseLostError",
-        "MissingTaskError", "Operation", "OutcomeUnknownError", "Outcome", "ResultNotStoredError", "StepOrderError",
-        "StoreError",
+        "MissingTaskError", "Operation", "OutcomeUnknownError", "Outcome", "RecordChangedError", "ResultNotStoredError",
+        "StepOrderError", "StoreError",
         "__version__", "current_audit", "current_key", "current_task", "sub_key", "task",
     }
     for name in agentguard.__all__:

@@ -199,9 +199,10 @@ class RecordDetail:
 
 
 class AttemptStatements:
-    """The ledger's statements, for one database clock (``now``)."""
+    """The ledger's statements, for one database clock (``now``); ``row_id``, ``rows_by_id``: as the records'
+    (``_statements.Statements``)."""
 
-    def __init__(self, now: str) -> None:
+    def __init__(self, now: str, row_id: str = "rowid", rows_by_id: str = "rowid IN ({})") -> None:
         cols = ", ".join(("id", *COLUMNS))
         where = ("(CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
                  " AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR at >= :since)")
@@ -218,10 +219,9 @@ class AttemptStatements:
         )
         self.since = text(f"SELECT {cols} FROM {ATTEMPTS} WHERE {where} ORDER BY at, id LIMIT :limit")
         once = f"(SELECT {now})"
-        self.sweep = text(
-            f"DELETE FROM {ATTEMPTS} WHERE id IN (SELECT id FROM {ATTEMPTS} WHERE expires_at < {once}"
-            " LIMIT :batch)"
-        )
+        # As the records' sweep, for the same reasons: oldest first through the index, deleted by address.
+        batch = f"SELECT {row_id} FROM {ATTEMPTS} WHERE expires_at < {once} ORDER BY expires_at LIMIT :batch"
+        self.sweep = text(f"DELETE FROM {ATTEMPTS} WHERE {rows_by_id.format(batch)}")
         self.detail = text(
             f"SELECT scope, key, task_id, operation, tool, state, attempts, fence, {now} - created_at,"
             f" {now} - updated_at, expires_at - {now},"
@@ -250,7 +250,8 @@ class AttemptVerbs:
     @property
     def attempt_sql(self) -> AttemptStatements:
         if self._attempt_sql is None:
-            self._attempt_sql = AttemptStatements(self._executor.dialect.now)
+            d = self._executor.dialect
+            self._attempt_sql = AttemptStatements(d.now, d.row_id, d.rows_by_id)
         return self._attempt_sql
 
     async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> int:

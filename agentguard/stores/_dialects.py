@@ -112,6 +112,11 @@ class Dialect:
     now: str  # SQL for "seconds since the epoch, as a double, from the database clock"
     schema_begin = "BEGIN"  # opens the schema-creation transaction
     schema_lock: str | None = None  # taken in the schema-creation transaction, if any
+    # The rows a sub-select found, fetched again by their physical address (``{}``: the sub-select of
+    # ``row_id``), so that a DELETE of them never becomes a join the planner may run over the whole table
+    # (the sweep's batches: ``Statements``).
+    row_id = "rowid"
+    rows_by_id = "rowid IN ({})"
     step_isolation: str  # of the transactions that record a step
     read_is_cheaper = False  # a plain read of a record costs less than a claim that finds it
     claim_unsynced = False  # a claim's commit does not wait for its WAL to be flushed (see Statements)
@@ -343,8 +348,13 @@ class Postgres(Dialect):
     name = "postgresql"
     # clock_timestamp(), not now(): now() is frozen at transaction start.
     now = "(extract(epoch from clock_timestamp())::float8)"
-    # Concurrent CREATE TABLE IF NOT EXISTS can still fail on pg_type's unique index; serialise it.
+    # Concurrent CREATE TABLE IF NOT EXISTS can still fail on pg_type's unique index; serialise it. Read committed
+    # whatever the server's default: under repeatable read or serializable the snapshot is taken by the lock's
+    # statement, before its wait, and a worker that waited would not see the tables made meanwhile.
+    schema_begin = "BEGIN ISOLATION LEVEL READ COMMITTED"
     schema_lock = "SELECT pg_advisory_xact_lock(7283950271)"
+    row_id = "ctid"
+    rows_by_id = "ctid = ANY(ARRAY({}))"  # a TID scan, whatever the planner estimates
     step_isolation = "READ COMMITTED"
     # A plain SELECT of a record costs less than the claim of a key likely free that finds it (the insert, then
     # the read), so a call that is likely a replay may read first (the guard decides when).

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._attempts import Attempt, RecordDetail
+from ._decisions import Decided, How
 from ._schema import Listing, Record
 
 
@@ -164,10 +165,18 @@ class AdminStore(Protocol):
         self, *, scope: str | None = None, task_id: str | None = None, limit: int = 100, state: str | None = None
     ) -> Sequence[Listing]: ...
 
-    async def unknown(self, *, scope: str | None = None, limit: int = 100) -> list[tuple[Any, ...]]:
-        """(scope, key, task_id, operation, step, attempts, age, held) of operations held for a person: ``held``
-        says how (``_schema.HELD_KINDS``: a worker died inside a step, named by ``step``, or inside the body; or
-        the body's result could not be stored)."""
+    async def unknown(self, *, scope: str | None = None, limit: int = 100, offset: int = 0) -> list[tuple[Any, ...]]:
+        """(scope, key, task_id, operation, step, attempts, age, held, state, fence, updated_at, total) of
+        operations held for a person, one row each, the latest change first: ``held`` says how
+        (``_schema.HELD_KINDS``: a worker died inside a step, the first started named by ``step``, or inside the
+        body; or the body's result could not be stored); ``total``: how many are held."""
+        ...
+
+    async def decide(self, scope: str, key: str, how: How, value: str | None, retention: float, *,
+                     seen: str | None = None) -> Decided:
+        """Settle a held record as ``how`` says (``value``: the encoded result, or the encoded error of an
+        abandon), in one transaction, and only if its revision is still ``seen`` when that is given; what it
+        found, and what it wrote (``_decisions``)."""
         ...
 
     async def hold(self, scope: str, key: str, fence: int) -> bool:

@@ -66,6 +66,11 @@ calls = Table(
         f"state IN ('{RUNNING}', '{SUCCEEDED}', '{FAILED}', '{RELEASED}')", name=f"{TABLE}_state_check"
     ),
     Index(f"{TABLE}_expires_idx", "expires_at"),
+    # A person's reads (the console): a task's records, and the tasks in the order of their latest claim, read
+    # from the index alone. Of the columns a call writes, only a claim's (and a takeover's) are in it: a
+    # completion or a renewal on SQLite, or a renewal on Postgres (a HOT update), never writes to it. A store
+    # made before it has none: its console reads scan the records (docs/console.md).
+    Index(f"{TABLE}_task_idx", "scope", "task_id", "created_at"),
 )
 
 steps = Table(
@@ -102,6 +107,19 @@ async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, mor
         with contextlib.suppress(Exception):
             await conn.exec_driver_sql("ROLLBACK")
         raise
+
+
+def schema_ddl(dialect: Any, more: Sequence[str] = ()) -> list[str]:
+    """The statements that make the store's tables and indexes where missing, in ``dialect`` (SQLAlchemy's), then
+    ``more``: what ``create_schema`` runs, for an administrator to run (``agentguard migrate --sql``)."""
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    out: list[str] = []
+    for table in metadata.sorted_tables:
+        out.append(str(CreateTable(table, if_not_exists=True).compile(dialect=dialect)).strip())
+        out += [str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)).strip()
+                for index in sorted(table.indexes, key=lambda i: str(i.name))]
+    return out + [ddl.strip() for ddl in more]
 
 
 class Record(NamedTuple):
