@@ -63,7 +63,8 @@ class Line:
 
 @dataclass
 class Settings:
-    pool_size: int = 10  # the pool_size the user's guards run with (the connection budget)
+    pool_size: int = 10  # the pool_size the user's guards run with
+    max_connections: int | None = None  # their max_connections, the connection budget (None: 3 × pool_size)
     workers: int = 1  # worker processes that will share the store
     race: bool = True  # run the live race (it writes to a scratch scope, then deletes what it wrote)
     keep: bool = False  # leave what the race wrote, to be read (it expires with the race's retention)
@@ -165,30 +166,29 @@ def pooling_line(p: Pooling) -> Line:
     if p.mode == "session":
         return Line("pooler", WARN, f"session pooling or a proxy: {p.evidence}. Every connection of a worker (see "
                                     "connections) holds a server session while it is open, so the pooler's pool must "
-                                    "hold all of them, or callers wait for one")
+                                    "hold all of them (workers × max_connections), or a connection it cannot seat "
+                                    "is refused after connect_timeout")
     if p.mode == "transaction":
-        return Line("pooler", FAIL, f"transaction pooling: {p.evidence}",
-                    "asyncpg's prepared statements do not survive transaction pooling (calls fail, some after the "
-                    "body ran): point agentguard at a pool in session mode (a PgBouncer database entry with "
-                    "pool_mode = session) or at Postgres directly")
+        return Line("pooler", OK, f"transaction pooling: {p.evidence}. agentguard finds this at start and works "
+                                  "through it: it keeps no prepared statement, and its waiters poll (a LISTEN is "
+                                  "not heard through transaction pooling)")
     return Line("pooler", FAIL, f"statement pooling: {p.evidence}",
                 "agentguard needs transactions: use a pool in session mode, or Postgres directly")
 
 
-def worker_connections(pool_size: int) -> tuple[int, str]:
-    """The most Postgres connections one worker process may open with one event loop of its own, and how: each
-    event loop that uses the guard has an engine of ``3 × pool_size`` (pool and overflow) and a listener; the
-    guard's own loop (sync tools' general path, the ledger) is one more; sync tools' psycopg connections, one per
-    calling thread, are capped at ``3 × pool_size``."""
-    per_loop = 3 * pool_size
-    total = 3 * per_loop + 2
-    return total, (f"{per_loop} on the worker's event loop + {per_loop} on the guard's own loop (sync tools, the "
-                   f"ledger) + {per_loop} sync tools' own + 2 listeners")
+def worker_connections(pool_size: int, budget: int | None = None) -> tuple[int, str]:
+    """The most Postgres connections one worker process may open, and how: every connection it opens (each event
+    loop's pool, sync tools' own, the listeners, the check at start) is within one budget, the guard's
+    ``max_connections`` (``budget``; default ``3 × pool_size``)."""
+    if budget is not None:
+        return budget, "max_connections: every loop's pool, sync tools' own connections and the listeners together"
+    return 3 * pool_size, ("max_connections, by default 3 × pool_size: every loop's pool, sync tools' own "
+                           "connections and the listeners together")
 
 
 def budget_line(*, pool_size: int, workers: int, max_connections: int, reserved: int, in_use: int,
-                role_limit: int, db_limit: int, pooling: PoolMode) -> Line:
-    per, how = worker_connections(pool_size)
+                role_limit: int, db_limit: int, pooling: PoolMode, budget: int | None = None) -> Line:
+    per, how = worker_connections(pool_size, budget)
     total = per * workers
     whom = f"{workers} workers" if workers > 1 else "one worker"
     found = (f"{whom} may open up to {total} (pool_size {pool_size}: {how}"
@@ -206,8 +206,8 @@ def budget_line(*, pool_size: int, workers: int, max_connections: int, reserved:
         limits.append((db_limit, f"the database's CONNECTION LIMIT {db_limit}", "the database's CONNECTION LIMIT"))
     cap, what, knob = min(limits)
     if total > cap:
-        fits = (cap // workers - 2) // 9  # (the pool_size at which worker_connections fits)
-        lower = f"lower pool_size to {fits}" if fits >= 1 else "run fewer workers"
+        fits = cap // workers  # (the max_connections at which worker_connections fits)
+        lower = f"lower max_connections to {fits}" if fits >= 1 else "run fewer workers"
         return Line("connections", FAIL, f"{found}: more than {what} allows",
                     f"{lower}, raise {knob}, or put a pooler in session mode in front")
     if total + in_use > room:
@@ -567,7 +567,8 @@ async def check_postgres(url: str, settings: Settings, report: Report) -> None:
         report.add(_round_trip(samples, "SELECT 1"))
         report.add(budget_line(pool_size=settings.pool_size, workers=settings.workers, max_connections=max_conn,
                                reserved=0 if superuser else su_reserved + reserved, in_use=in_use,
-                               role_limit=-1 if superuser else role_limit, db_limit=db_limit, pooling=pooling.mode))
+                               role_limit=-1 if superuser else role_limit, db_limit=db_limit, pooling=pooling.mode,
+                               budget=settings.max_connections))
     except Exception as exc:
         report.add(Line("store", FAIL, f"a check failed: {_why(exc)}", "see the error"))
         return
@@ -1002,7 +1003,8 @@ async def _race_and_clean(url: str, settings: Settings, report: Report, fault: F
     scope = SCRATCH + secrets.token_hex(6)
     # Two guards as two workers, each with engines of its own; a short retention, so that whatever a crash of the
     # doctor itself left behind is swept soon.
-    guards = [Guard(url, lease=10.0, retention=3600.0, pool_size=settings.pool_size, wait_timeout=60.0,
+    guards = [Guard(url, lease=10.0, retention=3600.0, pool_size=settings.pool_size,
+                    max_connections=settings.max_connections, wait_timeout=60.0,
                     connect_timeout=settings.timeout) for _ in range(2)]
     try:
         result = await race(guards, scope, fault)

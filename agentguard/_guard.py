@@ -115,6 +115,7 @@ class Guard(Views):
         wait_timeout: float | timedelta | None = None,
         on_event: Callable[[GuardEvent], None] | None = None,
         pool_size: int = 10,
+        max_connections: int | None = None,
         connect_timeout: float = 10.0,
         sqlite_synchronous: str = "FULL",
         pg_synchronous_commit: str | None = None,
@@ -142,7 +143,8 @@ class Guard(Views):
         self._wait_timeout = None if wait_timeout is None else _seconds(wait_timeout, "wait_timeout")
         if store is None:
             store = SQLStore(
-                url or os.environ.get(ENV_URL) or DEFAULT_URL, pool_size=pool_size, connect_timeout=connect_timeout,
+                url or os.environ.get(ENV_URL) or DEFAULT_URL, pool_size=pool_size, max_connections=max_connections,
+                connect_timeout=connect_timeout,
                 sqlite_synchronous=sqlite_synchronous, pg_synchronous_commit=pg_synchronous_commit,
                 pg_claim_unsynced=pg_claim_unsynced,
             )

@@ -251,7 +251,8 @@ def _doctor(args: argparse.Namespace) -> int:
     _check_driver(ref.url)
     from ._doctor import Settings, run
 
-    settings = Settings(pool_size=args.pool_size, workers=args.workers, race=not args.no_race, keep=args.keep,
+    settings = Settings(pool_size=args.pool_size, max_connections=args.max_connections, workers=args.workers,
+                        race=not args.no_race, keep=args.keep,
                         timeout=args.timeout)
     return run(ref.url, settings, as_json=args.json)
 
@@ -421,7 +422,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_doctor.add_argument("--workers", type=_positive, default=1, metavar="N",
                           help="worker processes that will share the store, for the connection budget (default: 1)")
     p_doctor.add_argument("--pool-size", type=_positive, default=10, metavar="N",
-                          help="the pool_size your guards use, for the connection budget (default: 10, Guard's)")
+                          help="the pool_size your guards use (default: 10, Guard's)")
+    p_doctor.add_argument("--max-connections", type=_positive, default=None, metavar="N",
+                          help="the max_connections your guards use, each worker's connection budget "
+                               "(default: 3 × --pool-size, Guard's)")
     p_doctor.add_argument("--no-race", action="store_true",
                           help="skip the live race: check only, write nothing")
     p_doctor.add_argument("--keep", action="store_true",

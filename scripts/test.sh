@@ -179,6 +179,19 @@ if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   fi
 fi
 
+# -- PgBouncer, in front of the throwaway PostgreSQL in tests/test_pgbouncer.py (and agentguard doctor's tests) --
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing pgbouncer from Debian's packages"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null)
+  else
+    echo "pgbouncer is not installed (the tests behind a pooler need it); install pgbouncer and re-run" >&2
+    exit 1
+  fi
+fi
+# (Debian's package starts a pgbouncer service of its own: the tests start theirs on free ports, it is not used)
+export AGENTGUARD_REQUIRE_PGBOUNCER=1  # tests/pgbouncer.py fails rather than skips without it
+
 # -- spin, the model checker of tests/test_model.py (and a C compiler for the verifiers it generates) ------
 if ! command -v spin >/dev/null 2>&1 || ! { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -129,9 +129,10 @@ def test_threads_run_each_body_once(databases: Callable[[], str]) -> None:
 
 
 def test_connections_stay_within_the_pool_and_leave_with_their_threads(databases: Callable[[], str]) -> None:
-    """With pool_size=1 (capacity 3): 8 threads whose bodies all run at once hold at most 3 direct connections
-    (the others claim and complete on the general path, each body once); once they end, the next thread's
-    first call closes theirs, and their server backends go."""
+    """With pool_size=1 (a budget of 3 connections, max_connections' default): 8 threads whose bodies all run at
+    once hold at most 3 connections in all, direct ones and the guard's pool's together, on the server too (the
+    others claim and complete on the general path, each body once); once they end, the next thread's first call
+    closes theirs, and their server backends go."""
     url = databases()
     guard = Guard(url, pool_size=1, cache_size=0)
     runs: list[int] = []
@@ -157,7 +158,7 @@ def test_connections_stay_within_the_pool_and_leave_with_their_threads(databases
         pids = _pids(direct)
         mine = pg_execute(url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'agentguard'"
                                " AND datname = current_database()")
-        assert len(pids) == 3 and pids <= {r[0] for r in mine}  # the cap, on the server too
+        assert len(mine) <= 3 and pids <= {r[0] for r in mine}  # the budget, on the server too
         together.wait(60)
         for t in callers:
             t.join(60)

@@ -22,8 +22,12 @@ executors (a SQLite file's statements on the caller's own thread: ``_direct``; P
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import sqlite3
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +45,7 @@ from .._redact import redact_url
 from ._aiosqlite import BUSY_MS, Opened, Waiters, connector
 from ._aiosqlite import fetch_plan as aiosqlite_plan
 from ._aiosqlite import fetch_row as aiosqlite_row
+from ._budget import Budget
 from ._claims import InsertFirst, Plan, ReadFirst
 from ._schema import TABLE
 from ._statements import Compiled, compiler
@@ -56,6 +61,10 @@ _TRANSIENT_STATES = frozenset({"40001", "40P01"})
 _ROW_CLASSES = frozenset({"22", "23"})
 _AIOSQLITE_CLOSED = ("no active connection", "Connection closed")  # aiosqlite's ValueErrors of a closed connection
 
+log = logging.getLogger("agentguard.store")
+PROBE_CHANNEL = "agentguard_probe"
+PROBE_WAIT = 1.0  # seconds a listening connection behind a pooler is given to hear its own probe
+
 _ACCEPTED = "sqlite+aiosqlite:///path/to/file.db, sqlite+aiosqlite:// (in memory) or postgresql+asyncpg://user:password@host:5432/db"
 
 
@@ -65,6 +74,9 @@ class Options:
 
     pool_size: int = 10
     connect_timeout: float = 10.0
+    # The worker's connection budget (Postgres): every connection it opens, of every kind (``_budget``); None:
+    # three times ``pool_size``, what one event loop's pool allows.
+    max_connections: int | None = None
     sqlite_synchronous: str = "FULL"
     pg_synchronous_commit: str | None = None
     pg_claim_unsynced: bool = False
@@ -76,12 +88,20 @@ class Options:
     def __post_init__(self) -> None:
         if self.pool_size < 1:
             raise ValueError("pool_size must be at least 1")
+        if self.max_connections is not None and (not isinstance(self.max_connections, int)
+                                                 or isinstance(self.max_connections, bool)
+                                                 or self.max_connections < 1):
+            raise ValueError("max_connections must be an integer of at least 1")
         if self.sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError("sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA")
         if self.pg_synchronous_commit not in (None, "on", "off", "local", "remote_write", "remote_apply"):
             raise ValueError("pg_synchronous_commit must be on, off, local, remote_write or remote_apply")
         if not isinstance(self.pg_claim_unsynced, bool):
             raise ValueError("pg_claim_unsynced must be True or False")
+
+
+class PoolerFull(TimeoutError):
+    """The pooler had no server connection for a new connection in time (a ``TimeoutError``: transient)."""
 
 
 class Dialect:
@@ -127,6 +147,9 @@ class Dialect:
 
     def prepare(self) -> None:
         """Anything to do once before the first connection."""
+
+    async def probe(self) -> None:
+        """Anything to find out about the server, at start, before the pool's first connection."""
 
     def engine_kwargs(self, opened: Opened) -> dict[str, Any]:
         """``create_async_engine``'s arguments. Autocommit: each statement is its own transaction. No reset on
@@ -335,6 +358,138 @@ class Postgres(Dialect):
         # for a replay, where the insert that finds it taken and then the read cost two.
         self.plans = Plans(InsertFirst, ReadFirst)
         self.claim_unsynced = self.unsynced_in_statement = options.pg_claim_unsynced
+        self.budget = Budget(options.max_connections or options.pool_size * 3, options.connect_timeout)
+        # The pooler between this worker and the server, found at start (``probe``): None (none: the server
+        # itself, or a proxy that passes each session through), "session" or "transaction" pooling (where a
+        # session's state does not outlive a transaction: no prepared statement is kept, nothing is listened to).
+        self.pooling: str | None = None
+        self.probed = False
+
+    @property
+    def capacity(self) -> int:
+        """Each loop's pool: three times ``pool_size``, never beyond the worker's whole budget."""
+        return min(self.options.pool_size * 3, self.budget.limit)
+
+    @property
+    def listens(self) -> bool:
+        """Whether a connection that LISTENs hears what is announced (not through transaction pooling)."""
+        return self.pooling != "transaction"
+
+    @property
+    def keeps_statements(self) -> bool:
+        """Whether a prepared statement outlives its round trip (not through transaction pooling, nor before the
+        probe has said so)."""
+        return self.probed and self.pooling != "transaction"
+
+    def _connect_params(self) -> dict[str, Any]:
+        """asyncpg's ``connect`` arguments for a connection of its own (the listener's, the probe's)."""
+        from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+
+        _, params = PGDialect_asyncpg().create_connect_args(make_url(self.url))  # type: ignore[no-untyped-call]
+        for sqlalchemy_only in ("prepared_statement_cache_size", "prepared_statement_name_func", "async_fallback"):
+            params.pop(sqlalchemy_only, None)
+        params = dict(params)
+        _numbers(params)
+        params.update(timeout=self.options.connect_timeout, statement_cache_size=0)
+        return params
+
+    async def _own_connection(self, application_name: str) -> Any:
+        """An asyncpg connection outside the pool, in the budget (waiting its turn for a slot); its slot goes back
+        when it closes, however it closes."""
+        import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+        await self.budget.take()
+        try:
+            conn = await asyncpg.connect(**self._connect_params(),
+                                         server_settings={"application_name": application_name})
+        except BaseException:
+            self.budget.give()
+            raise
+        self._hold(conn)
+        await self._seated(conn)
+        return conn
+
+    async def _seated(self, conn: Any) -> None:
+        """Behind session pooling, a connection is a server session only once the pooler has one free for it: the
+        pooler queues it silently meanwhile (PgBouncer for ``query_wait_timeout``, two minutes by default). It is
+        given ``connect_timeout`` to be seated, as a connection to the server is to open, then refused."""
+        if self.pooling != "session":
+            return
+        try:
+            await conn.fetchval("SELECT 1", timeout=self.options.connect_timeout)
+        except BaseException as exc:
+            await _closed(conn)
+            if isinstance(exc, TimeoutError):
+                raise PoolerFull(
+                    f"the pooler in front of the server (session pooling) had no server connection free for "
+                    f"{self.options.connect_timeout:g}s: each of this worker's connections holds one of its pool "
+                    "while open, so make max_connections times the number of workers at most the pooler's pool "
+                    "size (PgBouncer: default_pool_size), or use transaction pooling") from None
+            raise
+
+    def _hold(self, conn: Any) -> None:
+        budget = self.budget
+        budget.hold(conn)
+        conn.add_termination_listener(lambda c: budget.let_go(c))
+
+    async def probe(self) -> None:
+        """Whether a pooler stands between this worker and the server, and which pooling it does: once, at start.
+
+        Behind a pooler the session the worker sees is the pooler's, not the server's, so the process id in the
+        cancellation key (``BackendKeyData``) it was handed is not the server process that answers
+        ``pg_backend_pid()`` (a NAT, a port mapping or a plain TCP proxy pass the session through: they are not
+        poolers). Then a connection LISTENs and another announces to it: under session pooling (or none) the
+        listener's session is one server session, and it hears; under transaction pooling its LISTEN stayed on a
+        server session it no longer holds, and it cannot. Told so, the store keeps no prepared statement and
+        listens to nothing (waiters poll), rather than fail later."""
+        if not self.probed:
+            first = await self._own_connection("agentguard")
+            try:
+                try:  # (bounded: a pooler with no server session free would keep it waiting, silently)
+                    pid = await first.fetchval("SELECT pg_backend_pid()", timeout=self.options.connect_timeout)
+                except TimeoutError:
+                    raise PoolerFull(
+                        f"no answer to SELECT pg_backend_pid() within {self.options.connect_timeout:g}s: a pooler in "
+                        "front of the server with no server connection free? Make its pool hold every worker's "
+                        "max_connections") from None
+                if first.get_server_pid() != pid:
+                    self.pooling = "session" if await self._hears(first) else "transaction"
+            finally:
+                await _closed(first)
+            self.probed = True
+            if self.pooling is not None:
+                log.info("the store %s is reached through a pooler doing %s pooling%s", redact_url(self.url),
+                         self.pooling,
+                         ": no prepared statements are kept, and waiters poll" if self.pooling == "transaction" else "")
+        if self.pooling is not None and self.options.pg_synchronous_commit:  # (refused at every start, not once)
+            raise StoreError(
+                f"the store failed (pg_synchronous_commit={self.options.pg_synchronous_commit!r} is a setting of the "
+                f"session, and the store {redact_url(self.url)} is reached through a pooler ({self.pooling} pooling), "
+                "which does not pass it on to the server: set it for the role instead (ALTER ROLE ... SET "
+                "synchronous_commit = ...) and drop pg_synchronous_commit, or connect to the server directly)")
+
+    async def _hears(self, listener: Any) -> bool:
+        """Whether ``listener`` hears an announcement made on another connection (see :meth:`probe`)."""
+        token = uuid.uuid4().hex
+        heard = asyncio.get_running_loop().create_future()
+
+        def announced(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+            if payload == token and not heard.done():
+                heard.set_result(True)
+
+        await listener.add_listener(PROBE_CHANNEL, announced)
+        other = await self._own_connection("agentguard")
+        try:
+            await other.execute(f"SELECT pg_notify('{PROBE_CHANNEL}', '{token}')", timeout=self.options.connect_timeout)
+        except TimeoutError:  # (not announced in time: taken as not heard, the safe side: no statement kept, polling)
+            return False
+        finally:
+            await _closed(other)
+        try:
+            await asyncio.wait_for(heard, PROBE_WAIT)
+        except TimeoutError:
+            return False
+        return True
 
     def driver_dialect(self) -> Any:
         from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
@@ -346,10 +501,41 @@ class Postgres(Dialect):
         settings = {"application_name": "agentguard"}
         if o.pg_synchronous_commit:
             settings["synchronous_commit"] = o.pg_synchronous_commit
-        return {
-            **super().engine_kwargs(opened), "pool_size": o.pool_size, "max_overflow": o.pool_size * 2,
-            "connect_args": {"timeout": o.connect_timeout, "server_settings": settings},
-        }
+        connect_args: dict[str, Any] = {"timeout": o.connect_timeout, "server_settings": settings}
+        if not self.keeps_statements:  # (asyncpg then prepares each statement unnamed, within its round trip)
+            connect_args.update(statement_cache_size=0, prepared_statement_cache_size=0)
+        size = min(o.pool_size, self.capacity)
+        # (a caller waits for a connection of the pool as long as for a new one: never the pool's half a minute)
+        return {**super().engine_kwargs(opened), "pool_size": size, "max_overflow": self.capacity - size,
+                "pool_timeout": o.connect_timeout, "connect_args": connect_args}
+
+    def set_up(self, engine: AsyncEngine) -> None:
+        """Every connection of the engine's pool is opened within the budget (waiting its turn for a slot) and
+        gives its slot back when it closes."""
+        import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+        async def connect(*args: Any, **kwargs: Any) -> Any:
+            await self.budget.take()
+            try:
+                conn = await asyncpg.connect(*args, **kwargs)
+            except BaseException:
+                self.budget.give()
+                raise
+            self._hold(conn)
+            await self._seated(conn)
+            return conn
+
+        def budgeted(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+            cparams["async_creator_fn"] = connect
+            _numbers(cparams)
+
+        def closed(dbapi_conn: Any, _record: Any) -> None:  # (at once; the termination listener runs later)
+            conn = getattr(dbapi_conn, "_connection", None)  # (the adapter's asyncpg connection)
+            if conn is not None:
+                self.budget.let_go(conn)
+
+        event.listen(engine.sync_engine, "do_connect", budgeted)
+        event.listen(engine.sync_engine, "close", closed)
 
     def fetch_row(self, drv: Any, sql: str, args: Sequence[Any], writes: bool = True) -> Awaitable[Any]:
         return drv.fetchrow(sql, *args)  # type: ignore[no-any-return]
@@ -358,22 +544,39 @@ class Postgres(Dialect):
         return drv.fetch(sql, *args)  # type: ignore[no-any-return]
 
     def listen_connection(self) -> Awaitable[Any]:
-        import asyncpg  # type: ignore[import-untyped,unused-ignore]
-        from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
-
-        _, params = PGDialect_asyncpg().create_connect_args(make_url(self.url))  # type: ignore[no-untyped-call]
-        for sqlalchemy_only in ("prepared_statement_cache_size", "prepared_statement_name_func", "async_fallback"):
-            params.pop(sqlalchemy_only, None)
-        o = self.options
-        return asyncpg.connect(  # type: ignore[no-any-return]
-            **params, timeout=o.connect_timeout, server_settings={"application_name": "agentguard-listen"}
-        )
+        # In the budget's line like any connection (its holders close theirs meanwhile): without a slot in time,
+        # waiters poll (``_listen``).
+        return self._own_connection("agentguard-listen")
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
         return _asyncpg_connection_error(exc) or (drv is not None and drv.is_closed())
 
     def _transient_here(self, e: BaseException) -> bool:
         return _asyncpg_connection_error(e)
+
+
+# asyncpg's connect arguments that are numbers, which a URL's query gives as text (``?statement_cache_size=0``
+# reached asyncpg as "0": a bare TypeError on every call).
+_NUMBERS = {"statement_cache_size": int, "max_cached_statement_lifetime": int, "max_cacheable_statement_size": int,
+            "command_timeout": float}
+
+
+def _numbers(params: dict[str, Any]) -> None:
+    for name, kind in _NUMBERS.items():
+        value = params.get(name)
+        if isinstance(value, str):
+            try:
+                params[name] = kind(value)
+            except ValueError:
+                raise StoreError(f"the store failed (the URL's {name}={value!r} is not a number)") from None
+
+
+async def _closed(conn: Any) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), timeout=2.0)
+    except Exception:
+        with contextlib.suppress(Exception):
+            conn.terminate()
 
 
 def _asyncpg_connection_error(exc: BaseException) -> bool:

@@ -5,9 +5,10 @@ An executor of the same statements beside the general path (asyncpg on the porta
 its own: the same server and session settings (``application_name``, ``synchronous_commit``), the store's own
 statements (compiled from its ``Statements`` for psycopg: the claim with ``pg_claim_unsynced``'s
 ``set_config``, the completion that announces watched records), its claim plans (``_claims``) and verbs
-(``_verbs``), the same answers; ``tests/test_executors.py`` proves them equal. Bounded: at most the store's pool
-capacity of connections across threads (a thread beyond it is refused, and its caller asks the store); those
-of threads that ended are closed on the next open, a forked child never uses its parent's. A failure
+(``_verbs``), the same answers; ``tests/test_executors.py`` proves them equal. Bounded: each connection takes a
+slot of the worker's connection budget (``_budget``) when one is free now (a thread without one is refused, and
+its caller asks the store, whose pool waits its turn); those of threads that ended are closed on the next open,
+and every idle one as soon as callers wait for a slot; a forked child never uses its parent's. A failure
 (connecting, a statement, a lost connection) is a ``StoreError`` as the store would raise it; the caller then
 asks the store the same verb (the same statements, the same parameters, the same owner token), which decides
 (retries, fails closed). Without psycopg, the general path runs as ever.
@@ -26,6 +27,7 @@ from sqlalchemy.engine import make_url
 from .._errors import StoreError
 from .._extras import missing
 from .._fork import abandon
+from ._budget import Budget
 from ._claims import Ask
 from ._statements import Compiled, Statements, compiler
 from ._verbs import Plans, SyncVerbs
@@ -40,9 +42,10 @@ def available() -> bool:
     return missing("psycopg") is None
 
 
-def connect_kwargs(url: str, synchronous_commit: str | None) -> dict[str, Any] | None:
+def connect_kwargs(url: str, synchronous_commit: str | None, prepared: bool = True) -> dict[str, Any] | None:
     """psycopg's connection parameters for the store's ``postgresql+asyncpg://`` URL, with the general path's
-    session settings; None if the URL has query parameters (asyncpg's, which libpq may read otherwise)."""
+    session settings; None if the URL has query parameters (asyncpg's, which libpq may read otherwise).
+    ``prepared``: statements may be prepared (not through transaction pooling)."""
     u = make_url(url)
     if u.query:
         return None
@@ -53,6 +56,8 @@ def connect_kwargs(url: str, synchronous_commit: str | None) -> dict[str, Any] |
     kwargs.update(application_name="agentguard", connect_timeout=CONNECT_TIMEOUT, autocommit=True)
     if synchronous_commit:
         kwargs["options"] = f"-c synchronous_commit={synchronous_commit}"
+    if not prepared:  # (a statement prepared on one server session is unknown to the next one's)
+        kwargs["prepare_threshold"] = None
     return kwargs
 
 
@@ -67,14 +72,15 @@ class DirectPostgres(SyncVerbs):
     """The store's statements of one Postgres store, each on the calling thread's own psycopg connection (the
     ``Direct`` verbs)."""
 
-    def __init__(self, kwargs: dict[str, Any], capacity: int, sql: Statements, plans: Plans,
+    def __init__(self, kwargs: dict[str, Any], budget: Budget, sql: Statements, plans: Plans,
                  error: Callable[[str, BaseException, bool | None], StoreError]) -> None:
         import psycopg
 
         super().__init__(sql, plans)
         self._psycopg = psycopg
         self._kwargs = kwargs
-        self._capacity = capacity
+        self._budget = budget
+        budget.on_pressure(self)
         self._error = error
         self._compiled = psycopg_compiler()
         self._local = threading.local()
@@ -88,19 +94,18 @@ class DirectPostgres(SyncVerbs):
         ``StoreError`` if none may be had."""
         held = getattr(self._local, "conn", None)
         if held is not None and self._pid == os.getpid():
-            return held
+            if not held[0].closed:
+                return held
+            self._local.conn = None  # (closed for the budget meanwhile: ``shed``)
         if self._pid != os.getpid():  # (forked by a way that ran no at-fork hook)
             self.after_fork()
+        self._close_ended()
         with self._lock:
-            ended = [self._conns.pop(t) for t in [t for t in self._conns if not t.is_alive()]]
-            full = len(self._conns) >= self._capacity
             resting = time.monotonic() < self._resting_until
-            if not (full or resting):
+            full = resting or not self._budget.try_take()
+            if not full:
                 self._conns[threading.current_thread()] = None  # (its place, while it connects)
-        for conn in ended:  # left by threads that ended
-            if conn is not None:
-                _close(conn)
-        if full or resting:
+        if full:
             raise StoreError(f"the store failed ({what}: no direct connection for this thread now)",
                              body_ran=body_ran, transient=True)
         conn = None
@@ -113,10 +118,41 @@ class DirectPostgres(SyncVerbs):
             with self._lock:
                 if conn is None:
                     self._conns.pop(threading.current_thread(), None)
+                    self._budget.give()
                 else:
                     self._conns[threading.current_thread()] = conn
+                    self._budget.hold(conn)
         self._local.conn = held = (conn, conn.cursor())
         return held
+
+    def _close_ended(self) -> None:
+        """Close the connections of threads that ended."""
+        with self._lock:
+            ended = [self._conns.pop(t) for t in [t for t in self._conns if not t.is_alive()]]
+        for conn in ended:
+            if conn is not None:
+                self._close(conn)
+
+    def shed(self) -> None:
+        """A caller waits for a slot of the budget: close every connection no statement runs on now (its thread
+        opens another on its next call, or asks the store), and those of threads that ended."""
+        self._close_ended()
+        with self._lock:
+            idle = [(t, c) for t, c in self._conns.items() if c is not None]
+        for thread, conn in idle:
+            if conn.lock.acquire(blocking=False):
+                try:
+                    with self._lock:
+                        if self._conns.get(thread) is conn:
+                            del self._conns[thread]
+                    conn.close()
+                finally:
+                    conn.lock.release()
+                self._budget.let_go(conn)
+
+    def _close(self, conn: Any) -> None:
+        if _close(conn):
+            self._budget.let_go(conn)
 
     def after_fork(self) -> None:
         """In a forked child: the connections opened before the fork are neither used nor closed (closing one
@@ -140,14 +176,16 @@ class DirectPostgres(SyncVerbs):
             raise self._error(what, exc, body_ran) from exc
         finally:
             if self._conns.get(threading.current_thread()) is not conn and not conn.closed:
-                _close(conn)  # close() let it go while this statement ran (and could not wait): closed here
+                self._close(conn)  # close() let it go while this statement ran (and could not wait): closed here
+            elif self._budget.shedding and not conn.closed:  # callers wait for a slot: this one is theirs
+                self._drop(conn)
 
     def _drop(self, conn: Any) -> None:
         self._local.conn = None
         with self._lock:
             if self._conns.get(threading.current_thread()) is conn:
                 del self._conns[threading.current_thread()]
-        _close(conn)
+        self._close(conn)
 
     def close(self) -> None:
         """Close every connection opened here (each thread opens a new one on its next call)."""
@@ -158,15 +196,18 @@ class DirectPostgres(SyncVerbs):
         self._local = threading.local()
         for conn in conns.values():
             if conn is not None:
-                _close(conn)
+                self._close(conn)
 
 
-def _close(conn: Any) -> None:
+def _close(conn: Any) -> bool:
     """Close ``conn`` once no statement runs on it (psycopg's own lock, which a statement holds: closing under
-    it would free what the statement uses). One still busy after a while is left to its thread, which closes it
-    when its statement ends (``DirectPostgres._fetch``: the connection is no longer that thread's)."""
+    it would free what the statement uses); whether it closed. One still busy after a while is left to its
+    thread, which closes it when its statement ends (``DirectPostgres._fetch``: the connection is no longer
+    that thread's)."""
     if conn.lock.acquire(timeout=CLOSING_WAIT):
         try:
             conn.close()
         finally:
             conn.lock.release()
+        return True
+    return False

@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 from .._errors import StoreError
 from .._fork import abandon
 from .._redact import redact_text
 from ._aiosqlite import join_threads
+from ._budget import Budget
 from ._dialects import Dialect
 from ._lane import Lane
 from ._listen import Listener
+
+log = logging.getLogger("agentguard.store")
 
 
 class Engines:
@@ -47,6 +52,10 @@ class Engines:
         self._opened: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
         # Each loop's listening connection (Postgres), made when a caller there first waits on a key.
         self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Listener] = weakref.WeakKeyDictionary()
+        # The worker's connection budget (Postgres: ``_budget``), which every connection opened here is within.
+        self._budget: Budget | None = getattr(dialect, "budget", None)
+        # Each loop's holder of idle connections, told to close them when a caller waits for a slot of the budget.
+        self._shedders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Shedder] = weakref.WeakKeyDictionary()
         # Why this process may not use the store at all (a forked child whose parent's store it cannot share), or
         # None: every statement is refused with it, before any body runs.
         self._refusal: str | None = None
@@ -60,10 +69,12 @@ class Engines:
         its loops, on its sockets and files): abandoned, never closed; the child's loops make their own. An
         in-memory database cannot follow: it is the parent's, and the child's would start empty. ``refusal``:
         why this child may not use the store at all (every statement is refused with it)."""
-        held = (self._engines, self._lanes, self._closers, self._opened, self._listeners)
+        held = (self._engines, self._lanes, self._closers, self._opened, self._listeners, self._shedders)
         abandon(*(dict(d) for d in held))  # (strong references: none of them is collected, and finalised, here)
-        self._engines, self._lanes, self._closers, self._opened, self._listeners = (
+        self._engines, self._lanes, self._closers, self._opened, self._listeners, self._shedders = (
             weakref.WeakKeyDictionary() for _ in held)
+        if self._budget is not None:
+            self._budget.after_fork()
         self._last = None
         if self._refusal is None and self._dialect.memory:
             refusal = (f"this process was forked from process {os.getppid()}, whose in-memory store "
@@ -85,6 +96,9 @@ class Engines:
                 raise StoreError(f"the store failed ({self._refusal})")
             engine = self._engines[loop] = self._make()
             self._close_with(loop)
+            if self._budget is not None:
+                shedder = self._shedders[loop] = _Shedder(self, loop)
+                self._budget.on_pressure(shedder)
         return engine
 
     def here(self) -> tuple[AsyncEngine, Lane]:
@@ -96,7 +110,7 @@ class Engines:
         engine = self.engine()
         lane = self._lanes.get(loop)
         if lane is None:
-            lane = self._lanes[loop] = Lane(self._dialect.capacity)
+            lane = self._lanes[loop] = Lane(self._dialect.capacity, self._budget)
         self._last = (weakref.ref(loop), engine, lane)
         return engine, lane
 
@@ -142,6 +156,9 @@ class Engines:
         try:
             yield conn
         finally:
+            if self._budget is not None and self._budget.shedding and not conn.invalidated:
+                with contextlib.suppress(Exception):  # (callers wait for a slot: closed, not kept in the pool)
+                    await conn.invalidate()
             await conn.__aexit__(None, None, None)  # (closes it to completion, as ``async with`` does)
 
     async def drop_idle(self) -> None:
@@ -150,8 +167,23 @@ class Engines:
         if lane is not None:
             await lane.drop_idle()
 
+    async def shed(self) -> None:
+        """Close the running loop's idle connections (the lane's, and those its pool keeps checked in): a caller
+        waits for a slot of the budget."""
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.get(loop)
+        if lane is not None:
+            await lane.drop_idle()
+        engine = self._engines.get(loop)
+        if engine is not None:
+            await greenlet_spawn(_close_checked_in, engine.sync_engine.pool)
+
     def _close_with(self, loop: asyncio.AbstractEventLoop) -> None:
         """Dispose this loop's engine when the loop shuts down."""
+        if loop in self._closers:
+            # (one closer per loop, which disposes whatever engine the loop has then: a second one, made after a
+            # dispose mid-loop, would drop the first, whose finalisation disposed the new engine under its callers)
+            return
 
         async def closer() -> AsyncIterator[None]:
             try:
@@ -178,3 +210,52 @@ class Engines:
         if engine is not None:
             await engine.dispose()
         await join_threads(self._opened.pop(loop, []))
+
+
+class _Shedder:
+    """One loop's holder of idle connections, for the budget: ``shed`` (from any thread) closes them on the loop."""
+
+    def __init__(self, engines: Engines, loop: asyncio.AbstractEventLoop) -> None:
+        self._engines = weakref.ref(engines)
+        self._loop = weakref.ref(loop)
+        self._pending = False
+
+    def shed(self) -> None:
+        loop = self._loop()
+        if loop is None or loop.is_closed() or self._pending:
+            return
+        self._pending = True
+        loop.call_soon_threadsafe(self._start)
+
+    def _start(self) -> None:
+        self._pending = False
+        engines = self._engines()
+        if engines is not None:
+            task = asyncio.get_running_loop().create_task(engines.shed())
+            _SHEDDING.add(task)
+            task.add_done_callback(_done_shedding)
+
+
+_SHEDDING: set[asyncio.Task[None]] = set()
+
+
+def _done_shedding(task: asyncio.Task[None]) -> None:
+    _SHEDDING.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("closing idle connections failed: %r", task.exception())
+
+
+def _close_checked_in(pool: Any) -> None:
+    """Close the connections ``pool`` keeps checked in, leaving it as if each had been closed on its return (as
+    ``QueuePool.dispose`` closes them, without resetting its count of those checked out)."""
+    queue, dec = getattr(pool, "_pool", None), getattr(pool, "_dec_overflow", None)
+    if queue is None or dec is None:  # (not a queue pool: nothing kept)
+        return
+    while True:
+        try:
+            record = queue.get(False)
+        except Exception:  # (sqlalchemy.util.queue.Empty)
+            return
+        with contextlib.suppress(Exception):
+            record.close()
+        dec()

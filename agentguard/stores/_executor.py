@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import StoreError
@@ -119,9 +120,17 @@ class Executor:
             return
         self.dialect.prepare()
         try:
+            await self.dialect.probe()  # (before the pool's first connection, whose settings it decides)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise self.error("checking the server", exc, False) from exc
+        try:
             async with self.engines.connection() as conn:
                 await self._make_schema_on(conn)
-        except (SQLAlchemyError, OSError) as exc:
+        except StoreError:
+            raise
+        except Exception as exc:  # (the driver's own, unwrapped by SQLAlchemy: a bad connect argument)
             raise self.error("creating the schema", exc, False) from exc
         self.schema_ready = True
 
@@ -364,5 +373,31 @@ class Executor:
         """What failed, as a ``StoreError``: ``the store failed (WHAT: DETAIL)``, the detail without secrets.
         ``body_ran``: whether the tool body had run (None: not a call's step, e.g. an operator's listing)."""
         detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, PoolTimeout):  # (SQLAlchemy's words name its pool's sizes, none of the store's settings)
+            d = self.dialect
+            detail = (f"all {d.capacity} connections this event loop's pool may hold were in use for "
+                      f"{d.options.connect_timeout:g}s; " + (
+                          "raise max_connections (the worker's budget; and the pooler's pool or the server's "
+                          "max_connections with it), or run fewer calls at once" if hasattr(d, "budget") else
+                          "raise pool_size, or run fewer calls at once"))
+        hint = _hint(exc)
+        if hint:  # the driver's advice (asyncpg's names PgBouncer's transaction pooling): kept, on one line
+            detail = f"{detail}; hint: {hint}"
         return StoreError(f"the store failed ({what}: {redact_text(detail)})", body_ran=bool(body_ran),
                           transient=self.dialect.transient(exc))
+
+
+def _hint(exc: BaseException) -> str:
+    """The ``HINT`` the server or driver gave with ``exc`` (or with an error it wraps), on one line; else ''."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        hint = getattr(e, "hint", None)
+        if isinstance(hint, str) and hint.strip():
+            return " ".join(hint.split())
+        stack.extend((getattr(e, "orig", None), e.__cause__, e.__context__))
+    return ""

@@ -24,17 +24,24 @@ while others wait in the pool's queue until its timeout. So:
   for whoever asks next), and a caller joins them only while nobody has lined up behind them;
 - a connection that may be broken always goes back to the pool (which discards an invalidated one); the slot
   it held passes to the longest-waiting caller here, which checks out a connection of its own with it (so a
-  caller that just gave one back cannot take the pool's connection ahead of those in line).
+  caller that just gave one back cannot take the pool's connection ahead of those in line);
+- within the worker's connection budget (``_budget``, Postgres): while the lane holds connections, a caller opens
+  another only if the budget has a slot free now (else it waits here for one of the lane's, which come back
+  within a statement); while callers elsewhere wait for a slot, a connection a statement is done with is closed,
+  its slot theirs, rather than kept or handed on here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
+
+if TYPE_CHECKING:
+    from ._budget import Budget
 
 IDLE_MIN = 2  # connections kept idle between hot statements however long, per event loop
 IDLE_KEEP = 1.0  # seconds an idle connection beyond those is kept for the next statement
@@ -45,10 +52,12 @@ Conn = tuple[Any, Any]  # (pool connection, its driver connection): reaching the
 class Lane:
     """One loop's hot-path connections (see the module docstring)."""
 
-    __slots__ = ("_tasks", "_trimming", "arrivals", "capacity", "gathering", "held", "idle", "queue", "waiting")
+    __slots__ = ("_budget", "_tasks", "_trimming", "arrivals", "capacity", "gathering", "held", "idle", "queue",
+                 "waiting")
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity  # connections the pool allows in all (its size and overflow)
+    def __init__(self, capacity: int, budget: Budget | None = None) -> None:
+        self.capacity = capacity
+        self._budget = budget  # connections the pool allows in all (its size and overflow)
         self.held = 0  # slots taken: connections the lane has checked out of the pool (in use or idle), or is opening
         self.idle: list[tuple[Conn, float]] = []  # (connection, idle since), the most recently used last
         self._trimming: asyncio.TimerHandle | None = None
@@ -61,7 +70,12 @@ class Lane:
     def free(self) -> bool:
         """Whether a caller here would have a connection without waiting for one: an idle one, or a slot to
         open one in."""
-        return bool(self.idle) or self.held < self.capacity
+        return bool(self.idle) or (self.held < self.capacity and self._may_open())
+
+    def _may_open(self) -> bool:
+        """Whether a caller may open a connection for the lane now: the budget has a slot free, or the lane has
+        none (a caller with no connection to wait for waits for a slot, in the budget's line)."""
+        return self._budget is None or self.held == 0 or self._budget.free()
 
     def keep(self, task: asyncio.Task[None]) -> None:
         """Hold a task of the lane's (a connection given back, a gathered statement) until it ends."""
@@ -75,7 +89,7 @@ class Lane:
             return await self._after(engine, lined)
         if self.idle:
             return self.idle.pop()[0]
-        if self.held < self.capacity:
+        if self.held < self.capacity and self._may_open():
             self.held += 1
             return await self._open(engine)
         return await self._after(engine, self.line_up())
@@ -161,17 +175,28 @@ class Lane:
             self._give_back_soon(conn)
 
     def _give_back_soon(self, conn: Conn) -> None:
+        self._shed_one(conn)
         self.keep(asyncio.get_running_loop().create_task(self._give_back(conn[0])))
 
     async def release(self, conn: Conn, *, sound: bool) -> None:
         """A statement is done with ``conn``; ``sound``: it ended normally (else it may be broken)."""
-        if sound and self._hand_on(conn):
-            return
+        if sound:
+            if self._hand_on(conn):
+                return
+            self._shed_one(conn)
         await self._give_back(conn[0])
+
+    def _shed_one(self, conn: Conn) -> None:
+        """While callers wait for a slot of the budget, a sound connection going back to the pool is closed there
+        (invalidated: the pool discards it), its slot theirs."""
+        if self._budget is not None and self._budget.shedding:
+            conn[0].invalidate()
 
     def _hand_on(self, conn: Conn) -> bool:
         if self.waiting:
             return False  # a caller waits in the pool's queue: the pool serves it, in its order
+        if self._budget is not None and self._budget.shedding:
+            return False  # callers wait for a slot of the budget: closed (``_shed_one``), its slot theirs
         while self.queue:
             waiter = self.queue.popleft()
             if not waiter.done():

@@ -26,7 +26,7 @@ from . import _attempts
 from ._attempts import AttemptVerbs
 from ._claims import Ask, Claimed
 from ._decisions import Decided, How, decide
-from ._dialects import SQLite, dialect_for
+from ._dialects import Postgres, SQLite, dialect_for
 from ._direct import DirectSQLite, NotNow
 from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
@@ -70,6 +70,7 @@ class SQLStore(AttemptVerbs):
         url: str,
         *,
         pool_size: int = 10,
+        max_connections: int | None = None,
         connect_timeout: float = 10.0,
         sqlite_synchronous: str = "FULL",
         pg_synchronous_commit: str | None = None,
@@ -77,7 +78,8 @@ class SQLStore(AttemptVerbs):
         clock: str | None = None,
     ) -> None:
         # clock: a test seam, off by default (see _dialects.Options.clock)
-        self.dialect = dialect_for(url, pool_size=pool_size, connect_timeout=connect_timeout,
+        self.dialect = dialect_for(url, pool_size=pool_size, max_connections=max_connections,
+                                   connect_timeout=connect_timeout,
                                    sqlite_synchronous=sqlite_synchronous,
                                    pg_synchronous_commit=pg_synchronous_commit, pg_claim_unsynced=pg_claim_unsynced,
                                    clock=clock)
@@ -170,11 +172,15 @@ class SQLStore(AttemptVerbs):
                         self._direct = DirectSQLite(self.url, d.options.sqlite_synchronous, self.sql, self._plans,
                                                     d.compiled, d.claim_unsynced, self._executor.error, d.waiters)
                     else:
-                        kwargs = connect_kwargs(self.url, d.options.pg_synchronous_commit) if available() else None
+                        assert isinstance(d, Postgres)
+                        # (behind session pooling a psycopg connection could wait for a server session without
+                        # end: sync tools' statements go to the pool, whose connections are given a bounded wait)
+                        kwargs = (connect_kwargs(self.url, d.options.pg_synchronous_commit, d.keeps_statements)
+                                  if available() and d.pooling != "session" else None)
                         if kwargs is None:
                             self._no_direct = True
                         else:
-                            self._direct = DirectPostgres(kwargs, d.capacity, self.sql, self._plans,
+                            self._direct = DirectPostgres(kwargs, d.budget, self.sql, self._plans,
                                                           self._executor.error)
         return self._direct
 
@@ -251,8 +257,8 @@ class SQLStore(AttemptVerbs):
         """Listen for the outcome of ``(scope, key)``, which another caller is running: news of it goes to
         ``news``. Returns the listener's generation (> 0) once the record is marked watched; 0 if the record
         is no longer running (look again now); -1 if nothing can be listened to here (poll)."""
-        if not self.announces or self.sql.watch is None:
-            return -1
+        if not self.announces or self.sql.watch is None or not getattr(self.dialect, "listens", True):
+            return -1  # (nothing to listen to; behind transaction pooling, nothing a listener could hear)
         listener = self._engines.listener()
         listener.subscribe(news)
         generation = await listener.up()  # listening before the mark: an announcement cannot slip between
