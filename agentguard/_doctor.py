@@ -278,7 +278,8 @@ class TableFacts:
 
 
 TABLE_RIGHTS = ("SELECT", "INSERT", "UPDATE", "DELETE")
-ADDED_ON_USE = frozenset({"watched"})  # columns the store adds itself to a table made before them (as its owner)
+# Columns the store adds itself to a table made before them (as its owner): the watch, the ledger's chain.
+ADDED_ON_USE = frozenset({"watched", "seq", "prev", "digest"})
 
 
 def privileges_line(tables: Sequence[TableFacts], *, role: str, schema: str | None, search_path: str,
@@ -443,10 +444,11 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_r
 
 def _expected_columns() -> dict[str, set[str]]:
     from .stores._attempts import attempts
+    from .stores._chain import chains
     from .stores._schema import calls, steps
 
     return {calls.name: {*calls.c.keys(), "watched"}, steps.name: set(steps.c.keys()),
-            attempts.name: set(attempts.c.keys())}
+            attempts.name: set(attempts.c.keys()), chains.name: set(chains.c.keys())}
 
 
 async def _table_facts(conn: Any) -> list[TableFacts]:
