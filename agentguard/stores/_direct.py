@@ -80,6 +80,10 @@ class Line:
         self.hop_until = 0.0  # the loop's time until which the line hops instead (the lock was held long)
 
 
+def _at_once(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
+    conn.execute(sql, args)
+
+
 def _resolve(resumed: asyncio.Future[None]) -> None:
     if not resumed.done():
         resumed.set_result(None)
@@ -123,11 +127,15 @@ class DirectSQLite(SyncVerbs):
         connect: Any = sqlite3.connect  # (its typed overloads do not take the dialect's parameters as a dict)
         conn: sqlite3.Connection = connect(*self._cargs, **{**self._cparams, "isolation_level": None, "timeout": 0})
         try:
-            # The engine's pragmas (``_dialects.SQLite.set_up``); the file is in WAL mode already (the schema).
-            conn.execute("PRAGMA busy_timeout = 0")
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            # The engine's pragmas (``_dialects.SQLite.set_up``); the file is in WAL mode already (the schema). A
+            # new connection's first statement reads the schema, and may find the lock busy for a moment (another
+            # connection recovering the WAL index, a checkpoint restarting the WAL): waited out in a sync tool's
+            # thread as a write is; on a loop's thread never (``now`` leaves the statement to another executor).
+            run = patiently if role == "conn" else _at_once
+            run(conn, "PRAGMA busy_timeout = 0", ())
+            run(conn, f"PRAGMA synchronous = {self._synchronous}", ())
             if role == "loop":
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
+                run(conn, "PRAGMA wal_autocheckpoint = 0", ())
         except BaseException:
             conn.close()
             raise
@@ -179,8 +187,8 @@ class DirectSQLite(SyncVerbs):
             if self.waiters.count:
                 return BUSY_NOW
         sql, args = self._compiled(ask.stmt)
-        conn = self._conn("loop")
         try:
+            conn = self._conn("loop")
             if ask.claims and self._claim_unsynced:
                 with Unsynced(conn):
                     rows = conn.execute(sql, args(params)).fetchall()  # (all: it ends, it commits)
