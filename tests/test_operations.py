@@ -124,10 +124,11 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def ledger_says(guard: Guard, task_id: str, after: list[str]) -> None:
-    """The attempt ledger: three calls held on the unknown step, the operator's resolve, then ``after``."""
+    """The attempt ledger: the killed worker's attempt (it went away mid-step), three calls held on the unknown
+    step, the operator's resolve, then ``after``."""
     await guard.flush_ledger()
     kinds = [e.kind for e in await guard.timeline(task_id)]
-    assert kinds == ["unknown"] * 3 + ["resolved"] + after, kinds
+    assert kinds == ["went_away"] + ["unknown"] * 3 + ["resolved"] + after, kinds
 
 
 @pytest.mark.parametrize("settle", ["result", "retry", "abandon"])
