@@ -64,7 +64,7 @@ class Line:
 @dataclass
 class Settings:
     pool_size: int = 10  # the pool_size the user's guards run with
-    max_connections: int | None = None  # their max_connections, the connection budget (None: 3 × pool_size)
+    max_connections: int | None = None  # their max_connections, the connection budget (None: 3 × pool_size + 2)
     workers: int = 1  # worker processes that will share the store
     race: bool = True  # run the live race (it writes to a scratch scope, then deletes what it wrote)
     keep: bool = False  # leave what the race wrote, to be read (it expires with the race's retention)
@@ -179,11 +179,13 @@ def pooling_line(p: Pooling) -> Line:
 def worker_connections(pool_size: int, budget: int | None = None) -> tuple[int, str]:
     """The most Postgres connections one worker process may open, and how: every connection it opens (each event
     loop's pool, sync tools' own, the listeners, the check at start) is within one budget, the guard's
-    ``max_connections`` (``budget``; default ``3 × pool_size``)."""
+    ``max_connections`` (``budget``; default ``3 × pool_size + 2``: ``_dialects.default_budget``)."""
     if budget is not None:
         return budget, "max_connections: every loop's pool, sync tools' own connections and the listeners together"
-    return 3 * pool_size, ("max_connections, by default 3 × pool_size: every loop's pool, sync tools' own "
-                           "connections and the listeners together")
+    from .stores._dialects import default_budget
+
+    return default_budget(pool_size), ("max_connections, by default 3 × pool_size + 2: every loop's pool, sync "
+                                       "tools' own connections and the listeners together")
 
 
 def budget_line(*, pool_size: int, workers: int, max_connections: int, reserved: int, in_use: int,

@@ -35,6 +35,9 @@ class LedgerNoIO(NoIOStore):
     async def sweep_attempts(self, batch: int = 1000) -> int:
         return 0
 
+    async def verify_ledger(self, scope: str | None = None) -> list[Any]:
+        return []
+
     async def record_details(self, key: str, scope: str | None = None) -> list[Any]:
         return []
 

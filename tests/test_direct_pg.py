@@ -129,12 +129,12 @@ def test_threads_run_each_body_once(databases: Callable[[], str]) -> None:
 
 
 def test_connections_stay_within_the_pool_and_leave_with_their_threads(databases: Callable[[], str]) -> None:
-    """With pool_size=1 (a budget of 3 connections, max_connections' default): 8 threads whose bodies all run at
+    """With a budget of 3 connections (max_connections): 8 threads whose bodies all run at
     once hold at most 3 connections in all, direct ones and the guard's pool's together, on the server too (the
     others claim and complete on the general path, each body once); once they end, the next thread's first call
     closes theirs, and their server backends go."""
     url = databases()
-    guard = Guard(url, pool_size=1, cache_size=0)
+    guard = Guard(url, pool_size=1, cache_size=0, max_connections=3)
     runs: list[int] = []
     together = threading.Barrier(9)  # 8 bodies and the test, all at once
 
@@ -163,7 +163,9 @@ def test_connections_stay_within_the_pool_and_leave_with_their_threads(databases
         for t in callers:
             t.join(60)
         assert sorted(runs) == list(range(8))
-        assert pids == _pids(direct)  # (kept while their threads lived)
+        # What the ended threads left open (a thread's may have been closed for a caller waiting for a slot of
+        # the budget meanwhile, and opened again for its completion).
+        pids = _pids(direct)
         _in_task("t-cap", held, -2)  # a new thread's first call: the ended threads' connections are closed
         assert not pids & _pids(direct) and len(_pids(direct)) <= 1
         assert _backends_gone(url, pids)

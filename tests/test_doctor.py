@@ -89,7 +89,7 @@ def test_a_healthy_store_passes_every_line_and_its_race_runs_the_body_once(store
     if BACKEND == "postgres":
         assert found["pooler"]["status"] == "ok" and "none detected" in found["pooler"]["found"]
         assert found["server"]["found"].startswith("PostgreSQL ") and "read-write" in found["server"]["found"]
-        assert "one worker may open up to 6 (pool_size 2: max_connections, by default 3 × pool_size" in (
+        assert "one worker may open up to 8 (pool_size 2: max_connections, by default 3 × pool_size + 2" in (
             found["connections"]["found"])
     else:
         assert "created it now" in found["store"]["found"] and "journal mode WAL" in found["server"]["found"]
@@ -333,11 +333,11 @@ def test_a_hot_standby_fails_before_anything_is_written(standby: str, tmp_path: 
 @pytest.mark.postgres
 def test_the_connection_budget_against_max_connections(store_url: str, tmp_path: Path) -> None:
     max_connections = int(pg_execute(store_url, "SHOW max_connections")[0][0])
-    workers = max_connections // 6 + 1  # (6 each at pool_size 2: more than the server takes)
+    workers = max_connections // 8 + 1  # (8 each at pool_size 2: more than the server takes)
     code, doc = report("--url", store_url, "--pool-size", "2", "--workers", str(workers), "--no-race", cwd=tmp_path)
     line = lines(doc)["connections"]
     assert code == 1 and line["status"] == "FAIL", line
-    assert line["found"].startswith(f"{workers} workers may open up to {6 * workers} (pool_size 2: ")
+    assert line["found"].startswith(f"{workers} workers may open up to {8 * workers} (pool_size 2: ")
     assert line["fix"].startswith("run fewer workers, raise max_connections") or "lower max_connections to" in (
         line["fix"])
     assert lines(doc)["live race"]["found"] == "skipped (--no-race): nothing was written"
@@ -476,4 +476,4 @@ def test_the_verdicts_of_a_far_clock_and_a_tight_role_limit() -> None:
     assert line.fix == ("lower max_connections to 25, raise the role's CONNECTION LIMIT, or put a pooler in "
                         "session mode in front")
     assert 2 * _doctor.worker_connections(10, 25)[0] <= 50 < 2 * _doctor.worker_connections(10, 26)[0]
-    assert _doctor.worker_connections(10)[0] == 30  # (Guard's default: 3 × pool_size)
+    assert _doctor.worker_connections(10)[0] == 32  # (Guard's default: 3 × pool_size + 2)

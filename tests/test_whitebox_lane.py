@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -115,8 +114,12 @@ async def test_a_connection_still_opening_when_its_caller_went_is_kept(engine: A
     assert lane.held == 0
 
 
-async def test_a_connection_that_fails_to_open_after_its_caller_went_frees_its_slot(tmp_path: Path) -> None:
-    unreachable = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'no such dir' / 'x.db'}")
+async def test_a_connection_that_fails_to_open_after_its_caller_went_frees_its_slot() -> None:
+    async def refused() -> object:  # (a connect that fails with no driver thread left behind to outlive the test)
+        await asyncio.sleep(0.01)
+        raise ConnectionRefusedError("the server is unreachable")
+
+    unreachable = create_async_engine("sqlite+aiosqlite://", async_creator=refused)
     try:
         lane = Lane(1)
         opening = asyncio.ensure_future(lane.acquire(unreachable))

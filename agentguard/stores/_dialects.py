@@ -331,6 +331,14 @@ class SQLite(Dialect):
         return isinstance(e, ValueError) and str(e) in _AIOSQLITE_CLOSED
 
 
+def default_budget(pool_size: int) -> int:
+    """A worker's connection budget unless given (``max_connections``): one loop's whole pool (three times
+    ``pool_size``) and two more — the listener and another loop's statement (the portal's: the ledger's writer, a
+    sync tool's general path) — so that a busy loop's kept connections are not closed for them (they would be
+    closed and opened again, each a new server backend, while the loop's callers keep every one busy)."""
+    return 3 * pool_size + 2
+
+
 class Postgres(Dialect):
     name = "postgresql"
     # clock_timestamp(), not now(): now() is frozen at transaction start.
@@ -358,7 +366,7 @@ class Postgres(Dialect):
         # for a replay, where the insert that finds it taken and then the read cost two.
         self.plans = Plans(InsertFirst, ReadFirst)
         self.claim_unsynced = self.unsynced_in_statement = options.pg_claim_unsynced
-        self.budget = Budget(options.max_connections or options.pool_size * 3, options.connect_timeout)
+        self.budget = Budget(options.max_connections or default_budget(options.pool_size), options.connect_timeout)
         # The pooler between this worker and the server, found at start (``probe``): None (none: the server
         # itself, or a proxy that passes each session through), "session" or "transaction" pooling (where a
         # session's state does not outlive a transaction: no prepared statement is kept, nothing is listened to).
