@@ -7,16 +7,15 @@ import asyncio
 import importlib.metadata
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agentguard import Guard, __version__, task
+from agentguard import Guard, __version__
 
+from cli_runs import record, run
 from conftest import BACKEND
 
 pytestmark = pytest.mark.slow
@@ -74,45 +73,11 @@ def test_a_store_urls_password_is_never_printed(tmp_path: Path, url: str) -> Non
             assert "u:***@h/db" in out.stderr, out.stderr  # the URL is echoed, redacted
 
 
-def test_whitebox_redaction() -> None:
-    from agentguard._redact import redact_text, redact_url
-
-    assert redact_url("postgresql+asyncpg://u:p%40ss@h:5432/db") == "postgresql+asyncpg://u:***@h:5432/db"
-    assert redact_url("postgresql+asyncpg://u@h/db?sslmode=require&password=x") == (
-        "postgresql+asyncpg://u@h/db?password=***&sslmode=require"  # (SQLAlchemy sorts the query)
-    )
-    assert redact_url("sqlite+aiosqlite:///a/b.db") == "sqlite+aiosqlite:///a/b.db"
-    assert redact_url("postgresql+asyncpg://u:p@ss@host/db") == "postgresql+asyncpg://u:***@host/db"  # a raw "@"
-    assert redact_text("failed for mysql://root:pw@db:3306/x; retry") == "failed for mysql://root:***@db:3306/x; retry"
-
-
 # -- the command line behaves like the tools people know ---------------------------------------------------
 
 COMMANDS = ("demo", "ls", "show", "timeline", "forget", "stats", "verify", "resolve", "sweep", "doctor", "console",
             "mcp-proxy")
 # Tests that never open the suite's store run once, in the SQLite pass.
-
-
-def run(*args: str, cwd: Path, env: dict[str, str] | None = None, stdout: Any = subprocess.PIPE,
-        code: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The command as a user runs it (or ``code`` run with ``python -c``, for an import blocked first)."""
-    full = {k: v for k, v in os.environ.items() if k != "AGENTGUARD_URL"} | (env or {})
-    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "agentguard.cli", *args]
-    return subprocess.run(argv, cwd=cwd, env=full, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
-
-
-def record(url: str, *, scope: str = "default", task_id: str = "t-1", n: int = 1) -> None:
-    """Put ``n`` succeeded records of one task into the store at ``url``."""
-    guard = Guard(url)
-
-    @guard.once(key=["i"])
-    def step(i: int) -> int:
-        return i
-
-    with task(task_id, scope=scope):
-        for i in range(n):
-            step(i)
-    guard.close()
 
 
 @pytest.mark.storeless
@@ -314,34 +279,6 @@ def test_mcp_proxy_without_the_mcp_extra_names_it(tmp_path: Path) -> None:
         assert out.returncode == 2 and out.stdout == ""
         assert out.stderr == (f"agentguard: agentguard mcp-proxy needs the mcp extra (no module named {blocked!r} "
                               "is installed): pip install 'agentguard-idempotency[mcp]'\n")
-
-
-def test_whitebox_the_resolve_command_a_hint_names_points_at_the_same_store(store_url: str, tmp_path: Path) -> None:
-    from agentguard._storeconfig import resolve_command
-
-    record(store_url, scope="acct 42")
-    cmd = resolve_command(store_url, "ag_abc", "acct 42")
-    assert cmd.endswith(" --result JSON | --retry | --abandon") and "hunter2" not in cmd
-    argv = shlex.split(cmd.removesuffix(" --result JSON | --retry | --abandon"))
-    assert argv[:2] == ["agentguard", "resolve"]
-    out = run(*argv[1:], "--retry", cwd=tmp_path)  # another folder: the URL is absolute
-    assert out.returncode == 1 and out.stderr == (
-        "agentguard: no operation 'ag_abc' in scope 'acct 42' is held on an unknown outcome\n"), out.stderr
-
-
-@pytest.mark.storeless
-def test_whitebox_resolve_command_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentguard._storeconfig import resolve_command
-
-    monkeypatch.chdir(tmp_path)
-    assert resolve_command("sqlite+aiosqlite:///agentguard.db", "ag_1", "default") == (
-        f"agentguard resolve ag_1 --scope default --url sqlite+aiosqlite:///{tmp_path / 'agentguard.db'} "
-        "--result JSON | --retry | --abandon")
-    assert " --url 'postgresql+asyncpg://u:***@h/db' " in resolve_command(
-        "postgresql+asyncpg://u:hunter2@h/db", "ag_1", "default")
-    assert resolve_command("x", "ag_1", "s", config="agentguard.toml") == (
-        f"agentguard resolve ag_1 --scope s --config {tmp_path / 'agentguard.toml'} "
-        "--result JSON | --retry | --abandon")
 
 
 @pytest.mark.storeless

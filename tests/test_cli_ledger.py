@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import run
 
 from agentguard import Guard, KeyReuseError, task
 
+from cli_runs import run
 from conftest import raw_exec, tid
 
 pytestmark = pytest.mark.slow

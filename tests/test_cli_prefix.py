@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import record, run
 
 from agentguard import Guard, ResultNotStoredError, task
 
+from cli_runs import record, run
 from conftest import BACKEND, tid
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_processes import killed_mid_body, survive
 
 from agentguard import Guard, RecordChangedError, ResultNotStoredError, task
 from agentguard.stores import SQLStore
@@ -25,6 +24,7 @@ from agentguard.stores import _views as views
 from agentguard.stores._decisions import parse_revision
 
 from console_server import held, seed, seeded
+from workers import killed_mid_body, survive
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
-from test_cli import run
 
 from agentguard import Guard, KeyReuseError, task
 
+from cli_runs import run
 from conftest import pg_dsn, raw_exec, tid
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from test_processes import Worker, effects_of, release_together
 
 from agentguard import Guard, task
 from agentguard._lease import HOST_MAX
@@ -23,6 +22,7 @@ from agentguard.stores import Attempt
 
 from conftest import tid
 from console_server import console
+from workers import Worker, effects_of, release_together
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

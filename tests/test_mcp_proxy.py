@@ -4,7 +4,6 @@ demo. Every test counts the charges in the demo's SQLite ledger: the proof is th
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -19,8 +18,7 @@ from mcp import Client, MCPError
 from mcp.server import MCPServer, Server, ServerRequestContext
 from mcp.server.mcpserver.exceptions import ToolError
 
-from agentguard import _codec
-from agentguard.mcp import META_KEY, META_REPLAYED, META_TASK_ID, GuardingProxy, parse_config, proxy
+from agentguard.mcp import META_KEY, META_REPLAYED, META_TASK_ID, GuardingProxy, parse_config
 
 from conftest import raw_exec
 
@@ -375,18 +373,6 @@ async def test_final_error_result_is_replayed(connect: Callable[..., Any]) -> No
     assert a.is_error and b.is_error and len(up.calls) == 1
     assert b.meta and b.meta[META_REPLAYED] is True and "REPLAY" in text(b) and "declined" in text(b)
     assert a.meta and a.meta[META_KEY] == b.meta[META_KEY] == up.calls[0]["meta"][META_KEY]  # replayed with it
-
-
-def test_cached_upstream_errors_keep_the_names_records_store() -> None:
-    """A record of a cached upstream error names its class. Records written before the proxy was split into
-    modules, or by an older proxy sharing the store, name ``agentguard.mcp.proxy``: they still replay, and
-    new records name the same, so that an older proxy replays them too."""
-    cached = (proxy._FinalError, proxy._HeldUnknown)
-    for cls in cached:
-        stored = json.dumps({"type": f"agentguard.mcp.proxy:{cls.__name__}", "message": "m", "args": ["m"]})
-        replayed = _codec.decode_error(stored, cached)
-        assert type(replayed) is cls and replayed.args == ("m",)
-        assert json.loads(_codec.encode_error(cls("m")))["type"] == f"agentguard.mcp.proxy:{cls.__name__}"
 
 
 @one_era
