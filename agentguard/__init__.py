@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 logging.getLogger("agentguard").addHandler(logging.NullHandler())
 
-__all__ = [  # noqa: RUF022 - in sorted() order, as tests/test_guard.py asserts
+__all__ = [  # noqa: RUF022 - in sorted() order, as tests/core/test_guard.py asserts
     "Guard",
     "GuardError",
     "GuardEvent",

@@ -3,7 +3,7 @@
 The specification is ``sig.bind(*args, **kwargs)`` followed by ``apply_defaults()``. For the common signature
 (named parameters only: no ``*args``, ``**kwargs`` or positional-only ones) the same mapping is built
 directly from the parameter names fixed at decoration, which costs a fraction of ``Signature.bind``; anything
-else, and every mistake, goes through ``Signature.bind`` for its exact ``TypeError``. tests/test_guard.py
+else, and every mistake, goes through ``Signature.bind`` for its exact ``TypeError``. tests/core/test_guard.py
 compares both on valid and invalid calls.
 """
 

@@ -6,7 +6,8 @@ written directly (``json``'s own string escaper, ``int.__repr__``), and a tool's
 come from one pass over its arguments and one C call per form, and a repeated call (a replay) is served from
 a small memo. Every result is byte-identical to the general path — ``fingerprint``, ``operation_name``,
 ``derive_key``, ``argument_hashes`` and ``hashes_json`` in ``agentguard._keys``, which are the specification —
-and tests/test_whitebox_keys.py compares them on thousands of random calls. Anything not flat takes the general path.
+and tests/whitebox/test_whitebox_keys.py compares them on thousands of random calls. Anything not flat takes the
+general path.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ prints the median and the fastest wall time of each, and the third-party top-lev
 target (issue 33): ``agentguard --help`` and ``--version`` under 150 ms on the project's machine; ``import
 agentguard`` loads no dependency (optional or not) until a public name is used. ``--python`` times another
 interpreter or virtualenv (one where only the wheel is installed, say); by default this one, with this
-checkout first on the path. Nothing is timed inside a test: tests/test_cli_start.py asserts what is imported.
+checkout first on the path. Nothing is timed inside a test: tests/core/test_cli_start.py asserts what is imported.
 """
 
 from __future__ import annotations

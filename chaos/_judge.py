@@ -1,4 +1,4 @@
-"""The verdict of a chaos run, from what it left behind (a pure function: ``tests/test_chaos.py`` feeds it
+"""The verdict of a chaos run, from what it left behind (a pure function: ``tests/project/test_chaos.py`` feeds it
 broken runs and checks that it says so)."""
 
 from __future__ import annotations

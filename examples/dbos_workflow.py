@@ -3,7 +3,8 @@
 Needs the dbos extra:  pip install 'agentguard-idempotency[dbos]'
 Offline (SQLite system database in a temporary directory):  python examples/dbos_workflow.py
 Kill it mid-step and start it again and DBOS recovers the workflow; the guard makes the re-run step replay
-(or take over with the same downstream key), so the provider charges once — see tests/test_integration_dbos.py.
+(or take over with the same downstream key), so the provider charges once — see
+tests/integrations/test_integration_dbos.py.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@
  *   taken_over      (liveness, under weak fairness) a claim whose worker crashed is eventually taken over
  *                   (or, past retention, swept)
  *
- * Deliberately broken variants, which spin must refute (tests/test_model.py):
+ * Deliberately broken variants, which spin must refute (tests/whitebox/test_model.py):
  *   -DBROKEN_FENCE_RESTART   a release deletes the row and a new row's fences start again at 1
  *   -DBROKEN_UNFENCED_COMPLETE  the completion is conditional on the state only, not on the fence
  *   -DBROKEN_READ_FIRST      read first runs the body after reading "absent", whatever the insert answered

@@ -15,8 +15,9 @@ mkdir -p "$WORK"
 main_version=$("$MAIN" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 # the versions the package says it supports, read from pyproject.toml (one source)
 mapfile -t versions < <(grep -oE '"Programming Language :: Python :: 3\.[0-9]+"' pyproject.toml | grep -oE '3\.[0-9]+')
-CORE=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox_codec.py tests/test_ids.py
-      tests/test_injected.py tests/test_cli_start.py tests/test_whitebox_shortcuts.py)
+CORE=(tests/core/test_guard.py tests/core/test_ids.py tests/core/test_injected.py tests/core/test_cli_start.py
+      tests/whitebox/test_whitebox_keys.py tests/whitebox/test_whitebox_codec.py tests/whitebox/test_whitebox_ids.py
+      tests/whitebox/test_whitebox_shortcuts.py)
 # Known to fail from a Python version on, each for a reason of that version, named here and printed with
 # every run until the code is fixed (FROM|TEST|WHY): none now (3.12's protocol checks and 3.13's recursion
 # limit are handled by the code: stores._protocols.is_claim_store, _codec.MAX_DEPTH).

@@ -3,7 +3,8 @@
 # lowest versions pyproject.toml allows (in a second, throwaway virtualenv), Strands and CrewAI (a throwaway
 # virtualenv each; these side virtualenvs are made in the background meanwhile), then pytest twice — once on
 # embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit (the SQLite pass
-# also model-checks the protocol with spin: tests/test_model.py), then the short chaos run (python -m chaos).
+# also model-checks the protocol with spin: tests/whitebox/test_model.py), then the short chaos run
+# (python -m chaos).
 # Usage: bash scripts/test.sh [pytest args...]
 #   With pytest args the floors job, Strands and CrewAI, the other Python versions (scripts/pythons.sh) and the
 #   chaos run are skipped (a quick loop); AGENTGUARD_FLOORS=1, AGENTGUARD_FRAMEWORK_VENVS=1,
@@ -111,18 +112,20 @@ echo "== mypy --strict"
 .venv/bin/mypy
 
 # -- the floors -----------------------------------------------------------------------------------------------
-FLOOR_TESTS=(tests/test_guard.py tests/test_whitebox_keys.py tests/test_whitebox_codec.py tests/test_ids.py
-             tests/test_store_failures.py tests/test_operations.py tests/test_whitebox_cache.py tests/test_fingerprint_guarded.py
-             tests/test_whitebox_fingerprint_property.py tests/test_read_first.py tests/test_whitebox_sqlite_hops.py
-             tests/test_shutdown.py tests/test_downstream.py tests/test_load.py tests/test_waiters.py
-             tests/test_direct.py tests/test_key_shapes.py)
+FLOOR_TESTS=(tests/core/test_guard.py tests/core/test_ids.py tests/core/test_operations.py
+             tests/core/test_fingerprint_guarded.py tests/core/test_read_first.py tests/core/test_shutdown.py
+             tests/core/test_downstream.py tests/core/test_waiters.py tests/stores/test_store_failures.py
+             tests/whitebox/test_whitebox_keys.py tests/whitebox/test_whitebox_codec.py tests/whitebox/test_whitebox_ids.py
+             tests/whitebox/test_whitebox_cache.py tests/whitebox/test_whitebox_fingerprint_property.py
+             tests/whitebox/test_whitebox_sqlite_hops.py tests/whitebox/test_load.py tests/whitebox/test_direct.py
+             tests/whitebox/test_key_shapes.py)
 side_venvs_made
 if [ "$FLOORS" = 1 ]; then
   echo "== the core suite on the lowest versions pyproject.toml allows (SQLite)"
   sed 's/^/   /' "$SCRATCH/floors.txt"
   # (no framework is installed there, so importing an adapter rightly raises MissingExtraError)
   AGENTGUARD_TEST_BACKEND=sqlite "$SCRATCH/floors/bin/python" -m pytest -q -p no:cacheprovider "${FLOOR_TESTS[@]}" \
-    --deselect tests/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
+    --deselect tests/core/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
 else
   echo "== (the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
 fi
@@ -137,7 +140,7 @@ export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
 framework_tests() {  # extra, its module, then the -k expression choosing its tests and example
   echo "== $1 in its own virtualenv (SQLite)"
   AGENTGUARD_TEST_BACKEND=sqlite AGENTGUARD_TEST_FRAMEWORKS=$2 "$SCRATCH/$1/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/test_integration_"$1".py tests/test_examples.py -k "$3"
+    tests/integrations/test_integration_"$1".py tests/project/test_examples.py -k "$3"
 }
 if [ "$FRAMEWORK_VENVS" = 1 ]; then
   framework_tests strands strands "test_integration_strands or strands_agent"
@@ -151,12 +154,12 @@ find_pg_bin() {
   if command -v initdb >/dev/null 2>&1; then dirname "$(readlink -f "$(command -v initdb)")"; return; fi
   ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
 }
-# strace counts SQLite's syncs in tests/test_durability.py
+# strace counts SQLite's syncs in tests/stores/test_durability.py
 if ! command -v strace >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "== installing strace from Debian's packages"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null)
 fi
-# -- Chromium (Debian's, headless): tests/test_console_browser.py drives the console's page in it -----------
+# -- Chromium (Debian's, headless): tests/console/test_console_browser.py drives the console's page in it -----------
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing chromium from Debian's packages"
@@ -166,7 +169,7 @@ if ! command -v chromium >/dev/null 2>&1; then
     exit 1
   fi
 fi
-export AGENTGUARD_REQUIRE_BROWSER=1  # tests/test_console_browser.py fails rather than skips without it
+export AGENTGUARD_REQUIRE_BROWSER=1  # tests/console/test_console_browser.py fails rather than skips without it
 PGBIN=$(find_pg_bin || true)
 if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -179,7 +182,7 @@ if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   fi
 fi
 
-# -- PgBouncer, in front of the throwaway PostgreSQL in tests/test_pgbouncer.py (and agentguard doctor's tests) --
+# -- PgBouncer, in front of the throwaway PostgreSQL in tests/whitebox/test_pgbouncer.py (and agentguard doctor's tests) --
 if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing pgbouncer from Debian's packages"
@@ -192,7 +195,7 @@ fi
 # (Debian's package starts a pgbouncer service of its own: the tests start theirs on free ports, it is not used)
 export AGENTGUARD_REQUIRE_PGBOUNCER=1  # tests/pgbouncer.py fails rather than skips without it
 
-# -- spin, the model checker of tests/test_model.py (and a C compiler for the verifiers it generates) ------
+# -- spin, the model checker of tests/whitebox/test_model.py (and a C compiler for the verifiers it generates) ------
 if ! command -v spin >/dev/null 2>&1 || ! { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing spin from Debian's packages"
@@ -202,7 +205,7 @@ if ! command -v spin >/dev/null 2>&1 || ! { command -v cc >/dev/null 2>&1 || com
     exit 1
   fi
 fi
-export AGENTGUARD_REQUIRE_SPIN=1  # tests/test_model.py fails rather than skips without it
+export AGENTGUARD_REQUIRE_SPIN=1  # tests/whitebox/test_model.py fails rather than skips without it
 
 PGTMP=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-pg.XXXXXX")
 PGPORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -31,8 +31,9 @@ if BACKEND == "postgres" and not PG_URL:
 
 # Agent frameworks whose tests run in a virtualenv of their own (scripts/test.sh): each pins a dependency the main
 # one cannot hold (strands-agents: mcp<2.2; crewai: mcp 1.x). Where one is absent, its test file and its example
-# are left out, and said so (tests/test_examples.py).
-OWN_VIRTUALENV = {"strands": "test_integration_strands.py", "crewai": "test_integration_crewai.py"}
+# are left out, and said so (tests/project/test_examples.py).
+OWN_VIRTUALENV = {"strands": "integrations/test_integration_strands.py",
+                  "crewai": "integrations/test_integration_crewai.py"}
 # The frameworks a run must have (module names), named by scripts/test.sh: a missing one fails the run, never
 # skips it. Other runs (a quick local loop) need none of them beyond what their test files import.
 REQUIRED_FRAMEWORKS = os.environ.get("AGENTGUARD_TEST_FRAMEWORKS", "").split()

@@ -1,5 +1,5 @@
-"""The whole-calls scenario both sync-thread executors are held to (``tests/test_direct.py``: SQLite;
-``tests/test_direct_pg.py``: Postgres): the same sequence of sync calls through a store that takes the
+"""The whole-calls scenario both sync-thread executors are held to (``tests/whitebox/test_direct.py``: SQLite;
+``tests/whitebox/test_direct_pg.py``: Postgres): the same sequence of sync calls through a store that takes the
 shortcut and through one that does not (:class:`General`) must give the same results, runs, events and
 records."""
 

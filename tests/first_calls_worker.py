@@ -1,4 +1,4 @@
-"""A worker process that starts on a store nobody has used yet (``tests/test_pg_defaults.py``).
+"""A worker process that starts on a store nobody has used yet (``tests/stores/test_pg_defaults.py``).
 
     python tests/first_calls_worker.py URL TASK EFFECTS CALLS
 

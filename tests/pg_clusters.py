@@ -1,7 +1,7 @@
-"""Throwaway PostgreSQL clusters of the test's own (``tests/test_failover.py``): a primary made by ``initdb`` and a
-streaming standby made from it by ``pg_basebackup``, each on a free loopback port, started and stopped with
-``pg_ctl`` as ``scripts/test.sh`` starts its server (as the ``postgres`` account when run as root: initdb and
-pg_ctl refuse root).
+"""Throwaway PostgreSQL clusters of the test's own (``tests/stores/test_failover.py``): a primary made by ``initdb``
+and a streaming standby made from it by ``pg_basebackup``, each on a free loopback port, started and stopped with
+``pg_ctl`` as ``scripts/test.sh`` starts its server (as the ``postgres`` account when run as root: initdb and pg_ctl
+refuse root).
 """
 
 from __future__ import annotations

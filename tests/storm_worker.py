@@ -1,4 +1,4 @@
-"""The storms' processes (``tests/test_storm.py``).
+"""The storms' processes (``tests/core/test_storm.py``).
 
     python tests/storm_worker.py URL INDEX TASK EFFECTS GO ROUNDS
     python tests/storm_worker.py --cold URL CALLERS POOL_SIZE

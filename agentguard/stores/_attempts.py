@@ -274,7 +274,8 @@ class AttemptStatements:
         cols = ", ".join(("id", *COLUMNS))
         where = ("(CAST(:scope AS VARCHAR) IS NULL OR scope = :scope)"
                  " AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR at >= :since)")
-        # One entry through SQLAlchemy: what a batch handed to the driver whole stores alike (tests/test_ledger.py).
+        # One entry through SQLAlchemy: what a batch handed to the driver whole stores alike
+        # (tests/whitebox/test_ledger.py).
         self.insert = text(
             f"INSERT INTO {ATTEMPTS} ({', '.join(WRITTEN)}) VALUES ({', '.join(':' + c for c in WRITTEN)})"
         )
@@ -432,7 +433,7 @@ class AttemptVerbs:
         if key is not None:
             # SQLite uses the index of the key's prefix only against a value (the prefix computed here), and only
             # if ``key`` is not compared with a bare parameter, which it would put in place of ``key`` in the
-            # prefix's expression (its constant propagation): hence the CAST. Both plans: tests/test_ledger.py.
+            # prefix's expression (its constant propagation): hence the CAST. Both plans: tests/whitebox/test_ledger.py.
             stmt, params["key"], params["key_prefix"] = sql.by_key, key, key[:KEY_PREFIX]
         elif task_id is not None:
             stmt, params["task_id"] = sql.by_task, task_id

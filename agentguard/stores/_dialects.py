@@ -81,7 +81,8 @@ class Options:
     pg_synchronous_commit: str | None = None
     pg_claim_unsynced: bool = False
     # A test seam, off by default: SQL for "seconds since the epoch" that replaces the database clock in every
-    # statement, e.g. ``(SELECT t FROM my_clock)`` for a clock a test moves itself (tests/test_stateful_store.py).
+    # statement, e.g. ``(SELECT t FROM my_clock)`` for a clock a test moves itself
+    # (tests/whitebox/test_stateful_store.py).
     # Never set it in production: leases must follow the database's own clock.
     clock: str | None = None
 

@@ -5,7 +5,7 @@ tool's own thread (the ``Direct`` verbs), or an event loop's thread for a statem
 Two executors of the same statements, each with its waiting policy, never a decision of its own: they run the
 store's statements (compiled from its ``Statements``, as aiosqlite's are), its claim plans (``_claims``) and
 verbs (``_verbs``), with the unsynced claim at ``synchronous=FULL`` (``_aiosqlite.statement``), and answer what
-the general path answers; ``tests/test_executors.py`` proves them equal, statement by statement and plan by
+the general path answers; ``tests/whitebox/test_executors.py`` proves them equal, statement by statement and plan by
 plan. A failure in a sync tool's thread is a ``StoreError`` as the store would raise it; the caller then asks
 the store the same verb (the same statements, the same parameters), which decides (retries, fails closed).
 

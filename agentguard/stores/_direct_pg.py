@@ -5,7 +5,7 @@ An executor of the same statements beside the general path (asyncpg on the porta
 its own: the same server and session settings (``application_name``, ``synchronous_commit``), the store's own
 statements (compiled from its ``Statements`` for psycopg: the claim with ``pg_claim_unsynced``'s
 ``set_config``, the completion that announces watched records), its claim plans (``_claims``) and verbs
-(``_verbs``), the same answers; ``tests/test_executors.py`` proves them equal. Bounded: each connection takes a
+(``_verbs``), the same answers; ``tests/whitebox/test_executors.py`` proves them equal. Bounded: each connection takes a
 slot of the worker's connection budget (``_budget``) when one is free now (a thread without one is refused, and
 its caller asks the store, whose pool waits its turn); those of threads that ended are closed on the next open,
 and every idle one as soon as callers wait for a slot; a forked child never uses its parent's. A failure

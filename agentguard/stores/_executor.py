@@ -151,7 +151,7 @@ class Executor:
         once: ``Dialect.compiled``) goes straight to the driver (asyncpg's prepared-statement cache, a function on
         aiosqlite's thread) on a connection of the loop's lane (``_lane.Lane``), skipping the per-statement cursor,
         result and reset steps of the general path — on aiosqlite each of them a thread hop. It must answer
-        what ``run(what, lambda conn: conn.execute(stmt, params).first())`` answers (tests/test_executors.py).
+        what ``run(what, lambda conn: conn.execute(stmt, params).first())`` answers (tests/whitebox/test_executors.py).
 
         ``many``: the statement's form for many callers (where the dialect ``gathers``), used when every
         connection of the lane is in use (:meth:`_gathered`). ``writes``: it writes (SQLite: it takes the write
@@ -188,7 +188,7 @@ class Executor:
         the same statement that came since a connection was last free, and they go as one statement (``many``)
         on the next connection the line hands on, in the place of the first of them. What each caller gets is
         what ``stmt`` alone would have answered it. A shortcut beside one statement each, which it must equal
-        (tests/test_gather.py): one round trip and one commit for them all, where the callers would have waited
+        (tests/whitebox/test_gather.py): one round trip and one commit for them all, where the callers would have waited
         anyway.
 
         The statement is sent by a task of the lane's, not by any caller, so a caller cancelled meanwhile leaves

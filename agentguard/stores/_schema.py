@@ -148,7 +148,7 @@ class Record(NamedTuple):
 
 # ``Record(*fields)`` without the NamedTuple's Python-level ``__new__`` (a record is built on every claim that
 # meets one and on every completion): the fields in Record's order, already of their types. Equal to the
-# general constructor; tests/test_whitebox_store_layout.py proves it.
+# general constructor; tests/whitebox/test_whitebox_store_layout.py proves it.
 record_of = cast(Callable[[Iterable[Any]], Record], functools.partial(tuple.__new__, Record))
 
 

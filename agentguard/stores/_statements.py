@@ -58,7 +58,7 @@ NEW_ROW = (
 # order, so neither waits for the other's key while holding one the other waits for (a deadlock).
 # At most GATHER_MAX claims in one statement: a longer one holds its callers longer, and while every connection
 # was busy with long ones (256 claims each), a caller that met an empty line cycled alone on a connection,
-# making many times the median's calls (tests/test_load.py's fairness; docs/benchmarks.md).
+# making many times the median's calls (tests/whitebox/test_load.py's fairness; docs/benchmarks.md).
 GATHER_MAX = 16
 
 
@@ -216,7 +216,7 @@ class Statements:
         self.complete, self.release = text(complete), text(release)
         # Bounded batches, oldest first; the outer predicate is re-checked on rows changed meanwhile (a takeover
         # between the sub-select and the delete refreshes expires_at, so it is not deleted). The plan must not
-        # depend on the planner's guess of how many records are expired (tests/test_sweep_plans.py):
+        # depend on the planner's guess of how many records are expired (tests/stores/test_sweep_plans.py):
         # - the clock is read once per statement, as a sub-select: compared with a volatile clock call, Postgres
         #   cannot use the expires_at index at all;
         # - ORDER BY expires_at: the index's order serves the LIMIT, so the index is the plan whatever the guess

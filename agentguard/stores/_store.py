@@ -114,7 +114,8 @@ class SQLStore(AttemptVerbs):
             # SQLite keeps its file locks per process, and the child inherits its parent's account of them: its
             # own connections would take no lock the parent held at the fork, and the parent closing its last
             # connection could remove the write-ahead log under the child, losing its records (and with them the
-            # replays that keep a body from running twice). Fail closed (tests/test_fork.py: the refusal, the cure).
+            # replays that keep a body from running twice). Fail closed (tests/core/test_fork.py: the refusal, the
+            # cure).
             refusal = (f"this process was forked from process {os.getppid()} while that process had the SQLite store "
                        f"{redact_url(self.url)} open, and SQLite cannot tell the two processes' locks apart: its "
                        "writes here could be lost. Close the guard before forking (Guard.close(); it reopens on its "
@@ -165,7 +166,7 @@ class SQLStore(AttemptVerbs):
             if d.memory or self._no_direct or not self._executor.schema_ready:
                 return None
             # One executor, however many threads come at once: each made its own, with a cap of its own, and a
-            # new guard's first thousand sync calls opened hundreds of connections (tests/test_storm.py).
+            # new guard's first thousand sync calls opened hundreds of connections (tests/core/test_storm.py).
             with self._making_direct:
                 if self._direct is None and not self._no_direct:
                     if isinstance(d, SQLite):

@@ -1,0 +1,247 @@
+"""SQLite's executors on a stdlib ``sqlite3`` connection of the calling thread (``stores/_direct.py``): a sync
+tool's own thread, and an async tool's event loop where a write can be made at once. Their statements and
+plans are proved equal to the general path's in tests/whitebox/test_executors.py (and under the state machine,
+tests/whitebox/test_stateful_store.py); here, whole guarded calls leave the same records and report the same events
+either way, real threads racing on one key run its body once, a claim made in a thread is renewed, and the
+waiting policies: a hot write waits for the lock in short sleeps on a thread, never on a loop's thread, whose
+commits are checkpointed."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from direct_calls import CALL_ROWS, General, check_whole_sync_calls, whole_sync_calls
+from sqlalchemy.engine import make_url
+
+from agentguard import Guard, task
+from agentguard.stores import SQLStore
+from agentguard.stores._direct import DirectSQLite
+
+from conftest import BACKEND
+
+pytestmark = [pytest.mark.anyio,
+              pytest.mark.skipif(BACKEND != "sqlite", reason="SQLite's shortcut: runs in the SQLite pass")]
+
+
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+def test_whole_sync_calls_equal_the_general_path(tmp_path: Path, synchronous: str) -> None:
+    def run(name: str, kind: type[SQLStore]) -> tuple[Any, ...]:
+        url = f"sqlite+aiosqlite:///{tmp_path / name}.db"
+        return whole_sync_calls(kind(url, sqlite_synchronous=synchronous),
+                                lambda: sqlite3.connect(make_url(url).database or "").execute(CALL_ROWS).fetchall(),
+                                lambda direct: direct is not None and bool(direct._conns))
+
+    assert check_whole_sync_calls(run("direct", SQLStore), run("general", General)) == [False, False]
+
+
+def test_threads_racing_on_one_key_run_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = Guard(f"sqlite+aiosqlite:///{tmp_path / 'race.db'}", cache_size=0)
+    claimed_in: set[str] = set()  # the threads that claimed on a connection of their own
+    real_claim = DirectSQLite.claim
+
+    def claim(self: DirectSQLite, params: dict[str, Any], likely_taken: bool = False) -> Any:
+        claimed_in.add(threading.current_thread().name)
+        return real_claim(self, params, likely_taken)
+
+    monkeypatch.setattr(DirectSQLite, "claim", claim)
+    runs: list[int] = []
+    barrier = threading.Barrier(16)
+    results: list[Any] = []
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, idempotency_key: str = "") -> str:
+        runs.append(1)
+        return idempotency_key
+
+    def worker() -> None:
+        barrier.wait()
+        with task("t-race"):
+            results.append(charge("o-1"))
+
+    try:
+        with task("t-warm"):
+            charge("o-warm")  # (the schema is made on the general path: the shortcut needs it made)
+        runs.clear()
+        threads = [threading.Thread(target=worker) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(claimed_in - {threading.current_thread().name}) >= 2  # the racers claimed in their own threads
+    finally:
+        guard.close()
+    assert len(runs) == 1 and len(results) == 16 and len(set(results)) == 1
+
+
+def test_a_long_body_completes_through_the_general_path(tmp_path: Path) -> None:
+    """A body longer than a sixth of the lease may have its lease renewed meanwhile: its completion goes
+    through the portal, which stops the heartbeat first. The outcome is the same."""
+    guard = Guard(f"sqlite+aiosqlite:///{tmp_path / 'long.db'}", lease=0.3)
+    done = threading.Event()
+
+    @guard.once(key=["n"])
+    def slow(n: int) -> int:
+        done.wait(0.2)  # past lease/6 (0.05 s), before lease/3 renewals matter for the outcome
+        return n
+
+    try:
+        with task("t-long"):
+            slow(1)  # (the schema is made on the general path)
+            guard._cache.clear()
+            assert slow(3) == 3
+            guard._cache.clear()
+            assert slow(3) == 3  # replayed from the store: the outcome was recorded
+    finally:
+        guard.close()
+
+
+def test_a_claim_made_in_its_own_thread_is_renewed_while_its_body_runs(tmp_path: Path) -> None:
+    """Handed to the heartbeat at its next tick: the record's lease moves forward while the body still runs."""
+    path = tmp_path / "renew.db"
+    guard = Guard(f"sqlite+aiosqlite:///{path}", lease=0.6)
+    running, finish = threading.Event(), threading.Event()
+
+    @guard.once(key=["n"])
+    def held(n: int) -> int:
+        if n:
+            running.set()
+            assert finish.wait(60)
+        return n
+
+    def lease_until() -> float:
+        row = sqlite3.connect(path).execute("SELECT lease_until FROM agentguard_calls WHERE state = 'running'")
+        return float(row.fetchone()[0])
+
+    try:
+        with task("t-renew"):
+            held(0)  # (the schema is made on the general path)
+            caller = threading.Thread(target=lambda: _in_task("t-renew", held, 1))
+            caller.start()
+            assert running.wait(60)
+            first = lease_until()
+            for _ in range(3000):  # until a renewal lands (every lease/3 of the body's run)
+                if lease_until() > first:
+                    break
+                threading.Event().wait(0.01)
+            assert lease_until() > first
+            finish.set()
+            caller.join(60)
+            assert held(1) == 1
+            direct = guard._store.direct()
+            assert direct is not None and (caller, "conn") in direct._conns  # claimed in the caller's own thread
+    finally:
+        finish.set()
+        guard.close()
+
+
+def _in_task(task_id: str, tool: Any, n: int) -> Any:
+    with task(task_id):
+        return tool(n)
+
+
+def test_a_hot_write_waits_for_the_write_lock_and_other_errors_pass_at_once(tmp_path: Path) -> None:
+    """``_aiosqlite.written`` (every hot write on SQLite): a write lock held by another connection is waited
+    for in short sleeps and the write lands once it is released; any other error is raised at once, and the
+    connection's own busy timeout is restored either way."""
+    from agentguard.stores._aiosqlite import BUSY_MS, written
+
+    path = tmp_path / "w.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode = WAL")
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    done: list[Any] = []
+    thread = threading.Thread(target=lambda: done.append(written(writer, "INSERT INTO t VALUES (2) RETURNING x", ())))
+    thread.start()
+    thread.join(0.2)  # (it waits for the lock meanwhile)
+    holder.execute("COMMIT")
+    thread.join(60)
+    assert done == [[(2,)]]
+    assert sorted(r[0] for r in holder.execute("SELECT x FROM t")) == [1, 2]
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        written(writer, "INSERT INTO missing VALUES (1)", ())
+    assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_MS
+    holder.close()
+    writer.close()
+
+
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+async def test_an_async_call_never_blocks_its_loop_on_the_write_lock(tmp_path: Path, synchronous: str) -> None:
+    """Another connection holds SQLite's write lock: an async tool's claim (and, at NORMAL, its completion)
+    cannot be made at once on the loop's thread, so it hops to aiosqlite's thread and waits there while the
+    loop runs on. The holder lets go only after the loop has ticked 20 times while the call waited: a
+    statement that blocked the loop would hold it until its 30 s give-up, and fail."""
+    path = tmp_path / "l.db"
+    guard = Guard(f"sqlite+aiosqlite:///{path}", sqlite_synchronous=synchronous, ledger=False)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    runs: list[str] = []
+    ticks: list[int] = []
+    letting_go: list[asyncio.Task[None]] = []
+
+    def hold() -> None:
+        """Take the write lock now; let it go after 20 ticks of the loop."""
+        holder.execute("BEGIN IMMEDIATE")
+
+        async def tick_then_let_go() -> None:
+            for _ in range(20):
+                await asyncio.sleep(0.002)
+                ticks.append(1)
+            holder.execute("COMMIT")
+
+        letting_go.append(asyncio.ensure_future(tick_then_let_go()))
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str) -> str:
+        runs.append(order_id)
+        if order_id != "o-warm":
+            hold()  # the completion meets the lock
+        return order_id
+
+    try:
+        with task("t-warm"):
+            await charge("o-warm")  # (the schema made)
+        hold()  # the claim meets the lock
+        with task("t-1"):
+            assert await charge("o-1") == "o-1"
+        await asyncio.gather(*letting_go)
+        assert len(letting_go) == 2 and len(ticks) == 40 and runs == ["o-warm", "o-1"]
+        guard._cache.clear()
+        with task("t-1"):
+            assert await charge("o-1") == "o-1" and runs == ["o-warm", "o-1"]  # replayed from the store
+    finally:
+        holder.close()
+        await guard.aclose()
+
+
+async def test_commits_on_the_loop_are_checkpointed(tmp_path: Path) -> None:
+    """Connections on event loops never checkpoint (a checkpoint syncs the database file); one runs on a thread
+    of its own every ``CHECKPOINT_EVERY`` of their commits, even for a caller that never suspends, and past
+    ``WAL_RESTART_FRAMES`` it starts the WAL again from its beginning: without, 6,000 back-to-back first calls
+    leave about 170 MB of it (a bound of a few restart sizes: the WAL grows on while a checkpoint runs)."""
+    from agentguard.stores._direct import WAL_RESTART_FRAMES
+
+    path = tmp_path / "c.db"
+    guard = Guard(f"sqlite+aiosqlite:///{path}", sqlite_synchronous="NORMAL", ledger=False, cache_size=0)
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str) -> str:
+        return order_id * 20
+
+    try:
+        for i in range(6000):
+            with task(f"t-{i}"):
+                await charge(f"o-{i}")
+        wal = path.with_name(path.name + "-wal").stat().st_size
+        assert wal < 4 * WAL_RESTART_FRAMES * 4096, wal
+    finally:
+        await guard.aclose()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM agentguard_calls WHERE state = 'succeeded'").fetchone()[0] == 6000
