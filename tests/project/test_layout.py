@@ -1,7 +1,7 @@
-"""The tests' layout stays true: every test file sits in the folder of what it exercises (``core``, ``stores``,
-``mcp``, ``integrations``, ``console``, the repository as a whole in ``project``), none is left flat in ``tests/``,
-and only the files in ``tests/whitebox/`` import a private module or name of agentguard — so a change to a private
-module knows its whitebox tests, and every other test goes through what users can import.
+"""The tests' layout stays true: every test file sits in the folder of what it exercises (``core``,
+``stores``, ``mcp_server``, ``integrations``, ``console``, the repository as a whole in ``project``), none is left
+flat in ``tests/``, and only the files in ``tests/whitebox/`` import a private module or name of agentguard — so
+a change to a private module knows its whitebox tests, and every other test goes through what users can import.
 
 Imports are read from each file's syntax tree (a name in a string or a docstring is not an import)."""
 
@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.storeless  # reads files only
 
 TESTS = Path(__file__).resolve().parents[1]
-FOLDERS = frozenset({"core", "stores", "mcp", "integrations", "console", "project", "whitebox"})
+FOLDERS = frozenset({"core", "stores", "mcp_server", "integrations", "console", "project", "whitebox"})
 
 
 def _private(dotted: str) -> bool:
@@ -71,6 +71,19 @@ def test_no_test_file_is_left_flat_and_each_sits_in_a_known_folder() -> None:
     assert not list(TESTS.rglob("__init__.py"))  # (no packages: pytest imports each file by its own name)
     twice = [name for name, n in Counter(p.name for p in all_test_files()).items() if n > 1]
     assert twice == []  # so two files may not share a name
+
+
+def test_no_folder_shadows_a_module_agentguard_looks_for() -> None:
+    """``tests/`` is on ``sys.path`` (``conftest.py`` lives there), so a folder named like a top-level module an
+    extra brings (``mcp``, say) would be found as a namespace package where that extra is not installed: the
+    floors' virtualenv would then not hear that the extra is missing."""
+    looked_for = set()
+    for path in (TESTS.parent / "agentguard").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).rpartition(".")[2] in {"require", "missing"}:
+                looked_for |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    assert {"mcp", "pydantic_ai", "langchain_core"} <= looked_for  # (the walk finds what it should)
+    assert FOLDERS.isdisjoint(looked_for)
 
 
 def test_only_the_whitebox_tests_import_private_names() -> None:

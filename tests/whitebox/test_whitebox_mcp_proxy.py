@@ -1,5 +1,5 @@
 """The guarding proxy's records, from inside: the names its cached upstream errors are stored under (the proxy
-with the real ``mcp`` Client: ``tests/mcp/test_mcp_proxy.py``)."""
+with the real ``mcp`` Client: ``tests/mcp_server/test_mcp_proxy.py``)."""
 
 from __future__ import annotations
 
