@@ -245,3 +245,121 @@ async def test_commits_on_the_loop_are_checkpointed(tmp_path: Path) -> None:
         await guard.aclose()
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT count(*) FROM agentguard_calls WHERE state = 'succeeded'").fetchone()[0] == 6000
+
+
+# -- the edges the suite's timing reaches only sometimes, made to happen ----------------------------------------
+
+
+async def _direct_of(path: Path) -> tuple[SQLStore, DirectSQLite]:
+    store = SQLStore(f"sqlite+aiosqlite:///{path}", sqlite_synchronous="NORMAL")
+    await store.ensure_schema()
+    direct = store.direct()
+    assert isinstance(direct, DirectSQLite)
+    return store, direct
+
+
+async def test_a_loops_new_connection_that_meets_the_lock_is_closed_and_the_statement_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new connection's opening pragmas read the schema: on a loop's thread, a lock held there (another
+    connection's exclusive one here; a WAL recovery in production) never waits. The connection is closed, never
+    kept half set up, and the statement is refused as busy (another executor makes it); once the lock is gone,
+    the next statement opens the loop's connection and is made at once."""
+    from agentguard.stores._direct import BUSY_NOW
+    from agentguard.stores._verbs import asks, key_params
+
+    path = tmp_path / "o.db"
+    store, direct = await _direct_of(path)
+    await store._engines.dispose()  # (a connection open elsewhere keeps the exclusive lock from being taken)
+    opened: list[sqlite3.Connection] = []
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: opened.append(connect(*a, **k)) or opened[-1])
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+        holder.execute("BEGIN EXCLUSIVE")
+        holder.execute("SELECT count(*) FROM agentguard_calls").fetchall()
+        read = asks(store.sql).read
+        assert direct.now(read, key_params("default", "k")) is BUSY_NOW
+        assert getattr(direct._local, "loop", None) is None and not direct._conns  # nothing kept
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            opened[-1].execute("SELECT 1")
+        holder.execute("ROLLBACK")
+        holder.execute("PRAGMA locking_mode = NORMAL")
+        holder.execute("SELECT 1 FROM agentguard_calls").fetchall()  # (the exclusive lock is let go on a read)
+        holder.close()
+        assert direct.now(read, key_params("default", "k")) is None  # made at once: no such record
+        assert list(direct._conns) == [(threading.current_thread(), "loop")]
+    finally:
+        holder.close()
+        direct.close()
+        await store.dispose()
+
+
+async def test_a_loop_statement_failing_otherwise_than_busy_is_left_to_the_general_path(tmp_path: Path) -> None:
+    """Anything but SQLite's lock on a loop's connection (here the connection unusable: closed under it) is
+    not decided there: NOT_NOW, and the general path makes the statement, with its own errors."""
+    from agentguard.stores._direct import NOT_NOW
+    from agentguard.stores._verbs import asks, key_params
+
+    store, direct = await _direct_of(tmp_path / "e.db")
+    try:
+        read = asks(store.sql).read
+        assert direct.now(read, key_params("default", "k")) is None
+        direct._local.loop.close()
+        assert direct.now(read, key_params("default", "k")) is NOT_NOW
+    finally:
+        direct.close()
+        await store.dispose()
+
+
+async def test_a_checkpoint_that_fails_lets_every_paused_writer_go(tmp_path: Path) -> None:
+    """A checkpoint restarting the WAL holds the loops' writers off (``paused``); one that fails (here: its
+    database cannot be opened) is left to the next, and still lets them go — a writer still waiting is resumed,
+    one that stopped waiting (cancelled) is left as it is, and nothing is raised on the loop."""
+    store, direct = await _direct_of(tmp_path / "k.db")
+    errors: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    try:
+        direct._restarting = direct._checkpointing = True
+        waiting, gone = direct.paused(), direct.paused()
+        assert waiting is not None and gone is not None
+        gone.cancel()
+        direct._cargs = (str(tmp_path / "no-such-folder" / "k.db"),)  # (the checkpoint's connection fails)
+        await asyncio.to_thread(direct._checkpoint)
+        await asyncio.wait_for(waiting, 30)
+        assert gone.cancelled() and not direct._restarting and not direct._checkpointing and not direct._paused
+        assert direct.paused() is None
+        await asyncio.sleep(0)  # (the resolutions ran)
+        assert errors == []
+    finally:
+        loop.set_exception_handler(None)
+        direct.close()
+        await store.dispose()
+
+
+async def test_a_writer_pausing_just_as_the_checkpoint_ends_goes_on(tmp_path: Path) -> None:
+    """The checkpoint ends between a writer's look at it and the writer taking the lock to wait for it: the
+    writer is not paused (nobody would resume it)."""
+    store, direct = await _direct_of(tmp_path / "p.db")
+
+    class EndsAsTaken:
+        def __init__(self, lock: Any) -> None:
+            self.lock = lock
+
+        def __enter__(self) -> None:
+            direct._restarting = False  # (the checkpoint ended just now, in its thread)
+            self.lock.__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.__exit__(*exc)
+
+    lock = direct._lock
+    try:
+        direct._restarting = True
+        direct._lock = EndsAsTaken(lock)  # type: ignore[assignment]
+        assert direct.paused() is None and direct._paused == []
+    finally:
+        direct._lock = lock
+        direct.close()
+        await store.dispose()

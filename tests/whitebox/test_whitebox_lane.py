@@ -90,6 +90,54 @@ async def test_a_slot_handed_to_a_caller_cancelled_meanwhile_goes_to_the_next_in
     assert lane.held == 0
 
 
+async def test_a_place_in_line_left_before_it_was_handed_anything_is_passed_over(engine: AsyncEngine) -> None:
+    """A gathered batch takes its place in line when it is formed (``Executor``'s ``Batch``); its task cancelled
+    before it ran leaves the place: out of the line, and the connection released next is not handed to it."""
+    lane = Lane(1)
+    first = await lane.acquire(engine)
+    lined = lane.line_up()
+    lane.leave(lined)
+    assert lined.cancelled() and not lane.queue
+    await lane.release(first, sound=True)
+    assert [c for c, _ in lane.idle] == [first] and lane.held == 1
+    await lane.close_idle()
+    assert lane.held == 0
+
+
+async def test_a_slot_handed_to_a_place_left_meanwhile_goes_to_the_next_in_line(engine: AsyncEngine) -> None:
+    """The place was handed a slot (a connection went back to the pool) just as the batch holding it went: the
+    slot passes on to the caller waiting behind it, who opens a connection with it."""
+    lane = Lane(1)
+    first = await lane.acquire(engine)
+    lined = lane.line_up()
+    (behind,) = await queued(lane, 2, lane.acquire(engine))
+    await lane.release(first, sound=False)  # back to the pool: its slot handed to the place
+    assert lined.done() and lined.result() is None and not behind.done()
+    lane.leave(lined)
+    opened = await behind
+    assert lane.held == 1 and not lane.queue
+    await lane.release(opened, sound=True)
+    await lane.close_idle()
+    assert lane.held == 0
+
+
+async def test_a_slot_passes_over_a_caller_that_went_while_in_line(engine: AsyncEngine) -> None:
+    """A caller cancelled in line leaves its (cancelled) place there; a slot coming free passes over it to the
+    caller behind."""
+    lane = Lane(1)
+    first = await lane.acquire(engine)
+    gone, behind = await queued(lane, 2, lane.acquire(engine), lane.acquire(engine))
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    await lane.release(first, sound=False)
+    opened = await behind
+    assert lane.held == 1 and not lane.queue
+    await lane.release(opened, sound=True)
+    await lane.close_idle()
+    assert lane.held == 0
+
+
 async def test_a_slot_nobody_waits_for_is_free_again(engine: AsyncEngine) -> None:
     lane = Lane(1)
     first = await lane.acquire(engine)
