@@ -36,6 +36,8 @@ cleanup() {
 }
 trap cleanup EXIT
 as_pg() { "$@"; }
+# A part's heading, with the seconds the run has taken so far (where the time goes, in every CI log).
+say() { echo "== $* [${SECONDS}s]"; }
 
 # Parts that pytest arguments skip unless their variable is 1 (and that 0 skips always).
 part() { [ "${1:-}" = 1 ] || { [ "${1:-}" != 0 ] && [ "$2" -eq 0 ]; }; }
@@ -106,9 +108,9 @@ fi
 # frameworks B's tests import their framework at module level: one missing fails the run, never a skip
 .venv/bin/python -c "import google.adk, ag2, claude_agent_sdk, anthropic"
 
-echo "== ruff"
+say "ruff"
 .venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
-echo "== mypy --strict"
+say "mypy --strict"
 .venv/bin/mypy
 
 # -- the floors -----------------------------------------------------------------------------------------------
@@ -121,13 +123,13 @@ FLOOR_TESTS=(tests/core/test_guard.py tests/core/test_ids.py tests/core/test_ope
              tests/whitebox/test_key_shapes.py)
 side_venvs_made
 if [ "$FLOORS" = 1 ]; then
-  echo "== the core suite on the lowest versions pyproject.toml allows (SQLite)"
+  say "the core suite on the lowest versions pyproject.toml allows (SQLite)"
   sed 's/^/   /' "$SCRATCH/floors.txt"
   # (no framework is installed there, so importing an adapter rightly raises MissingExtraError)
   AGENTGUARD_TEST_BACKEND=sqlite "$SCRATCH/floors/bin/python" -m pytest -q -p no:cacheprovider "${FLOOR_TESTS[@]}" \
     --deselect tests/core/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
 else
-  echo "== (the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
+  say "(the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
 fi
 
 # -- agent frameworks (issue 20, part a) --------------------------------------------------------------------
@@ -138,7 +140,7 @@ fi
 # fails the run (tests/conftest.py): none is skipped silently.
 export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
 framework_tests() {  # extra, its module, then the -k expression choosing its tests and example
-  echo "== $1 in its own virtualenv (SQLite)"
+  say "$1 in its own virtualenv (SQLite)"
   AGENTGUARD_TEST_BACKEND=sqlite AGENTGUARD_TEST_FRAMEWORKS=$2 "$SCRATCH/$1/bin/python" -m pytest -q -p no:cacheprovider \
     tests/integrations/test_integration_"$1".py tests/project/test_examples.py -k "$3"
 }
@@ -146,7 +148,7 @@ if [ "$FRAMEWORK_VENVS" = 1 ]; then
   framework_tests strands strands "test_integration_strands or strands_agent"
   framework_tests crewai crewai "test_integration_crewai or crewai_crew"
 else
-  echo "== (Strands and CrewAI in their own virtualenvs are skipped: pytest arguments were given; AGENTGUARD_FRAMEWORK_VENVS=1 runs them)"
+  say "(Strands and CrewAI in their own virtualenvs are skipped: pytest arguments were given; AGENTGUARD_FRAMEWORK_VENVS=1 runs them)"
 fi
 
 # -- a throwaway PostgreSQL ---------------------------------------------------------------------------
@@ -156,13 +158,13 @@ find_pg_bin() {
 }
 # strace counts SQLite's syncs in tests/stores/test_durability.py
 if ! command -v strace >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "== installing strace from Debian's packages"
+  say "installing strace from Debian's packages"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null)
 fi
 # -- Chromium (Debian's, headless): tests/console/test_console_browser.py drives the console's page in it -----------
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing chromium from Debian's packages"
+    say "installing chromium from Debian's packages"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
   else
     echo "chromium is not installed (the console's browser tests need it); install chromium and re-run" >&2
@@ -173,7 +175,7 @@ export AGENTGUARD_REQUIRE_BROWSER=1  # tests/console/test_console_browser.py fai
 PGBIN=$(find_pg_bin || true)
 if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing PostgreSQL from Debian's packages"
+    say "installing PostgreSQL from Debian's packages"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
     PGBIN=$(find_pg_bin)
   else
@@ -185,7 +187,7 @@ fi
 # -- PgBouncer, in front of the throwaway PostgreSQL in tests/whitebox/test_pgbouncer.py (and agentguard doctor's tests) --
 if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing pgbouncer from Debian's packages"
+    say "installing pgbouncer from Debian's packages"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null)
   else
     echo "pgbouncer is not installed (the tests behind a pooler need it); install pgbouncer and re-run" >&2
@@ -198,7 +200,7 @@ export AGENTGUARD_REQUIRE_PGBOUNCER=1  # tests/pgbouncer.py fails rather than sk
 # -- spin, the model checker of tests/whitebox/test_model.py (and a C compiler for the verifiers it generates) ------
 if ! command -v spin >/dev/null 2>&1 || ! { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing spin from Debian's packages"
+    say "installing spin from Debian's packages"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin gcc >/dev/null)
   else
     echo "spin (the model checker) or a C compiler is not installed; install spin and gcc and re-run" >&2
@@ -234,7 +236,7 @@ export COVERAGE_FILE="$SCRATCH/coverage"
 # pass, alone. Exit 5 (no tests) of one part is fine; of both, a failure.
 run_pytest() {
   local backend=$1; shift
-  echo "== pytest on $backend"
+  say "pytest on $backend"
   local cov=()
   [ "$COVERAGE" = 0 ] || cov=(--cov=agentguard --cov-branch --cov-append --cov-report=)
   local rc=0 rc_serial=5
@@ -242,8 +244,8 @@ run_pytest() {
   if [ "$WORKERS" = 0 ]; then
     AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest "${cov[@]}" "$@"; rc=$?
   else
-    AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -n "$WORKERS" -m "not serial" "${cov[@]}" "$@"; rc=$?
-    echo "== pytest on $backend: the tests that need the server to themselves"
+    AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -n "$WORKERS" -m "not serial" --durations=15 "${cov[@]}" "$@"; rc=$?
+    say "pytest on $backend: the tests that need the server to themselves"
     AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -m serial "${cov[@]}" "$@"; rc_serial=$?
   fi
   set -e
@@ -257,21 +259,22 @@ if [ -n "$PYJOB" ]; then
   cat "$SCRATCH/pythons.log"
   [ $rc -eq 0 ] || { echo "the other Python versions failed (exit $rc)" >&2; exit 1; }
 else
-  echo "== (the other Python versions are skipped: pytest arguments were given; AGENTGUARD_PYTHONS=1 runs them)"
+  say "(the other Python versions are skipped: pytest arguments were given; AGENTGUARD_PYTHONS=1 runs them)"
 fi
 run_pytest sqlite "$@"
 run_pytest postgres "$@"
-echo "== all tests passed on sqlite and postgres"
+say "all tests passed on sqlite and postgres"
 if [ "$COVERAGE" != 0 ]; then
-  echo "== coverage of agentguard/ (lines and branches, both passes)"
+  say "coverage of agentguard/ (lines and branches, both passes)"
   .venv/bin/python -m coverage report --skip-covered --sort=cover | tail -n 40
   .venv/bin/python scripts/executors_covered.py "$COVERAGE_FILE"
 fi
 
 # -- the chaos run: a fleet of workers under SIGKILL, SIGSTOP, cut connections and a Postgres restart -------
 if [ "$CHAOS" = 1 ]; then
-  echo "== the chaos run (short; python -m chaos --long for the long one)"
+  say "the chaos run (short; python -m chaos --long for the long one)"
   .venv/bin/python -m chaos --short
 else
-  echo "== (the chaos run is skipped: pytest arguments were given; AGENTGUARD_CHAOS=1 runs it)"
+  say "(the chaos run is skipped: pytest arguments were given; AGENTGUARD_CHAOS=1 runs it)"
 fi
+say "done"
