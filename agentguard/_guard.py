@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
 from . import _codec
+from ._admin import Admin
 from ._cache import ReplayCache
 from ._calls import Call, Outcome, check_errors, check_operation, make_call
 from ._codec import Codec
@@ -31,8 +32,7 @@ from ._shapes import Shape
 from ._shapes import key_shape as shape_of
 from ._spec import KeyOption, Spec
 from ._storeconfig import DEFAULT_URL, ENV_URL
-from ._views import Views
-from .stores import ClaimStore, Listing, SQLStore, Store
+from .stores import ChainCheck, ClaimStore, Listing, RecordDetail, SQLStore, Store
 from .stores._attempts import FORGOTTEN, RESOLVED, Attempt
 from .stores._decisions import How, applied, changed, parse_revision, said
 from .stores._decisions import revision as revision_of
@@ -95,7 +95,7 @@ def _otel_dropped(n: int) -> None:
         otel.dropped.add(n)
 
 
-class Guard(Views):
+class Guard:
     """Runs side-effecting tools at most once per (scope, task, operation) and replays the outcome.
 
     ``url``: ``sqlite+aiosqlite:///path.db`` (default ``$AGENTGUARD_URL``, else ``agentguard.db`` in the
@@ -164,7 +164,66 @@ class Guard(Views):
                 if ledger and keeps_ledger(guarded) else None)
         machine = Machine(guarded, self._portal, lease=self._lease, retention=self._retention, window=self._window,
                           events=Events(on_event), cache=cache, observer=Observer(kept))
-        super().__init__(guarded, machine, kept, cache, self._retention)
+        self._store, self._machine, self._ledger, self._cache = guarded, machine, kept, cache
+        self._admin = Admin(guarded, machine, kept, cache, self._retention)  # what a person reads (below)
+
+    # -- what a person reads, and the one deliberate delete (``_admin``) ---------------------------------
+
+    @property
+    def ledger_dropped(self) -> int:
+        """Ledger entries this guard dropped because the store did not keep up or refused them (the calls were
+        unaffected)."""
+        return self._admin.ledger_dropped
+
+    async def flush_ledger(self) -> None:
+        """Write the ledger entries queued so far (the writer writes them within ``_ledger.INTERVAL``, 0.2 s,
+        anyway; this guard's own reads flush first)."""
+        await self._admin.flush_ledger()
+
+    async def attempts(
+        self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,
+        since: float | None = None, limit: int = 1000,
+    ) -> list[Attempt]:
+        """Ledger entries, oldest first: of the record ``key``, else of the task ``task_id``, else all;
+        ``scope``: only that scope's; ``since``: only those at or after it (seconds since the epoch).
+
+        What this guard queued is written first; another process's entries are read once its writer wrote them
+        (within ``_ledger.INTERVAL``, 0.2 s, while its store keeps up). An attempt whose worker went away before
+        writing anything (its process died) is read from its record once its lease ran out: a ``went_away``
+        entry (``id`` 0) until whoever takes it over, or settles it, writes it."""
+        return await self._admin.attempts(key=key, task_id=task_id, scope=scope, since=since, limit=limit)
+
+    async def timeline(self, task_id: str, *, scope: str | None = None, limit: int = 1000) -> list[Attempt]:
+        """What the agent did in ``task_id``, in order (every attempt and operator's act); raises GuardError if
+        the store knows no such task."""
+        return await self._admin.timeline(task_id, scope=scope, limit=limit)
+
+    async def verify_ledger(self, *, scope: str | None = None) -> list[ChainCheck]:
+        """Walk each scope's hash chain of ledger entries and operators' acts (or ``scope``'s), in one snapshot:
+        a :class:`agentguard.stores.ChainCheck` per scope, with the first entry that was edited, deleted or
+        reordered, if any (``agentguard verify``). What this guard queued is written first."""
+        return await self._admin.verify_ledger(scope=scope)
+
+    async def record(self, key: str, *, scope: str | None = None) -> RecordDetail:
+        """The record ``key`` in full (with its steps); raises GuardError if there is none, or if several
+        scopes hold the key and ``scope`` is not given."""
+        return await self._admin.record(key, scope=scope)
+
+    async def forget(self, key: str, *, scope: str | None = None) -> RecordDetail:
+        """Delete a completed, failed or released record on purpose, so that the next call runs the tool
+        again; never a running claim. Leaves a ``forgotten`` entry in the ledger. Returns what was deleted.
+
+        Other processes that replayed the record recently may serve it from their in-process cache until it
+        expires there (``Guard(cache_size=0)`` keeps none)."""
+        return await self._admin.forget(key, scope=scope)
+
+    async def stats(self, *, since: float | None = None, scope: str | None = None,
+                    limit: int = 1_000_000) -> list[dict[str, Any]]:
+        """Per tool, from the ledger: calls, replays and the replay rate, refusals, takeovers, and the guard's
+        own time per call (p50, p99, in milliseconds), and attempts whose worker went away (``went_away``: their
+        process died or stalled past its lease before it recorded an outcome). ``since``: seconds since the
+        epoch."""
+        return await self._admin.stats(since=since, scope=scope, limit=limit)
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -419,14 +478,14 @@ class Guard(Views):
         abandoned = _codec.encode_error(
             OutcomeUnknownError(f"operation {key} was abandoned by an operator after an unknown outcome"))
         value = abandoned if abandon else None if retry else _codec.dumps(result)
-        gone = await self._gone(key, scope)  # (read before: the record stops saying its worker went away)
+        gone = await self._admin.gone(key, scope)  # (read before: the record stops saying its worker went away)
         decided = await self._machine.store_call(
             self._store.decide(scope, key, how, value, self._retention, seen=None if seen is None else seen.text))
         if decided.applied:
             self._cache.clear()
             done = said(how, decided.step)
             # A step settled leaves the record running: its next call takes it over and writes that entry then.
-            await self._operator_entries(key, scope, RESOLVED, done, gone if decided.step is None else None)
+            await self._admin.operator_entries(key, scope, RESOLVED, done, gone if decided.step is None else None)
             return done
         now = decided.before
         if seen is not None and (now is None or now.revision != seen.text):

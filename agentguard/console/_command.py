@@ -17,7 +17,7 @@ import uvicorn
 
 from .._errors import StoreError
 from .._redact import redact_url
-from ..stores import _views as views
+from ..stores import _console as views
 from ._app import Console
 from ._auth import Gate, is_loopback, new_token
 

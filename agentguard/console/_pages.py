@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 
 from .._keys import sub_key
 from ..stores import Attempt
-from ..stores._views import STATES, HeldRow, Page, RecordRow, TaskRow
+from ..stores._console import STATES, HeldRow, Page, RecordRow, TaskRow
 from ._timeline import anchor
 
 STYLE = """

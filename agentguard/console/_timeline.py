@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from ..stores import Attempt
-from ..stores._views import RecordRow
+from ..stores._console import RecordRow
 
 # kind -> (fill colour, what the legend calls it). Spans: a record's claim, by its state. Marks: a step, and
 # (from the ledger of attempts) what each call of the operation came to, and an operator's acts.

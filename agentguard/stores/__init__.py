@@ -16,7 +16,7 @@ What the guard asks of a store is written as three protocols (``ClaimStore``, ``
 - ``_direct_pg``   Postgres: sync tools' statements in their own thread, over psycopg;
 - ``_sweep``       the sweep's pace: batches of about 5 ms, resting five times as long;
 - ``_listen``      Postgres: one connection per loop listening for announced outcomes;
-- ``_views``       what the console reads, off the hot path;
+- ``_console``     what the console reads, off the hot path;
 - ``_attempts``    the ledger of attempts: its table, ``Attempt``, its statements and verbs;
 - ``_chain``       the ledger's hash chain per scope: writing in order, the sweep's anchor, ``verify``;
 - ``_store``       ``SQLStore``: the verbs;

@@ -15,6 +15,7 @@ records, each chain from its start (``_chain``).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -351,25 +352,22 @@ async def upgrade(conn: AsyncConnection, sqlite: bool) -> None:
     await conn.exec_driver_sql(f"CREATE UNIQUE INDEX IF NOT EXISTS {ATTEMPTS}_chain_idx ON {ATTEMPTS} (scope, seq)")
 
 
-class AttemptVerbs:
-    """The ledger's verbs of ``SQLStore`` (the ``LedgerStore`` protocol). Needs ``_executor`` and ``dialect``."""
+class AttemptLedger:
+    """The ledger's verbs over one store's executor: what ``SQLStore`` answers the ``LedgerStore`` protocol with
+    (it holds one, ``SQLStore.ledger``). The statements are made on first use (a store that never reads its
+    ledger never builds them)."""
 
-    _executor: Executor
-    _attempt_sql: AttemptStatements | None = None
-    _chain_sql: Chain | None = None
-    _chained_scopes: set[str] | None = None  # Postgres: scopes whose chain row this store has seen made
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self._chained_scopes: set[str] = set()  # Postgres: scopes whose chain row this store has seen made
 
-    @property
-    def attempt_sql(self) -> AttemptStatements:
-        if self._attempt_sql is None:
-            self._attempt_sql = AttemptStatements(self._executor.dialect.now)
-        return self._attempt_sql
+    @functools.cached_property
+    def sql(self) -> AttemptStatements:
+        return AttemptStatements(self._executor.dialect.now)
 
-    @property
-    def chain_sql(self) -> Chain:
-        if self._chain_sql is None:
-            self._chain_sql = Chain(ATTEMPTS, WRITTEN, self._executor.dialect.now)
-        return self._chain_sql
+    @functools.cached_property
+    def chain(self) -> Chain:
+        return Chain(ATTEMPTS, WRITTEN, self._executor.dialect.now)
 
     async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> int:
         """Insert ledger entries (each the values of ``WRITTEN``, in order), every text as every store holds it
@@ -409,10 +407,7 @@ class AttemptVerbs:
         the driver whole, in one transaction with the chains' heads (Postgres: COPY; SQLite: one hop, the rows
         bound by sqlite3 on aiosqlite's thread, unsynced at ``FULL`` as a claim is). A value that cannot be
         hashed as the store keeps it is refused as the database refuses one (``Dialect.refuses_row``)."""
-        dialect, chain = self._executor.dialect, self.chain_sql
-        if self._chained_scopes is None:
-            self._chained_scopes = set()
-        known = self._chained_scopes
+        dialect, chain, known = self._executor.dialect, self.chain, self._chained_scopes
 
         async def write(drv: Any) -> None:
             entries = _chain.prepared(rows)  # (hashed before the heads are locked)
@@ -428,7 +423,7 @@ class AttemptVerbs:
         since: float | None = None, limit: int = 1000,
     ) -> list[Attempt]:
         """Entries in the order they happened (``at``, then id): of one key, of one task, or all since ``since``."""
-        sql = self.attempt_sql
+        sql = self.sql
         params: dict[str, Any] = {"scope": scope, "since": since, "limit": limit}
         if key is not None:
             # SQLite uses the index of the key's prefix only against a value (the prefix computed here), and only
@@ -455,16 +450,16 @@ class AttemptVerbs:
         """Delete ledger entries past their retention, in short batches of at most ``batch``, paced as the
         records' sweep is (``_sweep``): each scope's chain from its start, the anchor moved where it is cut
         (``_chain.sweep``)."""
-        return await _chain.sweep(self._executor, self.chain_sql, batch, paced)
+        return await _chain.sweep(self._executor, self.chain, batch, paced)
 
     async def verify_ledger(self, scope: str | None = None) -> list[ChainCheck]:
         """Walk each scope's hash chain (or ``scope``'s) in one snapshot: what verified, and the first entry
         that was edited, deleted or moved, if any."""
-        return await _chain.verify(self._executor, self.chain_sql, scope)
+        return await _chain.verify(self._executor, self.chain, scope)
 
     async def record_details(self, key: str, scope: str | None = None) -> list[RecordDetail]:
         """The records with ``key`` (one per scope that has it), each with its current steps."""
-        sql = self.attempt_sql
+        sql = self.sql
 
         async def run(conn: AsyncConnection) -> list[RecordDetail]:
             out = []
@@ -480,7 +475,7 @@ class AttemptVerbs:
 
     async def forget(self, scope: str, key: str) -> bool:
         """Delete a record that is not running (and its steps), deliberately: the next call runs again."""
-        sql = self.attempt_sql
+        sql = self.sql
 
         async def run(conn: AsyncConnection) -> bool:
             gone = bool((await conn.execute(sql.forget, {"scope": scope, "key": key})).rowcount)
@@ -492,7 +487,7 @@ class AttemptVerbs:
 
     async def task_known(self, task_id: str) -> bool:
         """Whether any record or ledger entry names ``task_id``."""
-        sql = self.attempt_sql
+        sql = self.sql
 
         async def run(conn: AsyncConnection) -> bool:
             return (await conn.execute(sql.task_known, {"task_id": task_id})).first() is not None

@@ -1,6 +1,6 @@
 """The records and tasks whose key or task id starts with what a person typed (``agentguard show ag_3f2``).
 
-Read-only, off the hot path, through the executor's general path like ``_views``. ``substr(col, 1, n) = :p``
+Read-only, off the hot path, through the executor's general path like ``_console``. ``substr(col, 1, n) = :p``
 compares characters exactly on SQLite and Postgres alike (``LIKE`` would read ``_``, which every key holds,
 as a wildcard). A full scan: these serve a command a person types, never a tool call.
 """

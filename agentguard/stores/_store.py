@@ -23,7 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .._fork import on_fork
 from .._redact import redact_url
 from . import _attempts
-from ._attempts import AttemptVerbs
+from ._attempts import Attempt, AttemptLedger, RecordDetail
+from ._chain import ChainCheck
 from ._claims import Ask, Claimed
 from ._decisions import Decided, How, decide
 from ._dialects import Postgres, SQLite, dialect_for
@@ -61,7 +62,7 @@ NO_JIT = text("SET LOCAL jit = off")
 STEP = "recording a step"
 
 
-class SQLStore(AttemptVerbs):
+class SQLStore:
     """The store (implements ``ClaimStore``, ``StepStore``, ``AdminStore`` and ``LedgerStore``). Engines are
     made lazily, one per event loop; the schema is created on first use."""
 
@@ -92,6 +93,7 @@ class SQLStore(AttemptVerbs):
                               row_id=self.dialect.row_id, rows_by_id=self.dialect.rows_by_id)
         self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
+        self.ledger = AttemptLedger(self._executor)  # the ledger of attempts' verbs (below: ``LedgerStore``)
         self._engines: Engines = self._executor.engines
         self._asks = asks(self.sql)  # the hot statements, as every executor's verbs ask them (``_verbs``)
         self._plans = self.dialect.plans
@@ -322,7 +324,7 @@ class SQLStore(AttemptVerbs):
 
     async def person_read(self, what: str, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """``fn`` on a connection of the store's, as a person's read (``agentguard ls --unknown``, the console's
-        pages: ``_views``), off the hot path; on Postgres without JIT (``NO_JIT``)."""
+        pages: ``_console``), off the hot path; on Postgres without JIT (``NO_JIT``)."""
         if self.dialect.name != "postgresql":
             return await self._executor.run(what, fn, body_ran=None)
 
@@ -412,6 +414,32 @@ class SQLStore(AttemptVerbs):
             return [listing_from_row(r) for r in rows]
 
         return await self._executor.run("listing records", run, body_ran=None)
+
+    # -- the ledger of attempts, and an operator's look at one record (``LedgerStore``): the ledger's verbs ----
+
+    async def write_attempts(self, rows: Sequence[Sequence[Any]]) -> int:
+        return await self.ledger.write_attempts(rows)
+
+    async def read_attempts(
+        self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,
+        since: float | None = None, limit: int = 1000,
+    ) -> list[Attempt]:
+        return await self.ledger.read_attempts(key=key, task_id=task_id, scope=scope, since=since, limit=limit)
+
+    async def sweep_attempts(self, batch: int = 1000) -> int:
+        return await self.ledger.sweep_attempts(batch)
+
+    async def verify_ledger(self, scope: str | None = None) -> list[ChainCheck]:
+        return await self.ledger.verify_ledger(scope)
+
+    async def record_details(self, key: str, scope: str | None = None) -> list[RecordDetail]:
+        return await self.ledger.record_details(key, scope)
+
+    async def forget(self, scope: str, key: str) -> bool:
+        return await self.ledger.forget(scope, key)
+
+    async def task_known(self, task_id: str) -> bool:
+        return await self.ledger.task_known(task_id)
 
 
 class _StepTransaction:

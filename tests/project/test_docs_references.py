@@ -193,7 +193,7 @@ def _package_dirs() -> list[Path]:
 
 def path_problem(token: str) -> str | None:
     """What is wrong with the path ``token`` names (None: it exists, and so does the test or the name it names).
-    A path may name a module without its ``.py`` (``stores/_views``) and a name in it (``stores/_lane.Lane``)."""
+    A path may name a module without its ``.py`` (``stores/_console``) and a name in it (``stores/_lane.Lane``)."""
     path, _, test = token.partition("::")
     path = path.rstrip(",.;:")
     if "/" in path and not path.startswith(ROOTS + SUBPACKAGES):
@@ -204,7 +204,7 @@ def path_problem(token: str) -> str | None:
             return problem
         module = ".".join((stem if stem.startswith(ROOTS) else f"agentguard/{stem}").split("/"))
         return None if resolves(f"{module}.{member}") else f"{stem}.py defines no {member}"
-    if "/" in path and not dot and not path.endswith("/"):  # stores/_views: a module, or a folder
+    if "/" in path and not dot and not path.endswith("/"):  # stores/_console: a module, or a folder
         path = path + ".py" if any((ROOT / t / f"{path}.py").exists() for t in ("", "agentguard")) else path
     if path.startswith(ROOTS):
         where = [ROOT / path]
@@ -266,7 +266,7 @@ def test_the_checker_catches_what_it_should() -> None:
         None)
     assert path_problem("agentguard/_here.py") == "agentguard/_here.py does not exist"
     assert path_problem("_engine.py") == "_engine.py does not exist"
-    assert path_problem("stores/_lane.Lane") is None and path_problem("stores/_views") is None
+    assert path_problem("stores/_lane.Lane") is None and path_problem("stores/_console") is None
     assert path_problem("stores/_lane.Pool") == "stores/_lane.py defines no Pool"
     assert path_problem("tests/core/test_guard.py::test_no_such_test") == (
         "tests/core/test_guard.py defines no test_no_such_test")

@@ -47,7 +47,7 @@ def private_uses(source: str) -> Iterator[tuple[int, str]]:
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("agentguard") and (
                     _private(arg.value)):
                 yield node.lineno, arg.value
-    for node in ast.walk(tree):  # agentguard._keys, stores._views: a private attribute of an imported module
+    for node in ast.walk(tree):  # agentguard._keys, stores._console: a private attribute of an imported module
         if isinstance(node, ast.Attribute):
             chain = []
             base: ast.expr = node
@@ -98,7 +98,7 @@ def test_the_checker_catches_what_it_should() -> None:
         "from agentguard._keys import derive_key": "agentguard._keys.derive_key",
         "import agentguard._ledger as ledger": "agentguard._ledger",
         "import agentguard.stores._lane": "agentguard.stores._lane",
-        "from agentguard.stores import _views as views": "agentguard.stores._views",
+        "from agentguard.stores import _console as views": "agentguard.stores._console",
         "from agentguard import _codec": "agentguard._codec",
         "from agentguard.mcp import proxy\nproxy._FinalError": "agentguard.mcp.proxy._FinalError",
         "import agentguard\nagentguard._guard.X": "agentguard._guard",

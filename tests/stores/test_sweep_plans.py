@@ -209,7 +209,7 @@ async def test_the_ledgers_empty_sweep_reads_no_row_of_300k_entries_whatever_the
     store = SQLStore(store_url)
     await store.ensure_schema()
     # An empty sweep of the ledger sends only its probe (anything expired, chained or not?).
-    sql, _ = store._executor._compiled(store.chain_sql.to_sweep)
+    sql, _ = store._executor._compiled(store.ledger.chain.to_sweep)
     await store.dispose()
     conn = await asyncpg.connect(pg_dsn(store_url))
     try:

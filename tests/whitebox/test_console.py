@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from agentguard.stores import SQLStore
-from agentguard.stores import _views as views
+from agentguard.stores import _console as views
 
 from console_server import Running, console, held, many, seed, seeded
 

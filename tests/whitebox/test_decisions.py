@@ -20,7 +20,7 @@ import pytest
 
 from agentguard import Guard, RecordChangedError, ResultNotStoredError, task
 from agentguard.stores import SQLStore
-from agentguard.stores import _views as views
+from agentguard.stores import _console as views
 from agentguard.stores._decisions import parse_revision
 
 from console_server import held, seed, seeded

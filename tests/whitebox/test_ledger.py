@@ -326,7 +326,7 @@ async def test_a_copied_batch_stores_what_the_inserts_store_but_a_refused_entry(
         await raw_exec(store_url, "DELETE FROM agentguard_attempts")
         async with store.engine().begin() as conn:  # the general path's way, one INSERT per entry
             for row in (*SHAPES, kept):
-                await conn.execute(store.attempt_sql.insert, dict(zip(WRITTEN, row, strict=True)))
+                await conn.execute(store.ledger.sql.insert, dict(zip(WRITTEN, row, strict=True)))
         inserted = [{k: v for k, v in e.as_dict().items() if k != "id"} for e in await store.read_attempts()]
         await raw_exec(store_url, "DROP TABLE agentguard_attempts")
         with pytest.raises(StoreError, match="writing the attempt ledger"):
@@ -351,7 +351,7 @@ async def test_a_keys_entries_are_found_through_the_key_prefix_index_on_a_new_an
         rows = [("s", k, f"task-{i // 5}", "op", "tool", "ran", "succeeded", 1, None, "h:1", 1.7e9 + i, None, None,
                  2e9) for i, k in enumerate(keys)]
         await store.write_attempts(rows)
-        sql, args = store._executor._compiled(store.attempt_sql.by_key, store.engine())
+        sql, args = store._executor._compiled(store.ledger.sql.by_key, store.engine())
         params = args({"key": keys[1234], "key_prefix": keys[1234][:16], "scope": None, "since": None, "limit": 10})
         found = await store.read_attempts(key=keys[1234])
     finally:

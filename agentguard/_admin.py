@@ -1,6 +1,6 @@
-"""What a person (or a console) reads of a guard's store: the ledger of attempts, one record in full, a task's
-timeline, per-tool statistics; and the one deliberate delete, ``forget``. ``Guard`` is a ``Views`` (its base
-class, given the store, the machine, the ledger and the cache it reads through).
+"""An operator's verbs over a guard's store: the ledger of attempts, one record in full, a task's timeline,
+per-tool statistics, and the one deliberate delete, ``forget``. A ``Guard`` holds one (``Guard._admin``) and
+answers its reading verbs with it (their documentation is ``Guard``'s, where users read it).
 
 The read API is stable (a console's task timeline is built on it): ``attempts`` and ``timeline`` return
 :class:`agentguard.stores.Attempt` entries oldest first; ``record`` a :class:`agentguard.stores.RecordDetail`;
@@ -37,7 +37,7 @@ T = TypeVar("T")
 _OPERATOR = (RESOLVED, FORGOTTEN, DROPPED)  # entries that are not a call
 
 
-class Views:
+class Admin:
     """The reading and forgetting verbs of a guard, over its store, its machine (where the store is used), its
     ledger writer (what is still queued) and its replay cache (emptied when a record is forgotten)."""
 
@@ -57,17 +57,13 @@ class Views:
 
     @property
     def ledger_dropped(self) -> int:
-        """Ledger entries this guard dropped because the store did not keep up or refused them (the calls were
-        unaffected)."""
         return 0 if self._ledger is None else self._ledger.dropped
 
     async def flush_ledger(self) -> None:
-        """Write the ledger entries queued so far (the writer writes them within ``_ledger.INTERVAL``, 0.2 s,
-        anyway; this guard's own reads flush first)."""
         if self._ledger is not None:
             await self._machine.portal.arun(self._ledger.flush())
 
-    async def _read_own_writes(self) -> None:
+    async def read_own_writes(self) -> None:
         # A read in the process that wrote sees what it wrote: what is still queued (or being written) first.
         if self._ledger is not None and self._ledger.pending:
             await self.flush_ledger()
@@ -76,37 +72,23 @@ class Views:
         self, *, key: str | None = None, task_id: str | None = None, scope: str | None = None,
         since: float | None = None, limit: int = 1000,
     ) -> list[Attempt]:
-        """Ledger entries, oldest first: of the record ``key``, else of the task ``task_id``, else all;
-        ``scope``: only that scope's; ``since``: only those at or after it (seconds since the epoch).
-
-        What this guard queued is written first; another process's entries are read once its writer wrote them
-        (within ``_ledger.INTERVAL``, 0.2 s, while its store keeps up). An attempt whose worker went away before
-        writing anything (its process died) is read from its record once its lease ran out: a ``went_away``
-        entry (``id`` 0) until whoever takes it over, or settles it, writes it."""
-        await self._read_own_writes()
+        await self.read_own_writes()
         return await self._call(self._ledger_store().read_attempts(key=key, task_id=task_id, scope=scope,
                                                                    since=since, limit=limit))
 
     async def timeline(self, task_id: str, *, scope: str | None = None, limit: int = 1000) -> list[Attempt]:
-        """What the agent did in ``task_id``, in order (every attempt and operator's act); raises GuardError if
-        the store knows no such task."""
         store = self._ledger_store()
-        await self._read_own_writes()
+        await self.read_own_writes()
         entries = await self._call(store.read_attempts(task_id=task_id, scope=scope, limit=limit))
         if not entries and not await self._call(store.task_known(task_id)):
             raise GuardError(f"no task {task_id!r} in this store: no record or attempt names it", task_id=task_id)
         return entries
 
     async def verify_ledger(self, *, scope: str | None = None) -> list[ChainCheck]:
-        """Walk each scope's hash chain of ledger entries and operators' acts (or ``scope``'s), in one snapshot:
-        a :class:`agentguard.stores.ChainCheck` per scope, with the first entry that was edited, deleted or
-        reordered, if any (``agentguard verify``). What this guard queued is written first."""
-        await self._read_own_writes()
+        await self.read_own_writes()
         return await self._call(self._ledger_store().verify_ledger(scope))
 
     async def record(self, key: str, *, scope: str | None = None) -> RecordDetail:
-        """The record ``key`` in full (with its steps); raises GuardError if there is none, or if several
-        scopes hold the key and ``scope`` is not given."""
         found = await self._call(self._ledger_store().record_details(key, scope))
         if not found:
             where = f" in scope {scope!r}" if scope is not None else ""
@@ -118,11 +100,6 @@ class Views:
         return found[0]
 
     async def forget(self, key: str, *, scope: str | None = None) -> RecordDetail:
-        """Delete a completed, failed or released record on purpose, so that the next call runs the tool
-        again; never a running claim. Leaves a ``forgotten`` entry in the ledger. Returns what was deleted.
-
-        Other processes that replayed the record recently may serve it from their in-process cache until it
-        expires there (``Guard(cache_size=0)`` keeps none)."""
         rec = await self.record(key, scope=scope)
         if rec.state == RUNNING:
             why = ("its lease is live: a worker is running it" if rec.lease_left is not None and rec.lease_left > 0
@@ -137,7 +114,7 @@ class Views:
         await self._operator_entry(rec, FORGOTTEN, f"was {rec.state}")
         return rec
 
-    async def _gone(self, key: str, scope: str) -> list[Attempt]:
+    async def gone(self, key: str, scope: str) -> list[Attempt]:
         """The record's attempt whose worker went away with nothing written (read from the record), if any: an
         operator settling the record writes it (the record stops saying so)."""
         if not keeps_ledger(self._store):
@@ -145,7 +122,7 @@ class Views:
         entries = await self._call(self._store.read_attempts(key=key, scope=scope))
         return [e for e in entries if e.kind == WENT_AWAY and e.id == 0]
 
-    async def _operator_entries(self, key: str, scope: str, kind: str, detail: str,
+    async def operator_entries(self, key: str, scope: str, kind: str, detail: str,
                                 gone: list[Attempt] | None = None) -> None:
         """The ledger's entry of an operator's act on the record ``key`` of ``scope`` (``resolve``), after the
         ``went_away`` entry of the attempt it settles (``gone``: read before the act)."""
@@ -162,7 +139,7 @@ class Views:
 
         if not keeps_ledger(self._store):
             return
-        await self._read_own_writes()  # (the act follows, in its chain too, what this guard saw happen)
+        await self.read_own_writes()  # (the act follows, in its chain too, what this guard saw happen)
         at = time.time()
         entry = (rec.scope, rec.key, rec.task_id, rec.operation, rec.tool, kind, detail,
                  rec.attempts if attempt is None else attempt, None, about or process(), at, None, None,
@@ -172,10 +149,6 @@ class Views:
 
     async def stats(self, *, since: float | None = None, scope: str | None = None,
                     limit: int = 1_000_000) -> list[dict[str, Any]]:
-        """Per tool, from the ledger: calls, replays and the replay rate, refusals, takeovers, and the guard's
-        own time per call (p50, p99, in milliseconds), and attempts whose worker went away (``went_away``: their
-        process died or stalled past its lease before it recorded an outcome). ``since``: seconds since the
-        epoch."""
         entries = await self.attempts(since=since, scope=scope, limit=limit)
         by_tool: dict[str, list[Attempt]] = {}
         for e in entries:
