@@ -165,57 +165,35 @@ find_pg_bin() {
   if command -v initdb >/dev/null 2>&1; then dirname "$(readlink -f "$(command -v initdb)")"; return; fi
   ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
 }
-# strace counts SQLite's syncs in tests/stores/test_durability.py
+# A Debian package a part of the suite needs: installed where this run may (as root, with apt-get), else the run
+# stops saying what to install. $1: a test that it is there; $2: the packages; $3: what needs them.
+need() {
+  eval "$1" && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing $2 from Debian's packages"
+    # shellcheck disable=SC2086 # (the packages, one word each)
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $2 >/dev/null)
+  else
+    echo "$2 is not installed ($3 needs it); install it and re-run" >&2
+    exit 1
+  fi
+}
+# strace counts SQLite's syncs in tests/stores/test_durability.py (which skips without it: installed where it may be)
 if ! command -v strace >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  say "installing strace from Debian's packages"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null)
+  need false strace "tests/stores/test_durability.py"
 fi
-# -- Chromium (Debian's, headless): tests/console/test_console_browser.py drives the console's page in it -----------
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing chromium from Debian's packages"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
-  else
-    echo "chromium is not installed (the console's browser tests need it); install chromium and re-run" >&2
-    exit 1
-  fi
-fi
+# Chromium (Debian's, headless): tests/console/test_console_browser.py drives the console's page in it
+need "command -v chromium >/dev/null 2>&1" chromium "the console's browser tests"
 export AGENTGUARD_REQUIRE_BROWSER=1  # tests/console/test_console_browser.py fails rather than skips without it
-PGBIN=$(find_pg_bin || true)
-if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/initdb" ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing PostgreSQL from Debian's packages"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
-    PGBIN=$(find_pg_bin)
-  else
-    echo "PostgreSQL's initdb/pg_ctl are not installed; install postgresql and re-run" >&2
-    exit 1
-  fi
-fi
-
-# -- PgBouncer, in front of the throwaway PostgreSQL in tests/whitebox/test_pgbouncer.py (and agentguard doctor's tests) --
-if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing pgbouncer from Debian's packages"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null)
-  else
-    echo "pgbouncer is not installed (the tests behind a pooler need it); install pgbouncer and re-run" >&2
-    exit 1
-  fi
-fi
+need 'PGBIN=$(find_pg_bin || true); [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]' postgresql "the Postgres pass (initdb, pg_ctl)"
+PGBIN=$(find_pg_bin)
+# PgBouncer, in front of the throwaway PostgreSQL in tests/whitebox/test_pgbouncer.py (and agentguard doctor's tests)
 # (Debian's package starts a pgbouncer service of its own: the tests start theirs on free ports, it is not used)
+need "command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]" pgbouncer "the tests behind a pooler"
 export AGENTGUARD_REQUIRE_PGBOUNCER=1  # tests/pgbouncer.py fails rather than skips without it
-
-# -- spin, the model checker of tests/whitebox/test_model.py (and a C compiler for the verifiers it generates) ------
-if ! command -v spin >/dev/null 2>&1 || ! { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing spin from Debian's packages"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin gcc >/dev/null)
-  else
-    echo "spin (the model checker) or a C compiler is not installed; install spin and gcc and re-run" >&2
-    exit 1
-  fi
-fi
+# spin, the model checker of tests/whitebox/test_model.py, and a C compiler for the verifiers it generates
+need "command -v spin >/dev/null 2>&1 && { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }" \
+  "spin gcc" "the model checker's test"
 export AGENTGUARD_REQUIRE_SPIN=1  # tests/whitebox/test_model.py fails rather than skips without it
 
 PGTMP=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-pg.XXXXXX")
