@@ -34,8 +34,8 @@ from .._errors import GuardError, RecordChangedError, StoreError
 from .._guard import Guard
 from .._redact import redact_text
 from ..stores import Attempt, SQLStore
-from ..stores import _prefixes as prefixes
 from ..stores import _console as views
+from ..stores import _prefixes as prefixes
 from ..stores._attempts import DROPPED
 from . import _pages as pages
 from ._auth import Gate
