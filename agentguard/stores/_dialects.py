@@ -403,14 +403,17 @@ class Postgres(Dialect):
         return params
 
     async def _own_connection(self, application_name: str) -> Any:
-        """An asyncpg connection outside the pool, in the budget (waiting its turn for a slot); its slot goes back
-        when it closes, however it closes."""
+        """An asyncpg connection outside the pool, in the budget (``_budgeted``)."""
+        return await self._budgeted(**self._connect_params(), server_settings={"application_name": application_name})
+
+    async def _budgeted(self, *args: Any, **kwargs: Any) -> Any:
+        """``asyncpg.connect(*args, **kwargs)`` in the budget (waiting its turn for a slot), seated where a pooler
+        must seat it; its slot goes back when it closes, however it closes."""
         import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
         await self.budget.take()
         try:
-            conn = await asyncpg.connect(**self._connect_params(),
-                                         server_settings={"application_name": application_name})
+            conn = await asyncpg.connect(*args, **kwargs)
         except BaseException:
             self.budget.give()
             raise
@@ -520,22 +523,10 @@ class Postgres(Dialect):
 
     def set_up(self, engine: AsyncEngine) -> None:
         """Every connection of the engine's pool is opened within the budget (waiting its turn for a slot) and
-        gives its slot back when it closes."""
-        import asyncpg  # type: ignore[import-untyped,unused-ignore]
-
-        async def connect(*args: Any, **kwargs: Any) -> Any:
-            await self.budget.take()
-            try:
-                conn = await asyncpg.connect(*args, **kwargs)
-            except BaseException:
-                self.budget.give()
-                raise
-            self._hold(conn)
-            await self._seated(conn)
-            return conn
+        gives its slot back when it closes (``_budgeted``)."""
 
         def budgeted(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
-            cparams["async_creator_fn"] = connect
+            cparams["async_creator_fn"] = self._budgeted
             _numbers(cparams)
 
         def closed(dbapi_conn: Any, _record: Any) -> None:  # (at once; the termination listener runs later)
