@@ -17,15 +17,13 @@ SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-test.XXXXXX")
 PGTMP=""
 SIDE=""  # the job making the side virtualenvs (below), while it runs
 PYJOB=""  # the job testing the other Python versions (scripts/pythons.sh), while it runs
-MYPYJOB=""  # mypy, while it runs beside the floors' and the frameworks' tests
 cleanup() {
-  if [ -n "$MYPYJOB" ]; then kill "$MYPYJOB" 2>/dev/null || true; wait "$MYPYJOB" 2>/dev/null || true; fi
   if [ -n "$PYJOB" ]; then
     pkill -TERM -P "$PYJOB" 2>/dev/null || true
     kill "$PYJOB" 2>/dev/null || true
     wait "$PYJOB" 2>/dev/null || true
   fi
-  if [ -n "$SIDE" ]; then  # the run ended early: stop the side job's install, then the job
+  if [ -n "$SIDE" ]; then  # the run ended early: stop the side jobs' installs and tests, then the job
     pkill -TERM -P "$SIDE" 2>/dev/null || true
     kill "$SIDE" 2>/dev/null || true
     wait "$SIDE" 2>/dev/null || true
@@ -55,12 +53,32 @@ if [ "$PYTHONS" = 1 ]; then
   PYJOB=$!
 fi
 
-# -- the side virtualenvs, made in the background while the main one installs and is checked ---------------
+# -- the side jobs: virtualenvs of their own, made and tested in the background ------------------------------
 # The floors' (the lowest versions pyproject.toml allows: the core dependencies and those of the key-forwarding
 # extras httpx, httpx2 and stripe, pinned by scripts/floors.py; pytest and the other test tools at their newest;
-# no other extra) and one each for Strands Agents and CrewAI (see "agent frameworks" below). A failed install
-# fails the run, with its log.
-side_venvs() {
+# no other extra), with the core suite on SQLite; and one each for Strands Agents and CrewAI (see "agent
+# frameworks" below), with their tests and examples. Made while the main virtualenv installs, tested while it is
+# checked and the first pass starts (each a single process); their report is printed after the SQLite pass. A
+# failed install or test fails the run, with its log.
+FLOOR_TESTS=(tests/core/test_guard.py tests/core/test_ids.py tests/core/test_operations.py
+             tests/core/test_fingerprint_guarded.py tests/core/test_read_first.py tests/core/test_shutdown.py
+             tests/core/test_downstream.py tests/core/test_waiters.py tests/stores/test_store_failures.py
+             tests/whitebox/test_whitebox_keys.py tests/whitebox/test_whitebox_codec.py tests/whitebox/test_whitebox_ids.py
+             tests/whitebox/test_whitebox_cache.py tests/whitebox/test_whitebox_fingerprint_property.py
+             tests/whitebox/test_whitebox_sqlite_hops.py tests/whitebox/test_load.py tests/whitebox/test_direct.py
+             tests/whitebox/test_key_shapes.py)
+# -- agent frameworks (issue 20, part a): smolagents, agno and LlamaIndex live in the main virtualenv (the
+# frameworks-a extra) and their tests run in both pytest passes. Strands Agents and CrewAI cannot live there
+# (strands-agents pins mcp<2.2, crewai mcp 1.x; the mcp extra needs mcp 2): each has a throwaway virtualenv of its
+# own, where its tests and its example run on SQLite. A framework named in AGENTGUARD_TEST_FRAMEWORKS that is not
+# installed fails the run (tests/conftest.py): none is skipped silently.
+export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
+framework_tests() {  # extra, its module, then the -k expression choosing its tests and example
+  say "$1 in its own virtualenv (SQLite)"
+  AGENTGUARD_TEST_BACKEND=sqlite AGENTGUARD_TEST_FRAMEWORKS=$2 "$SCRATCH/$1/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/integrations/test_integration_"$1".py tests/project/test_examples.py -k "$3"
+}
+side_jobs() {
   set -euo pipefail
   if [ "$FLOORS" = 1 ]; then
     "$PY" -m venv "$SCRATCH/floors"
@@ -75,19 +93,32 @@ side_venvs() {
       "$SCRATCH/$extra/bin/python" -m pip install -q -e ".[$extra]" pytest anyio pytest-timeout
     done
   fi
+  if [ "$FLOORS" = 1 ]; then
+    say "the core suite on the lowest versions pyproject.toml allows (SQLite)"
+    sed 's/^/   /' "$SCRATCH/floors.txt"
+    # (no framework is installed there, so importing an adapter rightly raises MissingExtraError)
+    AGENTGUARD_TEST_BACKEND=sqlite "$SCRATCH/floors/bin/python" -m pytest -q -p no:cacheprovider "${FLOOR_TESTS[@]}" \
+      --deselect tests/core/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
+  fi
+  if [ "$FRAMEWORK_VENVS" = 1 ]; then
+    framework_tests strands strands "test_integration_strands or strands_agent"
+    framework_tests crewai crewai "test_integration_crewai or crewai_crew"
+  fi
 }
 if [ "$FLOORS" = 1 ] || [ "$FRAMEWORK_VENVS" = 1 ]; then
-  side_venvs > "$SCRATCH/side.log" 2>&1 &
+  side_jobs > "$SCRATCH/side.log" 2>&1 &
   SIDE=$!
 fi
-side_venvs_made() {
+side_jobs_done() {
+  [ "$FLOORS" = 1 ] || say "(the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
+  [ "$FRAMEWORK_VENVS" = 1 ] || say "(Strands and CrewAI in their own virtualenvs are skipped: pytest arguments were given; AGENTGUARD_FRAMEWORK_VENVS=1 runs them)"
   if [ -n "$SIDE" ]; then
     local rc=0
     wait "$SIDE" || rc=$?
     SIDE=""
+    cat "$SCRATCH/side.log"
     if [ $rc -ne 0 ]; then
-      echo "making the side virtualenvs failed (exit $rc):" >&2
-      cat "$SCRATCH/side.log" >&2
+      echo "the side jobs (the floors' and the frameworks' own virtualenvs) failed (exit $rc)" >&2
       exit 1
     fi
   fi
@@ -112,53 +143,8 @@ fi
 
 say "ruff"
 .venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
-# mypy (a minute of one core) runs beside the floors' and the frameworks' tests (one process each): its report
-# is printed after them.
-.venv/bin/mypy > "$SCRATCH/mypy.log" 2>&1 &
-MYPYJOB=$!
-
-# -- the floors -----------------------------------------------------------------------------------------------
-FLOOR_TESTS=(tests/core/test_guard.py tests/core/test_ids.py tests/core/test_operations.py
-             tests/core/test_fingerprint_guarded.py tests/core/test_read_first.py tests/core/test_shutdown.py
-             tests/core/test_downstream.py tests/core/test_waiters.py tests/stores/test_store_failures.py
-             tests/whitebox/test_whitebox_keys.py tests/whitebox/test_whitebox_codec.py tests/whitebox/test_whitebox_ids.py
-             tests/whitebox/test_whitebox_cache.py tests/whitebox/test_whitebox_fingerprint_property.py
-             tests/whitebox/test_whitebox_sqlite_hops.py tests/whitebox/test_load.py tests/whitebox/test_direct.py
-             tests/whitebox/test_key_shapes.py)
-side_venvs_made
-if [ "$FLOORS" = 1 ]; then
-  say "the core suite on the lowest versions pyproject.toml allows (SQLite)"
-  sed 's/^/   /' "$SCRATCH/floors.txt"
-  # (no framework is installed there, so importing an adapter rightly raises MissingExtraError)
-  AGENTGUARD_TEST_BACKEND=sqlite "$SCRATCH/floors/bin/python" -m pytest -q -p no:cacheprovider "${FLOOR_TESTS[@]}" \
-    --deselect tests/core/test_downstream.py::test_importing_agentguard_and_its_adapters_imports_no_framework
-else
-  say "(the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
-fi
-
-# -- agent frameworks (issue 20, part a) --------------------------------------------------------------------
-# smolagents, agno and LlamaIndex live in the main virtualenv (the frameworks-a extra, installed above) and their
-# tests run in both pytest passes below. Strands Agents and CrewAI cannot live there (strands-agents pins mcp<2.2,
-# crewai mcp 1.x; the mcp extra needs mcp 2): each has a throwaway virtualenv of its own (made above), where its
-# tests and its example run on SQLite. A framework named in AGENTGUARD_TEST_FRAMEWORKS that is not installed
-# fails the run (tests/conftest.py): none is skipped silently.
-export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
-framework_tests() {  # extra, its module, then the -k expression choosing its tests and example
-  say "$1 in its own virtualenv (SQLite)"
-  AGENTGUARD_TEST_BACKEND=sqlite AGENTGUARD_TEST_FRAMEWORKS=$2 "$SCRATCH/$1/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/integrations/test_integration_"$1".py tests/project/test_examples.py -k "$3"
-}
-if [ "$FRAMEWORK_VENVS" = 1 ]; then
-  framework_tests strands strands "test_integration_strands or strands_agent"
-  framework_tests crewai crewai "test_integration_crewai or crewai_crew"
-else
-  say "(Strands and CrewAI in their own virtualenvs are skipped: pytest arguments were given; AGENTGUARD_FRAMEWORK_VENVS=1 runs them)"
-fi
-
 say "mypy --strict"
-rc=0; wait "$MYPYJOB" || rc=$?; MYPYJOB=""
-cat "$SCRATCH/mypy.log"
-[ $rc -eq 0 ] || { echo "mypy failed (exit $rc)" >&2; exit 1; }
+.venv/bin/mypy
 
 # -- a throwaway PostgreSQL ---------------------------------------------------------------------------
 find_pg_bin() {
@@ -220,8 +206,9 @@ WORKERS=${AGENTGUARD_TEST_WORKERS:-4}
 # coverage: .coveragerc-less, pyproject's [tool.coverage]), printed at the end; AGENTGUARD_COVERAGE=0 skips it.
 COVERAGE=${AGENTGUARD_COVERAGE:-1}
 export COVERAGE_FILE="$SCRATCH/coverage"
-# A test marked serial needs the database server to itself (cluster-wide counters): it runs after the parallel
-# pass, alone. Exit 5 (no tests) of one part is fine; of both, a failure.
+# A test marked serial needs the database server to itself (cluster-wide counters): on Postgres it runs after the
+# parallel pass, alone (SQLite has no server, and no test is marked so there). Exit 5 (no tests) of one part is
+# fine; of both, a failure.
 run_pytest() {
   local backend=$1; shift
   say "pytest on $backend"
@@ -233,8 +220,10 @@ run_pytest() {
     AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest "${cov[@]}" "$@"; rc=$?
   else
     AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -n "$WORKERS" -m "not serial" --durations=15 "${cov[@]}" "$@"; rc=$?
-    say "pytest on $backend: the tests that need the server to themselves"
-    AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -m serial "${cov[@]}" "$@"; rc_serial=$?
+    if [ "$backend" = postgres ]; then
+      say "pytest on $backend: the tests that need the server to themselves"
+      AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -m serial "${cov[@]}" "$@"; rc_serial=$?
+    fi
   fi
   set -e
   if [ $rc -eq 5 ] && [ $rc_serial -eq 5 ]; then echo "pytest collected no tests on $backend: failing" >&2; return 1; fi
@@ -250,6 +239,7 @@ else
   say "(the other Python versions are skipped: pytest arguments were given; AGENTGUARD_PYTHONS=1 runs them)"
 fi
 run_pytest sqlite "$@"
+side_jobs_done
 run_pytest postgres "$@"
 say "all tests passed on sqlite and postgres"
 if [ "$COVERAGE" != 0 ]; then

@@ -22,7 +22,12 @@ from benchmarks._drivers import dsn_of
 from conftest import BACKEND, ROOT
 
 
-@pytest.mark.serial  # (Postgres' transaction ids and WAL counters are the cluster's: other tests' would count)
+# On Postgres it needs the server to itself: its transaction ids and WAL counters are the cluster's, and other
+# tests' would count. On SQLite it counts nothing shared, and runs beside the others.
+_serial_on_postgres = pytest.mark.serial if BACKEND == "postgres" else pytest.mark.slow
+
+
+@_serial_on_postgres
 def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> None:
     out = tmp_path / "bench.json"
     cmd = [python, "-m", "benchmarks", "--quick", "--only", BACKEND, "--json", str(out)]
