@@ -21,7 +21,6 @@ from benchmarks._drivers import dsn_of
 
 from conftest import BACKEND, ROOT
 
-
 # On Postgres it needs the server to itself: its transaction ids and WAL counters are the cluster's, and other
 # tests' would count. On SQLite it counts nothing shared, and runs beside the others.
 _serial_on_postgres = pytest.mark.serial if BACKEND == "postgres" else pytest.mark.slow
