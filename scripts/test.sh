@@ -68,11 +68,9 @@ FLOOR_TESTS=(tests/core/test_guard.py tests/core/test_ids.py tests/core/test_ope
              tests/whitebox/test_whitebox_sqlite_hops.py tests/whitebox/test_load.py tests/whitebox/test_direct.py
              tests/whitebox/test_key_shapes.py)
 # -- agent frameworks (issue 20, part a): smolagents, agno and LlamaIndex live in the main virtualenv (the
-# frameworks-a extra) and their tests run in both pytest passes. Strands Agents and CrewAI cannot live there
-# (strands-agents pins mcp<2.2, crewai mcp 1.x; the mcp extra needs mcp 2): each has a throwaway virtualenv of its
-# own, where its tests and its example run on SQLite. A framework named in AGENTGUARD_TEST_FRAMEWORKS that is not
-# installed fails the run (tests/conftest.py): none is skipped silently.
-export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
+# frameworks-a extra) and their tests run in both pytest passes (AGENTGUARD_TEST_FRAMEWORKS, below). Strands Agents
+# and CrewAI cannot live there (strands-agents pins mcp<2.2, crewai mcp 1.x; the mcp extra needs mcp 2): each has
+# a throwaway virtualenv of its own, where its tests and its example run on SQLite.
 framework_tests() {  # extra, its module, then the -k expression choosing its tests and example
   say "$1 in its own virtualenv (SQLite)"
   AGENTGUARD_TEST_BACKEND=sqlite AGENTGUARD_TEST_FRAMEWORKS=$2 "$SCRATCH/$1/bin/python" -m pytest -q -p no:cacheprovider \
@@ -116,7 +114,7 @@ side_jobs_done() {
     local rc=0
     wait "$SIDE" || rc=$?
     SIDE=""
-    cat "$SCRATCH/side.log"
+    grep -v "^WARNING: Location" "$SCRATCH/side.log" || true  # (pip's notes on this machine's local indexes)
     if [ $rc -ne 0 ]; then
       echo "the side jobs (the floors' and the frameworks' own virtualenvs) failed (exit $rc)" >&2
       exit 1
@@ -140,6 +138,10 @@ fi
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
 # frameworks B's tests import their framework at module level: one missing fails the run, never a skip
 .venv/bin/python -c "import google.adk, ag2, claude_agent_sdk, anthropic"
+
+# The frameworks the main virtualenv's passes must have: one named here and not installed fails the run
+# (tests/conftest.py), none is skipped silently. (Set after the side jobs started: the floors have none.)
+export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
 
 say "ruff"
 .venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
