@@ -294,20 +294,27 @@ class AttemptStatements:
         # person's, scans the records (docs/benchmarks.md, "Every attempt kept").
         ended = f"CASE WHEN c.lease_until = {HELD_LEASE} THEN c.updated_at ELSE c.lease_until END"
         kinds = ", ".join(f"'{k}'" for k in ENDED)
-        gone = (
-            f"SELECT c.scope, c.key, c.task_id, c.operation, c.tool, c.attempts, c.owner, c.audit, {ended} AS ended,"
-            f" CASE WHEN c.lease_until = {HELD_LEASE} THEN 1 ELSE 0 END AS held FROM {TABLE} c"
-            f" WHERE c.state = '{RUNNING}' AND c.lease_until <= {now}"
-            " AND (CAST(:scope AS VARCHAR) IS NULL OR c.scope = :scope)"
-            f" AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR {ended} >= :since)"
-            f" AND NOT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE substr(a.key, 1, {KEY_PREFIX}) ="
-            f" substr(c.key, 1, {KEY_PREFIX}) AND a.key = c.key AND a.scope = c.scope AND a.attempt = c.attempts"
-            f" AND a.kind IN ({kinds}) AND a.at >= c.created_at - {SKEW})"
-        )
+
+        def gone(scope: str) -> str:
+            return (
+                f"SELECT c.scope, c.key, c.task_id, c.operation, c.tool, c.attempts, c.owner, c.audit,"
+                f" {ended} AS ended, CASE WHEN c.lease_until = {HELD_LEASE} THEN 1 ELSE 0 END AS held"
+                f" FROM {TABLE} c WHERE c.state = '{RUNNING}' AND c.lease_until <= {now} AND {scope}"
+                f" AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR {ended} >= :since)"
+                f" AND NOT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE substr(a.key, 1, {KEY_PREFIX}) ="
+                f" substr(c.key, 1, {KEY_PREFIX}) AND a.key = c.key AND a.scope = c.scope AND a.attempt = c.attempts"
+                f" AND a.kind IN ({kinds}) AND a.at >= c.created_at - {SKEW})"
+            )
+
+        # Of one key or one task in a scope (the console's reads, each a page's): through the records' primary
+        # key or their task index. In any scope, or of all tasks: a scan of the records (a command's one read).
+        anywhere, scoped = gone("(CAST(:scope AS VARCHAR) IS NULL OR c.scope = :scope)"), gone("c.scope = :scope")
         order = " ORDER BY ended LIMIT :limit"
-        self.gone_by_key = text(f"{gone} AND c.key = :key{order}")
-        self.gone_by_task = text(f"{gone} AND c.task_id = :task_id{order}")
-        self.gone_since = text(f"{gone}{order}")
+        self.gone_by_key = text(f"{anywhere} AND c.key = :key{order}")
+        self.gone_by_key_in_scope = text(f"{scoped} AND c.key = :key{order}")
+        self.gone_by_task = text(f"{anywhere} AND c.task_id = :task_id{order}")
+        self.gone_by_task_in_scope = text(f"{scoped} AND c.task_id = :task_id{order}")
+        self.gone_since = text(f"{anywhere}{order}")
         self.detail = text(
             f"SELECT scope, key, task_id, operation, tool, state, attempts, fence, {now} - created_at,"
             f" {now} - updated_at, expires_at - {now},"
@@ -435,7 +442,12 @@ class AttemptLedger:
         else:
             stmt = sql.since
 
-        gone = sql.gone_by_key if key is not None else sql.gone_by_task if task_id is not None else sql.gone_since
+        if key is not None:
+            gone = sql.gone_by_key if scope is None else sql.gone_by_key_in_scope
+        elif task_id is not None:
+            gone = sql.gone_by_task if scope is None else sql.gone_by_task_in_scope
+        else:
+            gone = sql.gone_since
 
         async def run(conn: AsyncConnection) -> list[Attempt]:
             written = [attempt_from_row(r) for r in await conn.execute(stmt, params)]
