@@ -28,7 +28,7 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +103,20 @@ class Options:
 
 class PoolerFull(TimeoutError):
     """The pooler had no server connection for a new connection in time (a ``TimeoutError``: transient)."""
+
+
+def wrapped(exc: BaseException, *, context: bool = True) -> Iterator[BaseException]:
+    """``exc`` and every error it wraps, each once: SQLAlchemy's ``orig`` (the driver's error), the cause, and
+    (``context``) the error being handled when it was raised."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack.extend((getattr(e, "orig", None), e.__cause__, e.__context__ if context else None))
 
 
 class Dialect:
@@ -190,13 +204,7 @@ class Dialect:
     def transient(self, exc: BaseException) -> bool:
         """Whether ``exc`` looks like an outage that may pass (connection refused or lost, a timeout, a
         server restarting, a locked SQLite file) rather than a store that cannot work as configured."""
-        seen: set[int] = set()
-        stack: list[BaseException | None] = [exc]
-        while stack:
-            e = stack.pop()
-            if e is None or id(e) in seen:
-                continue
-            seen.add(id(e))
+        for e in wrapped(exc):
             if isinstance(e, DBAPIError) and e.connection_invalidated:
                 return True
             if isinstance(e, OSError | TimeoutError | PoolTimeout):
@@ -206,7 +214,6 @@ class Dialect:
                 return True
             if self._transient_here(e):
                 return True
-            stack.extend((getattr(e, "orig", None), e.__cause__, e.__context__))
         return False
 
     def _transient_here(self, e: BaseException) -> bool:
@@ -218,20 +225,13 @@ class Dialect:
         that one; not an outage, not a store that cannot work (a missing table)."""
         if self.transient(exc):
             return False
-        seen: set[int] = set()
-        stack: list[BaseException | None] = [exc]
-        while stack:
-            e = stack.pop()
-            if e is None or id(e) in seen:
-                continue
-            seen.add(id(e))
+        for e in wrapped(exc, context=False):
             # The driver's own, before anything was sent (asyncpg's codecs; sqlite3's binding).
             if isinstance(e, TypeError | ValueError | OverflowError | sqlite3.IntegrityError | sqlite3.DataError):
                 return True
             state = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
             if isinstance(state, str) and state[:2] in _ROW_CLASSES:
                 return True
-            stack.extend((getattr(e, "orig", None), e.__cause__))
         return False
 
 

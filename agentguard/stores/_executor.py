@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .._errors import StoreError
 from .._redact import redact_text
 from ._claims import CLAIMING, Claimed, Plan, arun
-from ._dialects import Dialect
+from ._dialects import Dialect, wrapped
 from ._engines import Engines
 from ._lane import Lane
 from ._statements import GATHER_MAX, Compiled, Many
@@ -389,15 +389,8 @@ class Executor:
 
 def _hint(exc: BaseException) -> str:
     """The ``HINT`` the server or driver gave with ``exc`` (or with an error it wraps), on one line; else ''."""
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in wrapped(exc):
         hint = getattr(e, "hint", None)
         if isinstance(hint, str) and hint.strip():
             return " ".join(hint.split())
-        stack.extend((getattr(e, "orig", None), e.__cause__, e.__context__))
     return ""
