@@ -58,7 +58,7 @@ for v in "${versions[@]}"; do
     fi
   done
   if "$py" -m venv "$WORK/py$v" >>"$log" 2>&1 \
-     && "$WORK/py$v/bin/python" -m pip install -q --no-compile -e . pytest anyio pytest-timeout >>"$log" 2>&1 \
+     && "$WORK/py$v/bin/python" -m pip install -q -e . pytest anyio pytest-timeout >>"$log" 2>&1 \
      && (cd "$WORK" && env -u AGENTGUARD_URL "$WORK/py$v/bin/agentguard" demo) >>"$log" 2>&1 \
      && AGENTGUARD_TEST_BACKEND=sqlite "$WORK/py$v/bin/python" -m pytest -q -p no:cacheprovider "${CORE[@]}" \
         "${deselect[@]}" >>"$log" 2>&1; then

@@ -82,13 +82,13 @@ side_jobs() {
     "$PY" -m venv "$SCRATCH/floors"
     "$SCRATCH/floors/bin/python" -m pip install -q packaging
     "$SCRATCH/floors/bin/python" scripts/floors.py httpx httpx2 stripe > "$SCRATCH/floors.txt"
-    "$SCRATCH/floors/bin/python" -m pip install -q --no-compile -c "$SCRATCH/floors.txt" -e ".[httpx,httpx2,stripe]" \
+    "$SCRATCH/floors/bin/python" -m pip install -q -c "$SCRATCH/floors.txt" -e ".[httpx,httpx2,stripe]" \
       pytest anyio pytest-timeout hypothesis openai
   fi
   if [ "$FRAMEWORK_VENVS" = 1 ]; then
     for extra in strands crewai; do
       "$PY" -m venv "$SCRATCH/$extra"
-      "$SCRATCH/$extra/bin/python" -m pip install -q --no-compile -e ".[$extra]" pytest anyio pytest-timeout
+      "$SCRATCH/$extra/bin/python" -m pip install -q -e ".[$extra]" pytest anyio pytest-timeout
     done
   fi
   if [ "$FLOORS" = 1 ]; then
@@ -133,9 +133,9 @@ fi
 # "integrations" and of "frameworks-a" (smolagents, agno, LlamaIndex; see "agent frameworks" below) and
 # "frameworks-b" (Google ADK, AG2, the Claude Agent SDK, whose wheel bundles the Claude Code CLI its tests
 # drive against a fake Messages API on loopback, and the Anthropic SDK), so their tests run on both databases.
-# (--no-compile, here and in every virtualenv the run makes: what is imported is compiled when first imported, and
-# the rest never; compiling everything at install took half the install's time.)
-.venv/bin/python -m pip install -q --no-compile -e ".[postgres,mcp,integrations,frameworks-a,frameworks-b]" --group dev 2>&1 \
+# (Compiled at install, as pip does by default: where PYTHONDONTWRITEBYTECODE is set, nothing would be later, and
+# every process of the run would compile what it imports.)
+.venv/bin/python -m pip install -q -e ".[postgres,mcp,integrations,frameworks-a,frameworks-b]" --group dev 2>&1 \
   | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import agentguard, sqlalchemy, aiosqlite, asyncpg, greenlet" # install really worked
 # frameworks B's tests import their framework at module level: one missing fails the run, never a skip
