@@ -265,6 +265,7 @@ def _guards(bench: Bench, url: str) -> list[Guard]:
 
 
 # 150 programs of 30 steps: 10 s alone here, several times that on a machine the suite loads.
+@pytest.mark.long_run
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("on_unknown", ["retry", "hold"])
 def test_guarded_calls_answer_as_the_protocol_says(bench: Bench, store_url: str, on_unknown: str) -> None:

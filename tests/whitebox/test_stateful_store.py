@@ -537,6 +537,7 @@ def bench(store_url: str) -> Iterator[Bench]:
 
 
 # Hundreds of programs of 40 steps: 30 s alone here, several times that on a machine the suite loads.
+@pytest.mark.long_run
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_the_store_answers_as_the_protocol_says(store_url: str, executor: str) -> None:
