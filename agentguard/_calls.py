@@ -17,8 +17,8 @@ from . import _codec
 from ._codec import Codec
 from ._context import DEFAULT_SCOPE, MAX_OPERATION, MAX_SCOPE, MAX_TASK_ID, check_id, check_task_id, current_task
 from ._errors import GuardError, MissingTaskError
-from ._flat import FlatSignature, flat_fingerprint
 from ._keys import argument_hashes, derive_key, hashes_json, operation_name
+from ._keys_flat import FlatSignature, flat_fingerprint
 from .stores import FAILED, Record
 
 if TYPE_CHECKING:
@@ -185,7 +185,7 @@ def flat_call(
     cache_errors: tuple[type[BaseException], ...], on_conflict: str, wait_timeout: float | None,
 ) -> Call:
     """``make_call`` for a decorated tool whose arguments are all flat (str/int/bool/None), in the task
-    context: the same identity from one pass over the arguments' canonical JSON (see ``agentguard._flat``)."""
+    context: the same identity from one pass over the arguments' canonical JSON (see ``agentguard._keys_flat``)."""
     info = current_task()
     if info is None:
         raise no_task(flat.tool)

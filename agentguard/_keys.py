@@ -268,7 +268,7 @@ def _raised_while_read(exc: Exception) -> TypeError:
 
 
 def _general(arguments: Mapping[str, Any]) -> str:
-    """The canonical JSON of the arguments (what ``agentguard._flat`` builds for flat ones in one pass)."""
+    """The canonical JSON of the arguments (what ``agentguard._keys_flat`` builds for flat ones in one pass)."""
     tree = {}
     for name, value in arguments.items():
         if not isinstance(name, str):

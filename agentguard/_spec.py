@@ -2,7 +2,7 @@
 
 A ``Spec`` reads the tool's signature and type hints, checks the options against them, hides the injected
 parameters (the downstream key, the ``Operation``), and builds each call: bind the arguments, leave out the
-ignored ones, derive the identity (the flat shortcut of ``agentguard._flat`` when every argument is flat),
+ignored ones, derive the identity (the flat shortcut of ``agentguard._keys_flat`` when every argument is flat),
 then hand the call to a driver of the state machine (``_drive``) with a body that invokes the tool.
 """
 
@@ -20,8 +20,8 @@ from ._calls import Call, check_operation, flat_call, make_call
 from ._codec import Codec
 from ._drive import active_claim, drive, drive_sync
 from ._errors import MissingTaskError
-from ._flat import FlatSignature
 from ._frameworks import made_by
+from ._keys_flat import FlatSignature
 from ._machine import Machine
 from ._names import check_arguments
 from ._operation import Operation, Reconcile

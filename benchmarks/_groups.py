@@ -181,8 +181,8 @@ async def shortcuts(*, n: int, reps: int, warmup: int, log: Log) -> tuple[dict[s
     try:
         from agentguard._binder import Binder
         from agentguard._codec import Codec
-        from agentguard._flat import FlatSignature
         from agentguard._keys import derive_key, fingerprint, operation_name
+        from agentguard._keys_flat import FlatSignature
 
         binder = Binder(inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                            for p in ("order_id", "amount_cents")]))
@@ -204,7 +204,7 @@ async def shortcuts(*, n: int, reps: int, warmup: int, log: Log) -> tuple[dict[s
     pairs: list[tuple[str, Callable[[dict[str, Any]], object], str, Callable[[dict[str, Any]], object]]] = [
         ("binding: Binder.bind", lambda a: binder.bind((a["order_id"], AMOUNT), {}),
          "binding: Signature.bind + apply_defaults", lambda a: binder.general((a["order_id"], AMOUNT), {})),
-        ("identity: FlatSignature (_flat)", lambda a: flat.identity("default", "t", flat.values(a) or []),
+        ("identity: FlatSignature (_keys_flat)", lambda a: flat.identity("default", "t", flat.values(a) or []),
          "identity: fingerprint + operation_name + derive_key (_keys)",
          lambda a: (fingerprint(a), derive_key("default", "t", operation_name("charge", {"order_id": a["order_id"]})))),
         ("codec: Codec.store", lambda a: codec.store(value), "codec: encode, then decode",

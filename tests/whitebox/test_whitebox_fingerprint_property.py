@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from agentguard._flat import flat_json
 from agentguard._keys import _general, canonical_json
+from agentguard._keys_flat import flat_json
 
 pytestmark = pytest.mark.storeless  # independent of the store's backend
 

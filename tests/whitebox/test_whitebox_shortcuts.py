@@ -25,7 +25,7 @@ from agentguard import Guard, task
 from agentguard._binder import Binder
 from agentguard._calls import Call, flat_call, make_call
 from agentguard._codec import Codec
-from agentguard._flat import FlatSignature
+from agentguard._keys_flat import FlatSignature
 from agentguard._speedups import encoder, scan_plain, sha256
 
 from conftest import tid

@@ -4,7 +4,10 @@ Most tools take only ``str``/``int``/``bool``/``None`` arguments. For them each 
 written directly (``json``'s own string escaper, ``int.__repr__``), and a tool's canonical forms are
 %-templates built once at decoration, so a call's fingerprint, operation name, key and per-argument hashes
 come from one pass over its arguments and one C call per form, and a repeated call (a replay) is served from
-a small memo. Every result is byte-identical to the general path — ``fingerprint``, ``operation_name``,
+a small memo (measured against the memo alone, in front of the general path's functions: without the templates
+a replay cost 2-3 µs more; docs/benchmarks.md). A mapping of flat arguments that no signature fixes
+(``Guard.run``, a proxied MCP call) has its canonical JSON written by the C encoder alone (``flat_json``). Every
+result is byte-identical to the general path — ``fingerprint``, ``operation_name``,
 ``derive_key``, ``argument_hashes`` and ``hashes_json`` in ``agentguard._keys``, which are the specification —
 and tests/whitebox/test_whitebox_keys.py compares them on thousands of random calls. Anything not flat takes the
 general path.
@@ -16,10 +19,13 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._keys import SURROGATE, argument_error, derive_key, encodes, fingerprint, sha
+from ._keys import SURROGATE, _canonical, argument_error, derive_key, encodes, fingerprint, sha
 
 _ascii = json.encoder.encode_basestring_ascii
 _unicode = json.encoder.encode_basestring
+# The types whose canonical JSON is what the encoder writes (no tag, no escape): for a mapping of them under str
+# names, ``canonical_json`` is the C encoder's output, with no walk over the values first.
+FLAT = frozenset({str, int, bool, type(None)})
 
 
 def flat_texts(values: Iterable[Any]) -> list[str] | None:
@@ -45,13 +51,15 @@ def flat_texts(values: Iterable[Any]) -> list[str] | None:
 
 
 def flat_json(arguments: Mapping[str, Any]) -> str | None:
-    """The canonical JSON of a flat mapping of str/int/bool/None values, built directly (byte-identical
-    to ``canonical_json``), or None when a value needs the general encoder."""
-    names = sorted(arguments)
-    texts = flat_texts(map(arguments.__getitem__, names))
-    if texts is None:
+    """The canonical JSON of a mapping of str/int/bool/None values under str names, written by the C encoder
+    alone (byte-identical to ``canonical_json``), or None when a name or value needs the general path."""
+    for name, value in arguments.items():
+        if type(name) is not str or type(value) not in FLAT:
+            return None
+    try:
+        return _canonical(arguments)
+    except ValueError:  # more digits than int -> str allows: the general path names the argument
         return None
-    return "{" + ",".join([_unicode(k) + ":" + t for k, t in zip(names, texts)]) + "}"  # noqa: B905 - one per name
 
 
 class FlatSignature:
