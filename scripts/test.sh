@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: virtualenv, install, lint, type-check, the core suite on the
-# lowest versions pyproject.toml allows (in a second, throwaway virtualenv), Strands and CrewAI (a throwaway
-# virtualenv each; these side virtualenvs are made in the background meanwhile), then pytest twice — once on
-# embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit (the SQLite pass
-# also model-checks the protocol with spin: tests/whitebox/test_model.py), then the short chaos run
-# (python -m chaos).
+# The whole test suite, on a fresh machine: virtualenv, install (uv), lint, type-check (beside the first pass),
+# the core suite on the lowest versions pyproject.toml allows (in a second, throwaway virtualenv), Strands and
+# CrewAI (a throwaway virtualenv each; these side virtualenvs are made in the background meanwhile), then pytest
+# twice — once on embedded SQLite, once on a throwaway PostgreSQL cluster started here and stopped on exit (the
+# SQLite pass also model-checks the protocol with spin: tests/whitebox/test_model.py) — and the short chaos run
+# (python -m chaos, beside the Postgres pass's serial test).
 # Usage: bash scripts/test.sh [pytest args...]
 #   With pytest args the floors job, Strands and CrewAI, the other Python versions (scripts/pythons.sh) and the
 #   chaos run are skipped (a quick loop); AGENTGUARD_FLOORS=1, AGENTGUARD_FRAMEWORK_VENVS=1,
@@ -15,19 +15,24 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/agentguard-test.XXXXXX")
 PGTMP=""
-SIDE=""  # the job making the side virtualenvs (below), while it runs
-PYJOB=""  # the job testing the other Python versions (scripts/pythons.sh), while it runs
+# Parts run in the background (the other Python versions, the side virtualenvs, mypy, the chaos run): each
+# writes its own log, printed when the run waits for it (job_done); a part still running when the run ends early
+# is stopped, its children first.
+declare -A JOBS=()
+start_job() { local name=$1; shift; "$@" > "$SCRATCH/$name.log" 2>&1 & JOBS[$name]=$!; }
+job_done() {  # $1: the part, $2: what it is, named if it failed (which fails the run)
+  local rc=0
+  wait "${JOBS[$1]}" || rc=$?
+  unset "JOBS[$1]"
+  cat "$SCRATCH/$1.log"
+  if [ $rc -ne 0 ]; then echo "$2 failed (exit $rc)" >&2; exit 1; fi
+}
 cleanup() {
-  if [ -n "$PYJOB" ]; then
-    pkill -TERM -P "$PYJOB" 2>/dev/null || true
-    kill "$PYJOB" 2>/dev/null || true
-    wait "$PYJOB" 2>/dev/null || true
-  fi
-  if [ -n "$SIDE" ]; then  # the run ended early: stop the side jobs' installs and tests, then the job
-    pkill -TERM -P "$SIDE" 2>/dev/null || true
-    kill "$SIDE" 2>/dev/null || true
-    wait "$SIDE" 2>/dev/null || true
-  fi
+  for pid in "${JOBS[@]}"; do
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   if [ -n "$PGTMP" ]; then
     as_pg "$PGBIN/pg_ctl" -D "$PGTMP/data" -m immediate stop >/dev/null 2>&1 || true
     rm -rf "$PGTMP"
@@ -48,10 +53,7 @@ PYTHONS=0; part "${AGENTGUARD_PYTHONS:-}" $# && PYTHONS=1
 
 # -- the other Python versions pyproject.toml names: the demo and a core set on each (scripts/pythons.sh), in
 # the background from here; its report is printed before the pytest passes
-if [ "$PYTHONS" = 1 ]; then
-  bash scripts/pythons.sh "$PY" "$SCRATCH/pythons" > "$SCRATCH/pythons.log" 2>&1 &
-  PYJOB=$!
-fi
+[ "$PYTHONS" = 1 ] && start_job pythons bash scripts/pythons.sh "$PY" "$SCRATCH/pythons"
 
 # -- the side jobs: virtualenvs of their own, made and tested in the background ------------------------------
 # The floors' (the lowest versions pyproject.toml allows: the core dependencies and those of the key-forwarding
@@ -116,22 +118,12 @@ export UV_CACHE_DIR=${UV_CACHE_DIR:-$SCRATCH/uv-cache} UV_LINK_MODE=copy UV_COMP
 uv_install() { local venv=$1; shift; "$UV" pip install -q -p "$venv/bin/python" "$@"; }  # into the virtualenv $1
 
 if [ "$FLOORS" = 1 ] || [ "$FRAMEWORK_VENVS" = 1 ]; then
-  side_jobs > "$SCRATCH/side.log" 2>&1 &
-  SIDE=$!
+  start_job side side_jobs
 fi
 side_jobs_done() {
   [ "$FLOORS" = 1 ] || say "(the floors job is skipped: pytest arguments were given; AGENTGUARD_FLOORS=1 runs it)"
   [ "$FRAMEWORK_VENVS" = 1 ] || say "(Strands and CrewAI in their own virtualenvs are skipped: pytest arguments were given; AGENTGUARD_FRAMEWORK_VENVS=1 runs them)"
-  if [ -n "$SIDE" ]; then
-    local rc=0
-    wait "$SIDE" || rc=$?
-    SIDE=""
-    cat "$SCRATCH/side.log"
-    if [ $rc -ne 0 ]; then
-      echo "the side jobs (the floors' and the frameworks' own virtualenvs) failed (exit $rc)" >&2
-      exit 1
-    fi
-  fi
+  if [ -n "${JOBS[side]:-}" ]; then job_done side "the side jobs (the floors' and the frameworks' own virtualenvs)"; fi
 }
 
 # the distribution was called agentguard before: a virtualenv made then would hold both names
@@ -151,8 +143,9 @@ export AGENTGUARD_TEST_FRAMEWORKS="smolagents agno llama_index"
 
 say "ruff"
 .venv/bin/ruff check agentguard tests servers examples benchmarks scripts chaos
-say "mypy --strict"
-.venv/bin/mypy
+# mypy runs on one core: in the background, beside the first pass (its report is printed after that pass)
+say "mypy --strict (in the background)"
+start_job mypy .venv/bin/mypy
 
 # -- a throwaway PostgreSQL ---------------------------------------------------------------------------
 find_pg_bin() {
@@ -207,13 +200,23 @@ export AGENTGUARD_TEST_PG_URL="postgresql+asyncpg://agentguard@127.0.0.1:$PGPORT
 
 # Each pass on a few workers (pytest-xdist): every test has a store of its own (a SQLite file, an emptied
 # Postgres database) and binds no fixed port, and most of a test's time is spent waiting (leases, processes,
-# a server: a sample of the suite spent 18 s of CPU in 35 s), so 2 cores keep 4 of them busy.
+# a server: a sample of the suite spent 18 s of CPU in 35 s), so 2 cores keep 4 of them busy. Work-stealing: a
+# worker with nothing left takes tests queued on another, so no pass ends on one worker's queue (with the default
+# a quarter of the tests were queued up front, and a pass's last minute ran on one or two workers).
 # AGENTGUARD_TEST_WORKERS=0 runs a pass in one process.
 WORKERS=${AGENTGUARD_TEST_WORKERS:-4}
 # Line and branch coverage of agentguard/ across both passes (and the processes tests start, where they load
 # coverage: .coveragerc-less, pyproject's [tool.coverage]), printed at the end; AGENTGUARD_COVERAGE=0 skips it.
 COVERAGE=${AGENTGUARD_COVERAGE:-1}
 export COVERAGE_FILE="$SCRATCH/coverage"
+# -- the chaos run: a fleet of workers under SIGKILL, SIGSTOP, cut connections and a restart of a throwaway
+# Postgres of its own. Started in the background once the parallel Postgres pass is over, beside the serial test.
+start_chaos() {
+  if [ "$CHAOS" = 1 ] && [ -z "${JOBS[chaos]:-}" ] && [ ! -e "$SCRATCH/chaos.log" ]; then
+    say "the chaos run (short; python -m chaos --long for the long one), in the background"
+    start_job chaos .venv/bin/python -m chaos --short
+  fi
+}
 # A test marked serial needs the database server to itself (cluster-wide counters): on Postgres it runs after the
 # parallel pass, alone (SQLite has no server, and no test is marked so there). Exit 5 (no tests) of one part is
 # fine; of both, a failure.
@@ -227,8 +230,9 @@ run_pytest() {
   if [ "$WORKERS" = 0 ]; then
     AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest "${cov[@]}" "$@"; rc=$?
   else
-    AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -n "$WORKERS" -m "not serial" --durations=15 "${cov[@]}" "$@"; rc=$?
+    AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not serial" --durations=15 "${cov[@]}" "$@"; rc=$?
     if [ "$backend" = postgres ]; then
+      start_chaos  # (its own cluster: the serial test needs only the test server to itself)
       say "pytest on $backend: the tests that need the server to themselves"
       AGENTGUARD_TEST_BACKEND=$backend .venv/bin/python -m pytest -m serial "${cov[@]}" "$@"; rc_serial=$?
     fi
@@ -239,14 +243,14 @@ run_pytest() {
   [ $rc_serial -eq 5 ] && rc_serial=0
   [ $rc -eq 0 ] && [ $rc_serial -eq 0 ]
 }
-if [ -n "$PYJOB" ]; then
-  rc=0; wait "$PYJOB" || rc=$?; PYJOB=""
-  cat "$SCRATCH/pythons.log"
-  [ $rc -eq 0 ] || { echo "the other Python versions failed (exit $rc)" >&2; exit 1; }
+if [ -n "${JOBS[pythons]:-}" ]; then
+  job_done pythons "the other Python versions"
 else
   say "(the other Python versions are skipped: pytest arguments were given; AGENTGUARD_PYTHONS=1 runs them)"
 fi
 run_pytest sqlite "$@"
+say "mypy --strict"
+job_done mypy "mypy --strict"
 side_jobs_done
 run_pytest postgres "$@"
 say "all tests passed on sqlite and postgres"
@@ -256,10 +260,10 @@ if [ "$COVERAGE" != 0 ]; then
   .venv/bin/python scripts/executors_covered.py "$COVERAGE_FILE"
 fi
 
-# -- the chaos run: a fleet of workers under SIGKILL, SIGSTOP, cut connections and a Postgres restart -------
 if [ "$CHAOS" = 1 ]; then
-  say "the chaos run (short; python -m chaos --long for the long one)"
-  .venv/bin/python -m chaos --short
+  start_chaos
+  say "the chaos run"
+  job_done chaos "the chaos run"
 else
   say "(the chaos run is skipped: pytest arguments were given; AGENTGUARD_CHAOS=1 runs it)"
 fi
