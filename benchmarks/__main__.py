@@ -258,8 +258,8 @@ class Run:
                                ("replay", "replay", 0.0), ("replay_sync", "replay, sync tool", 0.0)) if counts else ():
             out.append(rpt.Target(f"commits_{id}", f"Durability: commits per {name} (counted)",
                                   counts[f"agentguard: {name}"]["commits"], want, "==", "commits"))
-        for id, what, value, why in race_targets(self.doc["race"]):
-            out.append(rpt.Target(id, what, value, 1.0, "<=", why_na=why))
+        for id, what, value, why, limit in race_targets(self.doc["race"]):
+            out.append(rpt.Target(id, what, value, limit, "<=", why_na=why))
         for key, label in (("dbos_sqlite", "SQLite"), ("dbos_postgres", "Postgres")):
             if key in peers:
                 out.append(rpt.Target(key, f"Peer: agentguard first call ÷ DBOS step ({label})",

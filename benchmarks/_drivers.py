@@ -18,6 +18,8 @@ import aiosqlite
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.engine import make_url
 
+from agentguard.stores._aiosqlite import Unsynced
+
 from ._common import Observed, Raw
 
 SYNCHRONOUS = "OFF"
@@ -34,6 +36,28 @@ async def aiosqlite_raw(path: Path, obs: Observed) -> Raw:
     for pragma in ("busy_timeout = 30000", "journal_mode = WAL", f"synchronous = {SYNCHRONOUS}"):
         await conn.execute_fetchall(f"PRAGMA {pragma}")
     return Raw("aiosqlite", sqlite_url(path), obs, conn.execute_fetchall, conn.close)
+
+
+async def sqlite3_raw(path: Path, obs: Observed, synchronous: str = SYNCHRONOUS) -> Raw:
+    """stdlib ``sqlite3`` on the caller's thread, no hop, autocommit: the physical floor of a SQLite call. At
+    ``FULL`` its claim commits unsynced, as the store's does (``Unsynced``: the completion's sync covers it)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    for pragma in ("busy_timeout = 30000", "journal_mode = WAL", f"synchronous = {synchronous}"):
+        conn.execute(f"PRAGMA {pragma}")
+    unsynced = synchronous.upper() == "FULL"
+
+    async def fetch(sql: str, p: dict[str, Any]) -> list[sqlite3.Row]:
+        if unsynced and sql == raw.claim_sql:
+            with Unsynced(conn):
+                return conn.execute(sql, p).fetchall()
+        return conn.execute(sql, p).fetchall()
+
+    async def close() -> None:
+        conn.close()
+
+    raw = Raw("sqlite3", sqlite_url(path), obs, fetch, close)
+    return raw
 
 
 def _positional() -> Callable[[str], tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]]:

@@ -8,12 +8,18 @@ is taken in each rep and the median over reps kept. agentguard's in-process cach
 each replay reads the store, as each of agent-once's does. SQLite runs at ``synchronous=FULL`` and ``NORMAL``
 (both libraries at the same level, WAL mode both), Postgres at the database's settings.
 
+On SQLite a third runner goes in the same rotation: the floor, the store's own claim and completion statements
+(and its read, for a replay) run by stdlib ``sqlite3`` on the caller's thread, autocommit, at the same level, on
+a file of its own (``_drivers.sqlite3_raw``), the result encoded and decoded as a guarded call's is. Each of
+agentguard's tools is also taken against it: a first call at most 2.0× the floor, a replay at most 1.5×.
+
 ``python -m benchmarks --race`` runs it alone; a full run with peers runs it too.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import statistics
 import tempfile
 import time
@@ -24,10 +30,14 @@ from typing import Any
 
 from agentguard import Guard, task
 
-from ._common import run_id
+from ._common import observe, run_id
+from ._drivers import sqlite3_raw
 
 KINDS = ("first call", "replay")
 TOOLS = ("sync", "async")
+FLOOR = "stdlib sqlite3"
+# agentguard ÷ the floor, at most (issue 34): a first call, a replay
+FLOOR_LIMITS = {"first call": 2.0, "replay": 1.5}
 RESULT = {"charge_id": "ch_1", "amount_cents": 1999, "currency": "usd"}
 
 
@@ -36,9 +46,10 @@ def available() -> str:
     return "" if importlib.util.find_spec("once") else "agent-once is not installed here (pip install agent-once)"
 
 
-async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, reps: int, n: int
-                   ) -> dict[str, Any]:
-    """One backend: µs per call (medians) and the ratios, for first calls and replays, sync and async tools."""
+async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, reps: int, n: int,
+                   floor_path: Path | None = None) -> dict[str, Any]:
+    """One backend: µs per call (medians) and the ratios, for first calls and replays, sync and async tools
+    (``floor_path``: also against stdlib sqlite3 running the store's statements there)."""
     from once import Once
 
     once = Once(once_target)
@@ -46,6 +57,11 @@ async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, re
         once.store._conn().execute(f"PRAGMA synchronous = {synchronous}")  # type: ignore[attr-defined]
     kw: dict[str, Any] = {"sqlite_synchronous": synchronous} if synchronous else {}
     runs = {"agentguard": 0, "agent-once": 0}
+    floor = None
+    if floor_path is not None:
+        floor_url = f"sqlite+aiosqlite:///{floor_path}"
+        floor = await sqlite3_raw(floor_path, await observe(floor_url, kw), synchronous or "FULL")
+    floored: set[str] = set()
     async with Guard(ag_url, cache_size=0, **kw) as guard:
 
         @guard.once(key=["order_id"], operation="charge_sync")
@@ -72,7 +88,18 @@ async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, re
 
         def batch(lib: str, tool: str) -> Callable[[list[str]], Awaitable[None]]:
             scope = f"race-{rid}-{lib}-{tool}"
-            if lib == "agentguard" and tool == "sync":
+            if lib == FLOOR:
+                assert floor is not None
+
+                async def go(keys: list[str]) -> None:  # a first call the first time a key is seen, else a replay
+                    for k in keys:
+                        key = f"{scope}-{k}"
+                        if key in floored:
+                            json.loads((await floor.read(key))["result"])
+                        else:
+                            await floor.first(key, k, json.dumps(RESULT))
+                            floored.add(key)
+            elif lib == "agentguard" and tool == "sync":
                 async def go(keys: list[str]) -> None:
                     with task(scope):
                         for k in keys:
@@ -95,6 +122,7 @@ async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, re
             return go
 
         variants = [(lib, tool) for lib in ("agent-once", "agentguard") for tool in TOOLS]
+        variants += [(FLOOR, "sync")] if floor is not None else []
         batches = {v: batch(*v) for v in variants}
         times: dict[tuple[str, str, str], list[float]] = {(*v, k): [] for v in variants for k in KINDS}
         for rep in range(-1, reps):  # rep -1: the warm-up, not kept
@@ -107,18 +135,28 @@ async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, re
                     if rep >= 0:
                         times[(*v, kind)].append((time.perf_counter() - t0) / len(keys) * 1e6)
     once.close()
+    if floor is not None:
+        await floor.close()
     expected = 2 * (20 + n * reps)  # one run per first call per tool, none per replay
     out: dict[str, Any] = {"valid": runs == {"agentguard": expected, "agent-once": expected}, "runs": runs}
     for kind in KINDS:
         for tool, peer_tool in (*((t, t) for t in TOOLS), ("async", "sync")):
             ag, peer = times[("agentguard", tool, kind)], times[("agent-once", peer_tool, kind)]
             name = f"{kind}, {tool} tool" + ("" if tool == peer_tool else f" ÷ its {peer_tool} tool")
-            out[name] = {
-                "agentguard_us": statistics.median(ag), "agent_once_us": statistics.median(peer),
-                "ratio": statistics.median(a / p for a, p in zip(ag, peer, strict=True)),
-                "ratios": [round(a / p, 3) for a, p in zip(ag, peer, strict=True)],
-            }
+            out[name] = _ratio(ag, peer, "agent-once")
+        for tool in TOOLS if floor is not None else ():
+            out[f"{kind}, {tool} tool ÷ {FLOOR}"] = _ratio(times[("agentguard", tool, kind)],
+                                                           times[(FLOOR, "sync", kind)], FLOOR)
     return out
+
+
+def _ratio(ag: list[float], other: list[float], against: str) -> dict[str, Any]:
+    """Medians of µs per call and of the per-rep ratios."""
+    return {
+        "agentguard_us": statistics.median(ag), "other_us": statistics.median(other), "against": against,
+        "ratio": statistics.median(a / p for a, p in zip(ag, other, strict=True)),
+        "ratios": [round(a / p, 3) for a, p in zip(ag, other, strict=True)],
+    }
 
 
 async def race_sqlite(doc: dict[str, Any], *, reps: int, n: int, log: Callable[[str], None]) -> None:
@@ -131,7 +169,7 @@ async def race_sqlite(doc: dict[str, Any], *, reps: int, n: int, log: Callable[[
             d = Path(tmp) / sync
             d.mkdir()
             doc[f"sqlite {sync}"] = await race_one(f"sqlite+aiosqlite:///{d / 'ag.db'}", str(d / "once.db"),
-                                                   synchronous=sync, reps=reps, n=n)
+                                                   synchronous=sync, reps=reps, n=n, floor_path=d / "floor.db")
 
 
 async def race_postgres(doc: dict[str, Any], url: str, *, reps: int, n: int, log: Callable[[str], None]) -> None:
@@ -155,29 +193,37 @@ def _note(doc: dict[str, Any]) -> bool:
     return bool(why)
 
 
-def targets(doc: dict[str, Any]) -> list[tuple[str, str, float | None, str]]:
-    """(id, what, ratio, why n/a) for each row of the race: each must be at most 1.0."""
-    out: list[tuple[str, str, float | None, str]] = []
+def targets(doc: dict[str, Any]) -> list[tuple[str, str, float | None, str, float]]:
+    """(id, what, ratio, why n/a, limit) for each row of the race: at most 1.0 against agent-once, and against
+    the sqlite3 floor at most ``FLOOR_LIMITS``."""
+    out: list[tuple[str, str, float | None, str, float]] = []
     for backend in ("sqlite FULL", "sqlite NORMAL", "postgres"):
         rows = doc.get(backend)
         if rows is None:
             continue
+        name = backend.replace(" ", "_").lower()
+        why = rows.get("unavailable", "") or ("" if rows.get("valid", True) else "INVALID: body runs")
         for kind in KINDS:
             for tool in TOOLS:
                 r = rows.get(f"{kind}, {tool} tool")
-                why = rows.get("unavailable", "") or ("" if rows.get("valid", True) else "INVALID: body runs")
-                out.append((f"agent_once_{backend.replace(' ', '_').lower()}_{kind.split()[0]}_{tool}",
+                out.append((f"agent_once_{name}_{kind.split()[0]}_{tool}",
                             f"Peer: agentguard {tool} tool {kind} ÷ agent-once's ({backend})",
-                            None if r is None or why else r["ratio"], why))
+                            None if r is None or why else r["ratio"], why, 1.0))
+            for tool in TOOLS if backend.startswith("sqlite") else ():
+                r = rows.get(f"{kind}, {tool} tool ÷ {FLOOR}")
+                out.append((f"floor_{name}_{kind.split()[0]}_{tool}",
+                            f"Floor: agentguard {tool} tool {kind} ÷ {FLOOR} ({backend})",
+                            None if r is None or why else r["ratio"], why, FLOOR_LIMITS[kind]))
     return out
 
 
 def race_table(doc: dict[str, Any]) -> str:
     if "unavailable" in doc:
         return f"== Peer race (agent-once): n/a ({doc['unavailable']})"
-    lines = [f"== Peer race: agentguard ÷ agent-once {doc['agent_once']} (interleaved, cache off; µs/call medians;"
-             " ratio = median of per-rep ratios, ≤ 1.0 means agentguard is ahead)",
-             f"{'backend':<16}{'call':<24}{'agentguard µs':>14}{'agent-once µs':>15}{'ratio':>8}  per rep"]
+    lines = [f"== Peer race: agentguard ÷ agent-once {doc['agent_once']}, and on SQLite ÷ {FLOOR} running the store's"
+             " statements on the caller's thread (interleaved, cache off; µs/call medians; ratio = median of per-rep"
+             " ratios, ≤ 1.0 against agent-once means agentguard is ahead)",
+             f"{'backend':<16}{'call':<40}{'agentguard µs':>14}{'other µs':>10}{'ratio':>8}  per rep"]
     for backend, rows in doc.items():
         if not isinstance(rows, dict):
             continue
@@ -185,7 +231,7 @@ def race_table(doc: dict[str, Any]) -> str:
             lines.append(f"{backend:<16}n/a ({rows['unavailable']})")
         for name, r in rows.items():
             if isinstance(r, dict) and "ratio" in r:
-                lines.append(f"{backend:<16}{name:<24}{r['agentguard_us']:>14.0f}{r['agent_once_us']:>15.0f}"
+                lines.append(f"{backend:<16}{name:<40}{r['agentguard_us']:>14.0f}{r['other_us']:>10.0f}"
                              f"{r['ratio']:>7.2f}×  {' '.join(f'{x:.2f}' for x in r['ratios'])}")
         if not rows.get("valid", True):
             lines.append(f"{backend:<16}INVALID: body runs {rows.get('runs')}")
