@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, PydanticUserError, TypeAdapter
 
-from ._speedups import encoder, scan_plain
+from ._stdlib_shims import encoder, scan_plain
 
 _TAG = "$ag"
 

@@ -70,8 +70,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from ._codec import refers_to_itself
-from ._speedups import encoder
-from ._speedups import sha256 as _sha256
+from ._stdlib_shims import encoder
+from ._stdlib_shims import sha256 as _sha256
 
 MAX_DEPTH = 100  # containers within containers: far beyond any tool's arguments, far below the stack's limit
 

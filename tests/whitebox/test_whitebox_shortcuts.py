@@ -3,7 +3,7 @@ what the general spelling gives, on random inputs, mistakes included.
 
 - ``Binder.bind`` against ``inspect.Signature.bind`` and ``apply_defaults``;
 - ``flat_call`` against ``make_call``: the whole ``Call``;
-- ``_speedups``' ``encoder``, ``scan_plain`` and ``sha256`` against ``json`` and ``hashlib``;
+- ``_stdlib_shims``' ``encoder``, ``scan_plain`` and ``sha256`` against ``json`` and ``hashlib``;
 - a record kept by the in-process replay cache against the record the store keeps.
 """
 
@@ -26,7 +26,7 @@ from agentguard._binder import Binder
 from agentguard._calls import Call, flat_call, make_call
 from agentguard._codec import Codec
 from agentguard._keys_flat import FlatSignature
-from agentguard._speedups import encoder, scan_plain, sha256
+from agentguard._stdlib_shims import encoder, scan_plain, sha256
 
 from conftest import tid
 
@@ -158,7 +158,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 @pytest.mark.storeless
-def test_the_speedups_give_the_standard_librarys_results() -> None:
+def test_the_stdlib_shims_give_the_standard_librarys_results() -> None:
     """``encoder`` writes what ``json.JSONEncoder`` with the same options writes (and refuses what it refuses),
     ``scan_plain`` reads what ``json.loads`` reads, ``sha256`` digests as ``hashlib.sha256`` does."""
     rng = random.Random(7)
