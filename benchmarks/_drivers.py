@@ -30,11 +30,16 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite+aiosqlite:///{path}"
 
 
+def _pragmas(synchronous: str) -> tuple[str, ...]:
+    """What each raw SQLite connection sets first (the store's own settings)."""
+    return ("PRAGMA busy_timeout = 30000", "PRAGMA journal_mode = WAL", f"PRAGMA synchronous = {synchronous}")
+
+
 async def aiosqlite_raw(path: Path, obs: Observed) -> Raw:
     conn = await aiosqlite.connect(path, isolation_level=None)
     conn.row_factory = sqlite3.Row
-    for pragma in ("busy_timeout = 30000", "journal_mode = WAL", f"synchronous = {SYNCHRONOUS}"):
-        await conn.execute_fetchall(f"PRAGMA {pragma}")
+    for pragma in _pragmas(SYNCHRONOUS):
+        await conn.execute_fetchall(pragma)
     return Raw("aiosqlite", sqlite_url(path), obs, conn.execute_fetchall, conn.close)
 
 
@@ -43,8 +48,8 @@ async def sqlite3_raw(path: Path, obs: Observed, synchronous: str = SYNCHRONOUS)
     ``FULL`` its claim commits unsynced, as the store's does (``Unsynced``: the completion's sync covers it)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
-    for pragma in ("busy_timeout = 30000", "journal_mode = WAL", f"synchronous = {synchronous}"):
-        conn.execute(f"PRAGMA {pragma}")
+    for pragma in _pragmas(synchronous):
+        conn.execute(pragma)
     unsynced = synchronous.upper() == "FULL"
 
     async def fetch(sql: str, p: dict[str, Any]) -> list[sqlite3.Row]:
@@ -56,7 +61,7 @@ async def sqlite3_raw(path: Path, obs: Observed, synchronous: str = SYNCHRONOUS)
     async def close() -> None:
         conn.close()
 
-    raw = Raw("sqlite3", sqlite_url(path), obs, fetch, close)
+    raw = Raw("sqlite3", sqlite_url(path), obs, fetch, close)  # (fetch reads raw.claim_sql)
     return raw
 
 
