@@ -214,12 +214,13 @@ def _migrate(args: argparse.Namespace) -> int:
         raise CommandError("--grant is for a Postgres store (SQLite has no roles)")
     if args.sql:
         from .stores._dialects import dialect_for
-        from .stores._schema import TABLE, schema_ddl
+        from .stores._schema import TABLE, schema_ddl, task_index_ddl
         from .stores._server import grants
         from .stores._statements import WATCHED_COLUMN
 
         dialect = dialect_for(ref.url)
         more = [f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {WATCHED_COLUMN}"] if dialect.announces else []
+        more += task_index_ddl(dialect.driver_dialect())[1:]  # (the index it replaces; the new one is made above)
         if args.grant:
             more += grants(args.grant)
         print("BEGIN;")

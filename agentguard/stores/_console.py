@@ -134,7 +134,7 @@ async def tasks(
     id starts with ``task`` — the latest claim among those records first; with how many tasks match.
 
     One statement: the page is found first — without a filter on the records' state or operation, from the
-    index of (scope, task id, claim time) alone (``_schema``); with one, by one scan of the records — then only
+    index of (task id, scope, claim time) alone (``_schema``); with one, by one scan of the records — then only
     the page's tasks are read in full, through that index. The clock is read once (Postgres' clock_timestamp()
     is volatile: per row it would be read per row)."""
     now = store.dialect.now
@@ -156,7 +156,7 @@ async def tasks(
         where.append(f"c.state = :state AND NOT {is_held}")
         params["state"] = state
     matching = (f"FROM {TABLE} c" + (" CROSS JOIN clock" if state is not None else "") + _where(where)
-                + " GROUP BY c.scope, c.task_id")
+                + " GROUP BY c.task_id, c.scope")
     counts = ", ".join(f"SUM(CASE WHEN state = '{s}' AND h = 0 THEN 1 ELSE 0 END)"
                        for s in (RUNNING, SUCCEEDED, FAILED, RELEASED))
     stmt = text(

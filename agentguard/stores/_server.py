@@ -12,6 +12,7 @@ body rather than at its completion.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from sqlalchemy.exc import DBAPIError
@@ -20,7 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import StoreError
 from ._attempts import ATTEMPTS
 from ._chain import CHAINS
-from ._schema import STEPS, TABLE, create_schema
+from ._schema import OLD_TASK_INDEX, STEPS, TABLE, TASK_INDEX, create_schema
+
+log = logging.getLogger("agentguard")
 
 # The column a store made by an earlier version may lack (``_statements.WATCHED_DDL``).
 WATCHED = "watched"
@@ -60,6 +63,11 @@ async def missing_objects(conn: AsyncConnection) -> list[str]:
     missing += [f"column {table}.{column}" for (table, column), ok in zip(columns, there, strict=True)
                 if tables[table] and not ok]
     return missing
+
+
+async def lacks_task_index(conn: AsyncConnection) -> bool:
+    """Whether the search path finds no ``_schema.TASK_INDEX`` (a store made before it)."""
+    return bool((await conn.exec_driver_sql(f"SELECT to_regclass('{TASK_INDEX}') IS NULL")).scalar())
 
 
 async def missing_privileges(conn: AsyncConnection) -> list[str]:
@@ -104,16 +112,24 @@ async def prepare(conn: AsyncConnection, begin: str, lock: str | None, more: Seq
     if reason:
         raise StoreError(f"the store is read-only: {reason}")
     missing = await missing_objects(conn)
-    if missing:
+    # A store made before its task index came first (``_schema.TASK_INDEX``) works as it is, and is upgraded when
+    # the role may: a role that may not is told how, and goes on.
+    outdated = not missing and await lacks_task_index(conn)
+    if missing or outdated:
         try:
             await create_schema(conn, begin, lock, more, upgrade)
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != _NOT_ALLOWED:
                 raise
-            raise StoreError(
-                f"the role {await current_role(conn)} may not create the store's {', '.join(missing)} "
-                f"({str(exc.orig).strip().splitlines()[0]}): have an administrator run the DDL that "
-                "`agentguard migrate --sql` prints, or use a role that may create tables") from None
+            why = str(exc.orig).strip().splitlines()[0]
+            if missing:
+                raise StoreError(
+                    f"the role {await current_role(conn)} may not create the store's {', '.join(missing)} "
+                    f"({why}): have an administrator run the DDL that `agentguard migrate --sql` prints, or use a "
+                    "role that may create tables") from None
+            log.warning("the role %s may not replace the index %s of the store's records with %s (%s): an "
+                        "administrator can run the DDL that `agentguard migrate --sql` prints",
+                        await current_role(conn), OLD_TASK_INDEX, TASK_INDEX, why)
     lacking = await missing_privileges(conn)
     if lacking:
         raise StoreError(f"the role {await current_role(conn)} lacks privileges every call needs: "

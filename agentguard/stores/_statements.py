@@ -286,7 +286,10 @@ class Statements:
         )
         # A record held on its body (its worker died inside it, or its result could not be stored), settled as a
         # person says: a result recorded in its place, or released so that its next call runs it again.
-        body_held = f"scope = :scope AND key = :key AND {held_kind_sql(now)} IN ('{HELD_BODY}', '{HELD_NOT_STORED}')"
+        # (Its columns named with the table's: inside the started steps' sub-select, a bare ``scope`` is the
+        # step's own, and every started step of the store counted as this record's.)
+        body_held = (f"scope = :scope AND key = :key AND {held_kind_sql(now, f'{TABLE}.')}"
+                     f" IN ('{HELD_BODY}', '{HELD_NOT_STORED}')")
         self.settle = text(
             f"UPDATE {TABLE} SET state = '{SUCCEEDED}', result = :result, lease_until = NULL, updated_at = {now},"
             f" expires_at = {now} + :retention WHERE {body_held} RETURNING fence"

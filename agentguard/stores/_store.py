@@ -33,7 +33,7 @@ from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
-from ._schema import DONE, Listing, Record, create_schema, listing_from_row
+from ._schema import DONE, Listing, Record, create_schema, listing_from_row, pg_task_index_ddl, task_index_ddl
 from ._server import prepare
 from ._statements import WATCHED_DDL, Statements
 from ._sweep import paced
@@ -147,9 +147,10 @@ class SQLStore:
         d = self.dialect
         upgrade = functools.partial(_attempts.upgrade, sqlite=d.name == "sqlite")
         if d.name == "postgresql":
-            await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL], upgrade)
+            await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL, pg_task_index_ddl(d.driver_dialect())],
+                          upgrade)
         else:
-            await create_schema(conn, d.schema_begin, d.schema_lock, [], upgrade)
+            await create_schema(conn, d.schema_begin, d.schema_lock, task_index_ddl(d.driver_dialect()), upgrade)
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""

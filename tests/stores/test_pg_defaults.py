@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 import uuid
@@ -27,6 +28,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentguard import INJECTED, Guard, InProgressError, Operation, StoreError, task
+from agentguard.stores._schema import OLD_TASK_INDEX, TASK_INDEX
 
 from conftest import PG_URL, ROOT, pg_dsn, tid
 
@@ -220,6 +222,28 @@ async def test_a_role_without_create_works_on_a_schema_an_administrator_made_wit
     assert owners == [(make_url(store_url).username,)]
     # `migrate` itself (no --sql) finds nothing to make and changes nothing
     assert "the store's tables are ready" in await migrate(store_url)
+
+
+async def test_a_role_that_may_not_replace_the_old_task_index_works_and_is_told_how(
+    store_url: str, role: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store made before the task index came first (``_schema.TASK_INDEX``), by its owner; a worker's role that
+    may write the records but not change the table goes on (the old index slows a person's reads, never a
+    call's answer) and says who can replace it; what ``migrate --sql`` prints replaces it."""
+    assert len(await charge_twice_each(store_url)) == 6  # the owner made the store
+    await run_sql(store_url, f"DROP INDEX {TASK_INDEX}; CREATE INDEX {OLD_TASK_INDEX} ON agentguard_calls"
+                             " (scope, task_id, created_at)")
+    await run_sql(store_url, grants_sql(role, create=False))
+    with caplog.at_level(logging.WARNING, logger="agentguard"):
+        effects = await charge_twice_each(as_role(store_url, role))
+    assert len(effects) == len(set(effects)) == 6
+    (warned,) = [r.getMessage() for r in caplog.records if OLD_TASK_INDEX in r.getMessage()]
+    assert f"the role {role} may not replace" in warned and "agentguard migrate --sql" in warned
+    indexes = "SELECT indexname FROM pg_indexes WHERE tablename = 'agentguard_calls' ORDER BY 1"
+    assert (OLD_TASK_INDEX,) in [tuple(r) for r in await run_sql(store_url, indexes)]
+    await run_sql(store_url, await migrate(store_url, "--sql"))  # the administrator, as the owner
+    names = [r[0] for r in await run_sql(store_url, indexes)]
+    assert TASK_INDEX in names and OLD_TASK_INDEX not in names
 
 
 async def test_migrate_sql_makes_the_same_store_as_the_guard(store_url: str) -> None:

@@ -234,3 +234,34 @@ def test_the_command_prints_the_revision_and_resolve_is_bound_to_it(store_url: s
     bad = cli(store_url, "resolve", key, "--abandon", "--revision", "yesterday")
     assert bad.returncode == 1 and "is not a record's revision" in bad.stderr
     assert held(store_url) == {}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("decision", ["result", "retry"])
+async def test_a_record_held_on_its_body_is_settled_while_another_is_held_on_a_step(
+    store_url: str, tmp_path: Path, decision: str,
+) -> None:
+    """The settling statement tells a record's own started steps from those of other records: a record held on
+    its body is settled as the person says while another record of the store is held on a step. (Its test of
+    started steps once compared each step's columns with themselves, so any started step anywhere made every
+    dead record "held on a step", and the decision was refused.)"""
+    on_step = await asyncio.to_thread(lambda: seeded(store_url, done=())["t-held"])  # a started step, elsewhere
+    effects = tmp_path / "effects"
+    t = "t-" + uuid.uuid4().hex[:10]
+    await asyncio.to_thread(killed_mid_body, store_url, t, effects, keyless=True)
+    async with Guard(store_url) as guard:
+        for _ in range(600):  # until the lease (1 s, by the database's clock) ran out: one read a look
+            (listed,) = await guard.records(task_id=t)
+            if listed.lease_left is not None and listed.lease_left <= 0:
+                break
+            await asyncio.sleep(0.1)
+        out = await asyncio.to_thread(survive, store_url, t, effects, keyless=True)
+        assert out["error"] == "OutcomeUnknownError"  # ... and the record is marked held on its body
+        marked = await record_of(store_url, listed.key)
+        assert marked.held_kind == "body" and (await record_of(store_url, on_step)).held_kind == "step"
+        args: dict[str, Any] = {"result": {"ok": True}} if decision == "result" else {"retry": True}
+        assert await guard.resolve(listed.key, revision=marked.revision, **args) == (
+            "its result recorded" if decision == "result" else "cleared for a retry: its next call runs it again")
+        settled = await record_of(store_url, listed.key)
+    assert settled.state == ("succeeded" if decision == "result" else "released") and not settled.held_kind
+    assert (await record_of(store_url, on_step)).held_kind == "step"  # (the other is left as it was)
