@@ -125,3 +125,25 @@ async def test_the_servers_cpu_keeps_what_a_closed_connection_spent(store_url: s
     assert before is not None and after is not None
     assert spent > 0
     assert round((after - before) * os.sysconf("SC_CLK_TCK")) >= spent
+
+
+@pytest.mark.slow
+def test_the_scale_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> None:
+    """``python -m benchmarks.scale`` at one small size on this run's backend: it fills, measures, reads the
+    counters (Postgres) or the plans (SQLite), and finds nothing read whole. The ratios are printed, never
+    asserted."""
+    out = tmp_path / "scale.json"
+    cmd = [python, "-m", "benchmarks.scale", "--only", BACKEND, "--sizes", "10k", "--calls", "10", "--reps", "1",
+           "--json", str(out)]
+    if BACKEND == "postgres":
+        cmd += ["--url", store_url]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "== Scale" in proc.stdout and "nothing read whole at 10k" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    (doc,) = json.loads(out.read_text())
+    (size,) = doc["sizes"].values()
+    if BACKEND == "postgres":
+        assert size["seq_rows_read"] == 0 and size["index_scans"] > 0, size
+        assert size["index_rows_fetched"] <= 2 * size["index_scans"], size
+    else:
+        assert size["whole_table_reads"] == [], size
+    assert size["swept"] == 0  # (every record is retained for a day)
