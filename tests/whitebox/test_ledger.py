@@ -482,10 +482,12 @@ async def test_a_went_away_attempt_in_a_scope_is_found_through_the_records_index
         assert await store.read_attempts(key="k-01235", scope="s") == []
         sql = store.ledger.sql
         plans = []
-        for stmt, params in ((sql.gone_by_key_in_scope, {"key": "k-01234"}),
-                             (sql.gone_by_task_in_scope, {"task_id": "task-308"})):
+        # (a task in any scope too: its index begins with the task)
+        for stmt, params in ((sql.gone_by_key_in_scope, {"key": "k-01234", "scope": "s"}),
+                             (sql.gone_by_task_in_scope, {"task_id": "task-308", "scope": "s"}),
+                             (sql.gone_by_task, {"task_id": "task-308", "scope": None})):
             text, args = store._executor._compiled(stmt, store.engine())
-            plans.append((text, args({**params, "scope": "s", "since": None, "limit": 10})))
+            plans.append((text, args({**params, "since": None, "limit": 10})))
     finally:
         await store.dispose()
 
