@@ -72,7 +72,7 @@ calls = Table(
     # comes first: an index that starts with the scope alone also serves ``scope = $1 AND key = $2`` (the one
     # scope's records, each compared with the key), and Postgres planned the read and the completion so while the
     # table was small and had no statistics, a generic plan it then kept for the connection's life: every call
-    # read the whole scope (issue 34: 41 -> 234 us a read after 2,800 records; tests/stores/test_key_plans.py).
+    # read the whole scope (issue 34: 41 -> 234 us a read after 2,800 records; tests/whitebox/test_key_plans.py).
     # A store made with the scope first has it replaced when the store is opened (``TASK_INDEX_DDL``).
     Index(f"{TABLE}_by_task_idx", "task_id", "scope", "created_at"),
 )

@@ -28,7 +28,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentguard import INJECTED, Guard, InProgressError, Operation, StoreError, task
-from agentguard.stores._schema import OLD_TASK_INDEX, TASK_INDEX
 
 from conftest import PG_URL, ROOT, pg_dsn, tid
 
@@ -161,6 +160,10 @@ async def test_a_search_path_of_the_applications_schema_then_public(store_url: s
 
 
 # -- roles -------------------------------------------------------------------------------------------------
+
+
+# The records' task index, and the one a store made before it has (scope first).
+TASK_INDEX, OLD_TASK_INDEX = "agentguard_calls_by_task_idx", "agentguard_calls_task_idx"
 
 
 def grants_sql(role: str, *, create: bool) -> str:
