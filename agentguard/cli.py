@@ -220,7 +220,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
         dialect = dialect_for(ref.url)
         more = [f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {WATCHED_COLUMN}"] if dialect.announces else []
-        more += task_index_ddl(dialect.driver_dialect())[1:]  # (the index it replaces; the new one is made above)
+        more += task_index_ddl()[1:]  # (the task index an earlier version made; the new one is made above)
         if args.grant:
             more += grants(args.grant)
         print("BEGIN;")
@@ -229,18 +229,22 @@ def _migrate(args: argparse.Namespace) -> int:
         print("COMMIT;")
         return 0
 
-    async def go() -> None:
+    async def go() -> bool:
         from .stores import SQLStore
 
         store = SQLStore(ref.url)
         try:
             await store.ensure_schema()
+            return await store.replace_task_index()
         finally:
             await store.dispose()
 
-    _arun(go())
+    replaced = _arun(go())
     from ._redact import redact_url
+    from .stores._schema import OLD_TASK_INDEX, TASK_INDEX
 
+    if replaced:
+        print(f"replaced the task index of an earlier version ({OLD_TASK_INDEX}) with {TASK_INDEX}")
     print(f"the store's tables are ready at {redact_url(ref.url)}")
     return 0
 

@@ -36,6 +36,10 @@ RUNNING, SUCCEEDED, FAILED, RELEASED = "running", "succeeded", "failed", "releas
 UNBOUND = ""
 STARTED, DONE = "started", "done"  # step states
 
+# The records' index of their task (below), and the one a store made before the task came first has.
+TASK_INDEX, TASK_INDEX_COLUMNS = f"{TABLE}_by_task_idx", ("task_id", "scope", "created_at")
+OLD_TASK_INDEX = f"{TABLE}_task_idx"  # (scope, task_id, created_at)
+
 metadata = MetaData()
 calls = Table(
     TABLE,
@@ -73,11 +77,10 @@ calls = Table(
     # scope's records, each compared with the key), and Postgres planned the read and the completion so while the
     # table was small and had no statistics, a generic plan it then kept for the connection's life: every call
     # read the whole scope (issue 34: 41 -> 234 us a read after 2,800 records; tests/whitebox/test_key_plans.py).
-    # A store made with the scope first has it replaced when the store is opened (``TASK_INDEX_DDL``).
-    Index(f"{TABLE}_by_task_idx", "task_id", "scope", "created_at"),
+    # A store made with the scope first: SQLite replaces it when the store is opened; Postgres says so, and
+    # ``agentguard migrate`` replaces it without blocking writes (``_server.replace_task_index``).
+    Index(TASK_INDEX, *TASK_INDEX_COLUMNS),
 )
-TASK_INDEX = f"{TABLE}_by_task_idx"
-OLD_TASK_INDEX = f"{TABLE}_task_idx"  # (scope, task_id, created_at): stores made before the task came first
 
 steps = Table(
     STEPS,
@@ -119,23 +122,12 @@ async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, mor
         raise
 
 
-def task_index_ddl(dialect: Any) -> list[str]:
-    """The task index made where it is missing and the one it replaces dropped, in ``dialect`` (SQLAlchemy's):
-    for a store made before it (a read and nothing else where it is there already; Postgres also needs the
-    ``DO`` block of :func:`pg_task_index_ddl` so as not to lock the table then)."""
-    from sqlalchemy.schema import CreateIndex
-
-    (index,) = (i for i in calls.indexes if i.name == TASK_INDEX)
-    return [str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)).strip(),
+def task_index_ddl() -> list[str]:
+    """The task index made where it is missing and the one it replaces dropped (a store made before it): a read
+    and nothing else where it is there already. Postgres builds it without blocking writes instead
+    (``_server.replace_task_index``)."""
+    return [f"CREATE INDEX IF NOT EXISTS {TASK_INDEX} ON {TABLE} ({', '.join(TASK_INDEX_COLUMNS)})",
             f"DROP INDEX IF EXISTS {OLD_TASK_INDEX}"]
-
-
-def pg_task_index_ddl(dialect: Any) -> str:
-    """Postgres: :func:`task_index_ddl` in one ``DO`` block that takes no lock on the table when the index is
-    there (``CREATE INDEX IF NOT EXISTS`` locks the table against writes before it looks). Found as the
-    statements find the table, through the search path."""
-    create, drop = task_index_ddl(dialect)
-    return (f"DO $ddl$ BEGIN IF to_regclass('{TASK_INDEX}') IS NULL THEN {create}; {drop}; END IF; END $ddl$")
 
 
 def schema_ddl(dialect: Any, more: Sequence[str] = ()) -> list[str]:

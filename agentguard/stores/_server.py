@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import StoreError
 from ._attempts import ATTEMPTS
 from ._chain import CHAINS
-from ._schema import OLD_TASK_INDEX, STEPS, TABLE, TASK_INDEX, create_schema
+from ._schema import OLD_TASK_INDEX, STEPS, TABLE, TASK_INDEX, TASK_INDEX_COLUMNS, create_schema
 
 log = logging.getLogger("agentguard")
 
@@ -65,9 +65,30 @@ async def missing_objects(conn: AsyncConnection) -> list[str]:
     return missing
 
 
-async def lacks_task_index(conn: AsyncConnection) -> bool:
-    """Whether the search path finds no ``_schema.TASK_INDEX`` (a store made before it)."""
-    return bool((await conn.exec_driver_sql(f"SELECT to_regclass('{TASK_INDEX}') IS NULL")).scalar())
+# Whether a store was made before its task index came first: the old index there, or the new one missing or left
+# invalid (a concurrent build interrupted).
+_OUTDATED = (f"SELECT to_regclass('{OLD_TASK_INDEX}') IS NOT NULL OR NOT COALESCE((SELECT indisvalid FROM pg_index"
+             f" WHERE indexrelid = to_regclass('{TASK_INDEX}')), false)")
+
+
+async def outdated_task_index(conn: AsyncConnection) -> bool:
+    """Whether the store's records lack ``_schema.TASK_INDEX`` (valid), or still have the index it replaces."""
+    return bool((await conn.exec_driver_sql(_OUTDATED)).scalar())
+
+
+async def replace_task_index(conn: AsyncConnection) -> bool:
+    """On ``conn`` (autocommit): ``_schema.TASK_INDEX`` built without blocking writes (``CONCURRENTLY``; one left
+    invalid by an interrupted build is dropped and built again), then the index it replaces dropped so too.
+    Whether anything was done (nothing, on a store made with it)."""
+    if not await outdated_task_index(conn):
+        return False
+    valid = (f"SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('{TASK_INDEX}')")
+    if (await conn.exec_driver_sql(valid)).scalar() is False:
+        await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {TASK_INDEX}")
+    await conn.exec_driver_sql(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {TASK_INDEX} ON {TABLE}"
+                               f" ({', '.join(TASK_INDEX_COLUMNS)})")
+    await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {OLD_TASK_INDEX}")
+    return True
 
 
 async def missing_privileges(conn: AsyncConnection) -> list[str]:
@@ -112,24 +133,22 @@ async def prepare(conn: AsyncConnection, begin: str, lock: str | None, more: Seq
     if reason:
         raise StoreError(f"the store is read-only: {reason}")
     missing = await missing_objects(conn)
-    # A store made before its task index came first (``_schema.TASK_INDEX``) works as it is, and is upgraded when
-    # the role may: a role that may not is told how, and goes on.
-    outdated = not missing and await lacks_task_index(conn)
-    if missing or outdated:
+    if missing:
         try:
             await create_schema(conn, begin, lock, more, upgrade)
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != _NOT_ALLOWED:
                 raise
-            why = str(exc.orig).strip().splitlines()[0]
-            if missing:
-                raise StoreError(
-                    f"the role {await current_role(conn)} may not create the store's {', '.join(missing)} "
-                    f"({why}): have an administrator run the DDL that `agentguard migrate --sql` prints, or use a "
-                    "role that may create tables") from None
-            log.warning("the role %s may not replace the index %s of the store's records with %s (%s): an "
-                        "administrator can run the DDL that `agentguard migrate --sql` prints",
-                        await current_role(conn), OLD_TASK_INDEX, TASK_INDEX, why)
+            raise StoreError(
+                f"the role {await current_role(conn)} may not create the store's {', '.join(missing)} "
+                f"({str(exc.orig).strip().splitlines()[0]}): have an administrator run the DDL that "
+                "`agentguard migrate --sql` prints, or use a role that may create tables") from None
+    elif await outdated_task_index(conn):
+        # Never built here: a build that blocks writes would hold every worker's completions and renewals for as
+        # long as it takes, their leases running out meanwhile.
+        log.warning("the store's records have the task index of an earlier version (%s, the scope first), through "
+                    "which Postgres may read a whole scope for one record: run `agentguard migrate` to replace it "
+                    "with %s (built without blocking writes)", OLD_TASK_INDEX, TASK_INDEX)
     lacking = await missing_privileges(conn)
     if lacking:
         raise StoreError(f"the role {await current_role(conn)} lacks privileges every call needs: "

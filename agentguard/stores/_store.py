@@ -33,8 +33,8 @@ from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
-from ._schema import DONE, Listing, Record, create_schema, listing_from_row, pg_task_index_ddl, task_index_ddl
-from ._server import prepare
+from ._schema import DONE, Listing, Record, create_schema, listing_from_row, task_index_ddl
+from ._server import prepare, replace_task_index
 from ._statements import WATCHED_DDL, Statements
 from ._sweep import paced
 from ._verbs import (
@@ -147,10 +147,17 @@ class SQLStore:
         d = self.dialect
         upgrade = functools.partial(_attempts.upgrade, sqlite=d.name == "sqlite")
         if d.name == "postgresql":
-            await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL, pg_task_index_ddl(d.driver_dialect())],
-                          upgrade)
+            await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL], upgrade)
         else:
-            await create_schema(conn, d.schema_begin, d.schema_lock, task_index_ddl(d.driver_dialect()), upgrade)
+            await create_schema(conn, d.schema_begin, d.schema_lock, task_index_ddl(), upgrade)
+
+    async def replace_task_index(self) -> bool:
+        """Postgres: a store made before its task index came first (``_schema.TASK_INDEX``) has it built without
+        blocking writes and the old one dropped (``agentguard migrate``); whether anything was done. SQLite
+        replaces it when the store is opened: False."""
+        if self.dialect.name != "postgresql":
+            return False
+        return await self._executor.run("replacing the task index", replace_task_index, body_ran=None)
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""

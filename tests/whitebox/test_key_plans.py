@@ -5,25 +5,31 @@ a renewal, the steps' statements ...) is planned through the primary key on Post
 statement is after five runs and then kept for the connection's life, on a table of three records without
 statistics and on one of 20,000 analysed. Before the task index came first, a small table without statistics had
 the read and the completion planned through ``(scope, task_id, created_at)`` with the key as a filter: every call
-read its whole scope, and a replay took 41 -> 234 us after 2,800 records (issue 34). A store made with that index
-has it replaced when it is opened; SQLite's planner takes the primary key for both.
+read its whole scope, and a replay took 41 -> 234 us after 2,800 records (issue 34). A Postgres store made with
+that index is told so when opened and ``agentguard migrate`` replaces it without blocking writes; SQLite replaces
+it when the store is opened, and its planner takes the primary key for both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import TextClause
 
+from agentguard import Guard, task
 from agentguard.stores import SQLStore
 from agentguard.stores._schema import OLD_TASK_INDEX, STEPS, TABLE, TASK_INDEX
 
-from conftest import pg_dsn
+from conftest import ROOT, pg_dsn
 
 pytestmark = pytest.mark.anyio
 
@@ -111,7 +117,12 @@ async def test_every_statement_naming_a_record_is_planned_through_the_primary_ke
 
 
 @pytest.mark.postgres
-async def test_a_store_made_with_the_scope_first_index_has_it_replaced_when_opened(store_url: str) -> None:
+async def test_a_store_made_with_the_scope_first_index_is_told_at_open_and_migrate_replaces_it(
+    store_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Opening such a store builds nothing (a build that blocks writes would hold every worker's completions
+    and renewals meanwhile) and says what to run; ``agentguard migrate`` builds the index ``CONCURRENTLY`` and
+    drops the old one, while a guard of the same store goes on claiming and completing, every call answered."""
     import asyncpg
 
     store = SQLStore(store_url)
@@ -135,17 +146,51 @@ async def test_a_store_made_with_the_scope_first_index_has_it_replaced_when_open
         await conn.execute(_STEPS.format(first=1, last=20_000))
         reopened = SQLStore(store_url)
         try:
-            await reopened.ensure_schema()
+            with caplog.at_level(logging.WARNING, logger="agentguard"):
+                await reopened.ensure_schema()
         finally:
             await reopened.dispose()
+        (warned,) = [r.getMessage() for r in caplog.records if OLD_TASK_INDEX in r.getMessage()]
+        assert "run `agentguard migrate`" in warned, warned
+        assert await conn.fetchval(f"SELECT to_regclass('{TASK_INDEX}') IS NULL")  # nothing built at open
+
+        async with Guard(store_url) as guard:
+            @guard.once(key="n")
+            async def claim(n: int) -> int:
+                return n
+
+            stop = asyncio.Event()
+
+            async def calls() -> int:  # claims (and completions) all along the build
+                made = 0
+                with task("t-during-the-build"):
+                    while not stop.is_set():
+                        assert await claim(made) == made
+                        made += 1
+                return made
+
+            going = asyncio.create_task(calls())
+            out = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "agentguard.cli", "migrate", "--url", store_url],
+                capture_output=True, text=True, timeout=120, cwd=ROOT)
+            stop.set()
+            made = await going
+        assert out.returncode == 0, out.stderr
+        assert f"replaced the task index of an earlier version ({OLD_TASK_INDEX}) with {TASK_INDEX}" in out.stdout
+        assert made > 0
         assert await conn.fetchval(f"SELECT to_regclass('{OLD_TASK_INDEX}') IS NULL")
-        columns = await conn.fetchval(
-            "SELECT string_agg(a.attname, ',' ORDER BY k.n) FROM pg_index i, unnest(i.indkey) WITH ORDINALITY"
-            " AS k(att, n), pg_attribute a WHERE i.indexrelid = to_regclass($1) AND a.attrelid = i.indrelid"
-            " AND a.attnum = k.att", TASK_INDEX)
-        assert columns == "task_id,scope,created_at"
+        row = await conn.fetchrow(
+            "SELECT i.indisvalid, string_agg(a.attname, ',' ORDER BY k.n) AS columns FROM pg_index i,"
+            " unnest(i.indkey) WITH ORDINALITY AS k(att, n), pg_attribute a WHERE i.indexrelid = to_regclass($1)"
+            " AND a.attrelid = i.indrelid AND a.attnum = k.att GROUP BY i.indisvalid", TASK_INDEX)
+        assert (row["indisvalid"], row["columns"]) == (True, "task_id,scope,created_at")
         after = await _generic_plans(store_url, statements)
         assert all(_by_key(nodes, steps_known=False) for nodes in after.values()), after
+        # ... and again: nothing left to do.
+        again = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "agentguard.cli", "migrate", "--url", store_url],
+            capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert again.returncode == 0 and "replaced" not in again.stdout, again.stdout + again.stderr
     finally:
         await conn.close()
 
