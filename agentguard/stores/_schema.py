@@ -77,8 +77,8 @@ calls = Table(
     # scope's records, each compared with the key), and Postgres planned the read and the completion so while the
     # table was small and had no statistics, a generic plan it then kept for the connection's life: every call
     # read the whole scope (issue 34: 41 -> 234 us a read after 2,800 records; tests/whitebox/test_key_plans.py).
-    # A store made with the scope first: SQLite replaces it when the store is opened; Postgres says so, and
-    # ``agentguard migrate`` replaces it without blocking writes (``_server.replace_task_index``).
+    # A store made with the scope first has it replaced by ``agentguard migrate`` (``SQLStore.replace_task_index``);
+    # a Postgres one says so when opened.
     Index(TASK_INDEX, *TASK_INDEX_COLUMNS),
 )
 
@@ -123,9 +123,8 @@ async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, mor
 
 
 def task_index_ddl() -> list[str]:
-    """The task index made where it is missing and the one it replaces dropped (a store made before it): a read
-    and nothing else where it is there already. Postgres builds it without blocking writes instead
-    (``_server.replace_task_index``)."""
+    """The task index made where it is missing and the one it replaces dropped (a store made before it; Postgres'
+    ``agentguard migrate`` builds it without blocking writes instead: ``_server.replace_task_index``)."""
     return [f"CREATE INDEX IF NOT EXISTS {TASK_INDEX} ON {TABLE} ({', '.join(TASK_INDEX_COLUMNS)})",
             f"DROP INDEX IF EXISTS {OLD_TASK_INDEX}"]
 

@@ -82,7 +82,7 @@ async def replace_task_index(conn: AsyncConnection) -> bool:
     Whether anything was done (nothing, on a store made with it)."""
     if not await outdated_task_index(conn):
         return False
-    valid = (f"SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('{TASK_INDEX}')")
+    valid = f"SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('{TASK_INDEX}')"
     if (await conn.exec_driver_sql(valid)).scalar() is False:
         await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {TASK_INDEX}")
     await conn.exec_driver_sql(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {TASK_INDEX} ON {TABLE}"

@@ -33,7 +33,16 @@ from ._direct_pg import DirectPostgres, available, connect_kwargs
 from ._engines import Engines
 from ._executor import Executor
 from ._listen import News
-from ._schema import DONE, Listing, Record, create_schema, listing_from_row, task_index_ddl
+from ._schema import (
+    DONE,
+    OLD_TASK_INDEX,
+    TASK_INDEX,
+    Listing,
+    Record,
+    create_schema,
+    listing_from_row,
+    task_index_ddl,
+)
 from ._server import prepare, replace_task_index
 from ._statements import WATCHED_DDL, Statements
 from ._sweep import paced
@@ -149,15 +158,27 @@ class SQLStore:
         if d.name == "postgresql":
             await prepare(conn, d.schema_begin, d.schema_lock, [WATCHED_DDL], upgrade)
         else:
-            await create_schema(conn, d.schema_begin, d.schema_lock, task_index_ddl(), upgrade)
+            await create_schema(conn, d.schema_begin, d.schema_lock, [], upgrade)
 
     async def replace_task_index(self) -> bool:
-        """Postgres: a store made before its task index came first (``_schema.TASK_INDEX``) has it built without
-        blocking writes and the old one dropped (``agentguard migrate``); whether anything was done. SQLite
-        replaces it when the store is opened: False."""
-        if self.dialect.name != "postgresql":
-            return False
-        return await self._executor.run("replacing the task index", replace_task_index, body_ran=None)
+        """A store made before its task index came first (``_schema.TASK_INDEX``) has it built and the old one
+        dropped (``agentguard migrate``), never when a guard opens the store: a build that blocks writes would hold
+        every worker's completions and renewals for as long as it takes. Postgres builds it without blocking writes
+        (``_server.replace_task_index``); SQLite, where the old index never served a record's own read (its planner
+        takes the primary key for a key), under its write lock. Whether anything was done."""
+        if self.dialect.name == "postgresql":
+            return await self._executor.run("replacing the task index", replace_task_index, body_ran=None)
+
+        async def on_sqlite(conn: AsyncConnection) -> bool:
+            names = {row[0] for row in await conn.exec_driver_sql(
+                f"SELECT name FROM sqlite_master WHERE name IN ('{TASK_INDEX}', '{OLD_TASK_INDEX}')")}
+            if names == {TASK_INDEX}:
+                return False
+            for ddl in task_index_ddl():
+                await conn.exec_driver_sql(ddl)
+            return True
+
+        return await self._executor.run("replacing the task index", on_sqlite, body_ran=None)
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""

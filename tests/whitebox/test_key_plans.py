@@ -196,13 +196,25 @@ async def test_a_store_made_with_the_scope_first_index_is_told_at_open_and_migra
 
 
 @pytest.mark.storeless
-async def test_sqlite_replaces_the_scope_first_index_and_reads_a_record_by_its_key(tmp_path: Path) -> None:
+async def test_sqlite_reads_a_record_by_its_key_with_either_index_and_migrate_replaces_the_old_one(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "keys.db"
     url = f"sqlite+aiosqlite:///{path}"
     store = SQLStore(url)
     await store.ensure_schema()
     sql, _ = store._executor._compiled(store.sql.read)
     await store.dispose()
+
+    def look() -> tuple[dict[str, str], list[str]]:
+        db = sqlite3.connect(path)
+        try:
+            indexes = {r[0]: r[1] for r in db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")}
+            return indexes, [r[3] for r in db.execute("EXPLAIN QUERY PLAN " + sql, ("default", "k"))]
+        finally:
+            db.close()
+
+    by_key = ["SEARCH agentguard_calls USING INDEX sqlite_autoindex_agentguard_calls_1 (scope=? AND key=?)"]
     db = sqlite3.connect(path)
     try:
         db.execute(f"DROP INDEX {TASK_INDEX}")
@@ -212,14 +224,13 @@ async def test_sqlite_replaces_the_scope_first_index_and_reads_a_record_by_its_k
         db.close()
     reopened = SQLStore(url)
     try:
-        await reopened.ensure_schema()
+        await reopened.ensure_schema()  # (opening builds nothing)
+        indexes, plan = look()
+        assert OLD_TASK_INDEX in indexes and TASK_INDEX not in indexes and plan == by_key, (indexes, plan)
+        assert await reopened.replace_task_index()
+        indexes, plan = look()
+        assert OLD_TASK_INDEX not in indexes and "(task_id, scope, created_at)" in indexes[TASK_INDEX], indexes
+        assert plan == by_key
+        assert not await reopened.replace_task_index()  # (nothing left to do)
     finally:
         await reopened.dispose()
-    db = sqlite3.connect(path)
-    try:
-        indexes = {r[0]: r[1] for r in db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")}
-        assert OLD_TASK_INDEX not in indexes and "(task_id, scope, created_at)" in indexes[TASK_INDEX], indexes
-        plan = [r[3] for r in db.execute("EXPLAIN QUERY PLAN " + sql, ("default", "k"))]
-    finally:
-        db.close()
-    assert plan == ["SEARCH agentguard_calls USING INDEX sqlite_autoindex_agentguard_calls_1 (scope=? AND key=?)"]
