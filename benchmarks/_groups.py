@@ -45,10 +45,11 @@ async def calls(
 
         return prepare
 
-    def guard(name: str, tag: str, prepare: Prepare | None = None, each: bool = False, ref: str = "") -> Variant:
+    def guard(name: str, tag: str, prepare: Prepare | None = None, each: bool = False, ref: str = "",
+              ledger: bool = True) -> Variant:
         """A guarded tool on a guard of its own (its cache has seen nothing) over a store of its own, called
-        in the rep's task (``each``: a task per call)."""
-        closers.append((g := Guard(store=new_store())).aclose)
+        in the rep's task (``each``: a task per call; ``ledger=False``: a guard that keeps no ledger)."""
+        closers.append((g := Guard(store=new_store(), ledger=ledger)).aclose)
         tool = guarded(g, bodies.setdefault(name, Body()))
 
         async def call(i: int) -> None:
@@ -89,6 +90,10 @@ async def calls(
         firsts, replays = _floors(raw, store, keys, orders, fresh, first_ref, replay_ref)
     variants = [*[Variant("unguarded call", unguarded)] * (callers == 1), *firsts,
                 guard("agentguard: first call", "first", ref=first_ref)]
+    if callers == 1 and raw is not None:  # what the ledger's entry costs a call, beside the call that writes it
+        variants += [guard("agentguard, no ledger: first call", "nlfirst", ref=first_ref, ledger=False),
+                     guard("agentguard, no ledger: replay", "nlreplay", replayed("nlreplay"), ref=replay_ref,
+                           ledger=False)]
     if callers == 1:
         cached = guard("agentguard: cached replay", "cached", fill_cache, ref=replay_ref)
         variants += [*replays, guard("agentguard: replay", "replay", replayed("replay"), ref=replay_ref),

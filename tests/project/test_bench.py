@@ -147,3 +147,18 @@ def test_the_scale_benchmark_runs(store_url: str, tmp_path: Path, python: str) -
     else:
         assert size["whole_table_reads"] == [], size
     assert size["swept"] == 0  # (every record is retained for a day)
+
+
+@pytest.mark.serial  # (it sets synchronous_commit on the test's database while it runs)
+@pytest.mark.skipif(BACKEND != "postgres", reason="measures round trips to Postgres: runs in the Postgres pass")
+def test_the_interleaved_benchmark_runs(store_url: str, python: str) -> None:
+    """``python -m benchmarks.interleaved`` on a small run: every variant measured, each ratio printed, and the
+    guarded calls each ran their body once (the script checks it and exits otherwise). No time is asserted."""
+    cmd = [python, "-m", "benchmarks.interleaved", "--url", store_url, "--calls", "16", "--reps", "2", "--warmup", "4"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for variant in ("guard's own work, between round trips (ledger kept)", "guard's own work, back to back",
+                    "fixed Python piece, between round trips", "fixed Python piece, back to back"):
+        assert any(line.startswith(variant) and float(line.split()[-1]) > 0 for line in lines), proc.stdout
+    assert sum("between round trips ÷ back to back" in line for line in lines) == 3, proc.stdout
