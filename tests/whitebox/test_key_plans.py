@@ -41,15 +41,18 @@ _STEPS = ("INSERT INTO agentguard_steps (scope, key, origin, name, seq, state, f
 _OLD_INDEX = f"CREATE INDEX {OLD_TASK_INDEX} ON {TABLE} (scope, task_id, created_at)"
 
 
-def _key_statements(store: SQLStore) -> dict[str, tuple[str, int]]:
-    """The store's statements that name one record by its key, compiled for its driver: name -> (SQL, number of
-    parameters)."""
+async def _key_statements(url: str) -> dict[str, tuple[str, int]]:
+    """The statements that name one record by its key of a store at ``url`` (its schema made), compiled for its
+    driver: name -> (SQL, number of parameters)."""
+    store = SQLStore(url)
+    await store.ensure_schema()
     found = {}
     for name, stmt in vars(store.sql).items():
         if isinstance(stmt, TextClause) and "scope = :scope AND key = :key" in stmt.text:
             sql, _ = store._executor._compiled(stmt)
             found[name] = (sql, max((int(n) for n in re.findall(r"\$(\d+)", sql)), default=0))
     # (the ones a call makes: found by the text they share, so a new one is checked without being listed here)
+    await store.dispose()
     assert {"read", "complete", "release", "renew", "load_steps"} <= set(found), sorted(found)
     return found
 
@@ -92,10 +95,7 @@ def _by_key(nodes: list[tuple[str, str | None, str | None]], steps_known: bool =
 async def test_every_statement_naming_a_record_is_planned_through_the_primary_key(store_url: str) -> None:
     import asyncpg
 
-    store = SQLStore(store_url)
-    await store.ensure_schema()
-    statements = _key_statements(store)
-    await store.dispose()
+    statements = await _key_statements(store_url)
     conn = await asyncpg.connect(pg_dsn(store_url))
     try:
         # No statistics until the test makes them: autovacuum would analyse the tables at its own moment.
@@ -125,10 +125,7 @@ async def test_a_store_made_with_the_scope_first_index_is_told_at_open_and_migra
     drops the old one, while a guard of the same store goes on claiming and completing, every call answered."""
     import asyncpg
 
-    store = SQLStore(store_url)
-    await store.ensure_schema()
-    statements = _key_statements(store)
-    await store.dispose()
+    statements = await _key_statements(store_url)
     conn = await asyncpg.connect(pg_dsn(store_url))
     try:
         # The store as an earlier version made it: its task index with the scope first.
