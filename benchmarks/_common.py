@@ -168,6 +168,12 @@ async def observe(url: str, store_kw: dict[str, Any]) -> Observed:
 
 # -- the raw drivers ------------------------------------------------------------------------------------------
 
+def claim_params(obs: Observed, key: str, order: str, fence: int) -> dict[str, Any]:
+    """The parameters a guarded first call passed to its store's claim, for another key, order and fence."""
+    p = obs.claim
+    return {**p, "key": key, "fence": fence, "operation": p["operation"].replace('"o-1"', f'"{order}"')}
+
+
 class Raw:
     """A plain driver running the store's own statements (``SQLStore.sql``), autocommit each, with the
     parameters a guarded call passed to its store (``obs``): only the key, fence and order vary."""
@@ -179,8 +185,7 @@ class Raw:
         self.claim_sql, self.complete_sql, self.read_sql = (str(s.text) for s in (sql.claim, sql.complete, sql.read))
 
     def claim_params(self, key: str, order: str, fence: int) -> dict[str, Any]:
-        p = self.obs.claim
-        return {**p, "key": key, "fence": fence, "operation": p["operation"].replace('"o-1"', f'"{order}"')}
+        return claim_params(self.obs, key, order, fence)
 
     async def first(self, key: str, order: str, result: str) -> None:
         """Claim, then complete: what a first call asks."""

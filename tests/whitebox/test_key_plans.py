@@ -45,14 +45,16 @@ async def _key_statements(url: str) -> dict[str, tuple[str, int]]:
     """The statements that name one record by its key of a store at ``url`` (its schema made), compiled for its
     driver: name -> (SQL, number of parameters)."""
     store = SQLStore(url)
-    await store.ensure_schema()
-    found = {}
-    for name, stmt in vars(store.sql).items():
-        if isinstance(stmt, TextClause) and "scope = :scope AND key = :key" in stmt.text:
-            sql, _ = store._executor._compiled(stmt)
-            found[name] = (sql, max((int(n) for n in re.findall(r"\$(\d+)", sql)), default=0))
+    try:
+        await store.ensure_schema()
+        found = {}
+        for name, stmt in vars(store.sql).items():
+            if isinstance(stmt, TextClause) and "scope = :scope AND key = :key" in stmt.text:
+                sql, _ = store._executor._compiled(stmt)
+                found[name] = (sql, max((int(n) for n in re.findall(r"\$(\d+)", sql)), default=0))
+    finally:
+        await store.dispose()
     # (the ones a call makes: found by the text they share, so a new one is checked without being listed here)
-    await store.dispose()
     assert {"read", "complete", "release", "renew", "load_steps"} <= set(found), sorted(found)
     return found
 
