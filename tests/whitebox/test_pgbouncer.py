@@ -97,10 +97,20 @@ async def test_a_waiter_behind_pgbouncer_is_woken_or_polls_and_gets_the_outcome(
     outcome's announcement; behind transaction pooling (where a LISTEN cannot be heard) it polls. Either way
     it gets the stored result, and the body ran once."""
     runs = 0
-    started, finish = asyncio.Event(), asyncio.Event()
+    started, finish, asked = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    marks: list[int] = []  # what each of the waiter's requests to watch the record answered
     with bouncer(tmp_path, store_url, mode) as url:
         async with Guard(url) as holder, Guard(url) as other:
             waiting = other._store  # type: ignore[attr-defined]
+            watch = waiting.watch
+
+            async def watching(scope: str, key: str, news: Any) -> int:
+                generation: int = await watch(scope, key, news)
+                marks.append(generation)
+                asked.set()
+                return generation
+
+            waiting.watch = watching
 
             @holder.once(key=["order"])
             async def charge(order: str) -> dict[str, str]:
@@ -119,10 +129,11 @@ async def test_a_waiter_behind_pgbouncer_is_woken_or_polls_and_gets_the_outcome(
                 first = asyncio.create_task(charge("o-1"))
                 await started.wait()
                 second = asyncio.create_task(charge_too("o-1"))
-                for _ in range(50 if mode == "transaction" else 1000):  # (session: until the waiter listens)
-                    if waiting.listening():
-                        break
-                    await asyncio.sleep(0.01)
+                # Until the waiter has asked to watch the record: behind session pooling it listens and the
+                # record is marked watched (committed) when this returns, so the completion will announce it;
+                # behind transaction pooling there is nothing to listen to and it polls.
+                await asyncio.wait_for(asked.wait(), 60)
+                assert (marks[0] > 0) is (mode == "session"), marks
                 assert bool(waiting.listening()) is (mode == "session")
                 finish.set()
                 assert await first == {"charged": "o-1"}
