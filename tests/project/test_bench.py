@@ -162,3 +162,19 @@ def test_the_interleaved_benchmark_runs(store_url: str, python: str) -> None:
                     "fixed Python piece, between round trips", "fixed Python piece, back to back"):
         assert any(line.startswith(variant) and float(line.split()[-1]) > 0 for line in lines), proc.stdout
     assert sum("between round trips ÷ back to back" in line for line in lines) == 3, proc.stdout
+
+
+@pytest.mark.storeless  # (SQLite only: its floor is stdlib sqlite3 on a file of its own)
+@pytest.mark.slow
+def test_the_least_guard_benchmark_runs(python: str) -> None:
+    """``python -m benchmarks.least`` on a small run: the least guard's key and fingerprint are agentguard's for
+    every record (the script checks them and exits otherwise), no replay ran a body, and every variant's ratio to
+    the floor and agentguard's work beyond the least guard are printed. No time or ratio is asserted."""
+    cmd = [python, "-m", "benchmarks.least", "--calls", "16", "--reps", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for variant in ("floor:", "least guard:", "agentguard: sync tool replay", "agentguard: async tool replay"):
+        assert any(line.startswith(variant) and "×" in line for line in lines), proc.stdout
+    assert sum("its own work beyond the least guard's" in line for line in lines) == 2, proc.stdout
+    assert any(line.startswith("the issue's limit for a replay: 1.5×") for line in lines), proc.stdout

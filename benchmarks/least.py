@@ -1,0 +1,216 @@
+"""How close any guard could come to the SQLite floor on a replay (issue 34): the least a guard must add to it.
+
+    python -m benchmarks.least [--calls N] [--reps R] [--synchronous NORMAL|FULL]
+
+The race (``python -m benchmarks --race``) puts a replay that misses the cache at about 2.5× its floor, the store's
+read run by stdlib ``sqlite3`` on the caller's thread and the result's ``json.loads``; the issue's limit is 1.5×.
+This run says whether that limit is within reach of a guard at all. Beside the floor it times **the least guard**:
+what no guard keeping the guarantee can skip before its read — the task id from a context variable, the
+arguments' canonical JSON, the fingerprint's SHA-256 and the key's — then the floor's read by that key, the stored
+fingerprint compared with the call's, and the result's ``json.loads``; written plainly, for one tool whose argument
+names it knows. Its key and fingerprint are checked, record by record, against those agentguard stored, so it is
+the same identity, not a cheaper one. And beside both, agentguard's own replays of a sync and an async tool
+(``cache_size=0``, the ledger as shipped). Every variant reads records of its own, each rep new ones (no memo or
+cache has seen them: a resumed agent's replays), in slices taken in turn within each rep, one CPU.
+
+The least guard's ratio is how far the limit is from physics; agentguard's minus the least guard's (in µs) is its
+own work that the limit asks it to lose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import hashlib
+import json
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agentguard import Guard, task
+from agentguard.stores import SQLStore
+from agentguard.stores._schema import TABLE
+
+from ._drivers import _pragmas
+from ._race import RESULT
+
+SCOPE = "default"
+SLICES = 8  # each rep's calls in slices, the variants taken in turn in each
+LIMIT = 1.5  # a replay (cache miss) ÷ the floor, at most (issue 34)
+FLOOR, LEAST = "floor: the store's read + json.loads", "least guard: the identity, the read, the check"
+SYNC, ASYNC = "agentguard: sync tool replay (cache off)", "agentguard: async tool replay (cache off)"
+
+_escape, _escape_ascii = json.encoder.encode_basestring, json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_task: contextvars.ContextVar[str] = contextvars.ContextVar("least_task")
+
+
+def identity(task_id: str, order_id: str, amount_cents: int) -> tuple[str, str]:
+    """``(key, fingerprint)`` of ``charge(order_id, amount_cents)`` in ``task_id``, as agentguard derives them
+    (its canonical JSON of the arguments, and of the scope, task and operation), written for this one tool."""
+    order = _escape(order_id)
+    fingerprint = hashlib.sha256(f'{{"amount_cents":{amount_cents:d},"order_id":{order}}}'.encode()).hexdigest()
+    operation = f"charge[order_id={order}]"
+    text = f"[{_escape_ascii(SCOPE)},{_escape_ascii(task_id)},{_escape_ascii(operation)}]"
+    return "ag_" + hashlib.sha256(text.encode()).hexdigest()[:48], fingerprint
+
+
+def measure(path: Path, synchronous: str, calls: int, reps: int) -> dict[str, list[float]]:
+    """Each variant's µs per call, one value per rep."""
+    url, rid = f"sqlite+aiosqlite:///{path}", os.urandom(4).hex()
+    tasks = {name: f"least-{rid}-{n}" for n, name in enumerate((FLOOR, LEAST, SYNC, ASYNC))}
+    orders = [[f"o-{rep}-{i}" for i in range(calls)] for rep in range(reps + 1)]  # rep 0 warms, unkept
+    runs = 0
+
+    def make(guard: Guard) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        @guard.once(key=["order_id"], operation="charge")
+        def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
+            nonlocal runs
+            runs += 1
+            return RESULT
+
+        @guard.once(key=["order_id"], operation="charge_async")
+        async def charge_async(order_id: str, amount_cents: int) -> dict[str, Any]:
+            nonlocal runs
+            runs += 1
+            return RESULT
+
+        return charge, charge_async
+
+    async def fill() -> None:
+        async with Guard(url, sqlite_synchronous="OFF", ledger=False) as filler:  # every record completed, unsynced
+            charge, charge_async = make(filler)
+            for name, task_id in tasks.items():
+                with task(task_id):
+                    for order in (order for rep_orders in orders for order in rep_orders):
+                        if name == ASYNC:
+                            await charge_async(order, 1999)
+                        else:
+                            charge(order, 1999)
+
+    asyncio.run(fill())
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    for pragma in _pragmas(synchronous):
+        conn.execute(pragma)
+    read = str(SQLStore(url).sql.read.text)
+    stored = dict(conn.execute(f"SELECT key, fingerprint FROM {TABLE} WHERE task_id IN (?, ?)",
+                               (tasks[FLOOR], tasks[LEAST])).fetchall())
+    floor_keys = []
+    for name in (FLOOR, LEAST):
+        for rep_orders in orders:
+            for order in rep_orders:
+                key, fingerprint = identity(tasks[name], order, 1999)
+                if stored.get(key) != fingerprint:
+                    raise SystemExit(f"benchmarks.least: the least guard's identity of {order} is not agentguard's")
+                if name == FLOOR:
+                    floor_keys.append(key)
+
+    def floor(rep: int, part: slice) -> None:
+        for key in floor_keys[rep * calls:(rep + 1) * calls][part]:
+            json.loads(conn.execute(read, {"scope": SCOPE, "key": key}).fetchall()[0]["result"])
+
+    def least(rep: int, part: slice) -> None:
+        with _scoped(tasks[LEAST]):
+            for order in orders[rep][part]:
+                key, fingerprint = identity(_task.get(), order, 1999)
+                rows = conn.execute(read, {"scope": SCOPE, "key": key}).fetchall()
+                if not rows or rows[0]["fingerprint"] != fingerprint:
+                    raise SystemExit("benchmarks.least: a record the least guard read is not the call's")
+                json.loads(rows[0]["result"])
+
+    async def replays() -> dict[str, list[float]]:
+        guard = Guard(url, sqlite_synchronous=synchronous, cache_size=0)
+        sync_tool, async_tool = make(guard)
+
+        async def sync_replay(rep: int, part: slice) -> None:
+            with task(tasks[SYNC]):
+                for order in orders[rep][part]:
+                    sync_tool(order, 1999)
+
+        async def async_replay(rep: int, part: slice) -> None:
+            with task(tasks[ASYNC]):
+                for order in orders[rep][part]:
+                    await async_tool(order, 1999)
+
+        def plain(step: Callable[[int, slice], None]) -> Callable[[int, slice], Awaitable[None]]:
+            async def run(rep: int, part: slice) -> None:
+                step(rep, part)
+
+            return run
+
+        variants = {FLOOR: plain(floor), LEAST: plain(least), SYNC: sync_replay, ASYNC: async_replay}
+        out: dict[str, list[float]] = {name: [] for name in variants}
+        try:
+            for rep in range(reps + 1):
+                spent = dict.fromkeys(variants, 0.0)
+                order = list(variants)[rep % len(variants):] + list(variants)[:rep % len(variants)]
+                for s in range(SLICES):
+                    part = slice(s * calls // SLICES, (s + 1) * calls // SLICES)
+                    for name in order:
+                        started = time.perf_counter()
+                        await variants[name](rep, part)
+                        spent[name] += time.perf_counter() - started
+                for name, total in spent.items():
+                    if rep:
+                        out[name].append(1e6 * total / calls)
+        finally:
+            await guard.aclose()
+        return out
+
+    try:
+        out = asyncio.run(replays())
+    finally:
+        conn.close()
+    if runs != 4 * calls * (reps + 1):  # every body ran once, at the filling; no replay ran one
+        raise SystemExit(f"benchmarks.least: the bodies ran {runs} times, expected {4 * calls * (reps + 1)}")
+    return out
+
+
+class _scoped:
+    """The least guard's task id, in a context variable as agentguard's is."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+
+    def __enter__(self) -> None:
+        self.token = _task.set(self.task_id)
+
+    def __exit__(self, *exc: object) -> None:
+        _task.reset(self.token)
+
+
+def report(out: dict[str, list[float]], synchronous: str) -> str:
+    def ratio(name: str) -> list[float]:
+        return [a / f for a, f in zip(out[name], out[FLOOR], strict=True)]
+
+    lines = [f"== The least guard (SQLite, synchronous={synchronous}; replays of records no cache has seen)",
+             f"{'variant':52} {'µs/call':>8} {'÷ floor':>8}  middle half of the reps", "-" * 96]
+    for name, values in out.items():
+        r = ratio(name)
+        q1, _, q3 = statistics.quantiles(r, n=4) if len(r) > 1 else (r[0], r[0], r[0])
+        lines.append(f"{name:52} {statistics.median(values):8.1f} {statistics.median(r):7.2f}×  {q1:.2f}–{q3:.2f}")
+    least = statistics.median(ratio(LEAST))
+    lines.append(f"the issue's limit for a replay: {LIMIT}× the floor; the least guard "
+                 f"{'is within it' if least <= LIMIT else 'is already past it'} ({least:.2f}×)")
+    for name in (SYNC, ASYNC):
+        beyond = statistics.median(a - b for a, b in zip(out[name], out[LEAST], strict=True))
+        lines.append(f"{name}: its own work beyond the least guard's {beyond:.1f} µs a call")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.least", description=__doc__.split("\n\n")[1])
+    ap.add_argument("--calls", type=int, default=800, help="replays per variant per rep (default 800)")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--synchronous", default="NORMAL", choices=("NORMAL", "FULL"))
+    args = ap.parse_args()
+    if hasattr(os, "sched_setaffinity"):  # one CPU, as python -m benchmarks
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    with tempfile.TemporaryDirectory() as folder:
+        print(report(measure(Path(folder) / "least.db", args.synchronous, args.calls, args.reps), args.synchronous))
