@@ -242,10 +242,13 @@ def setting_fix(name: str, good: str, source: str, who: Who) -> str:
 def isolation_line(level: str, source: str, who: Who) -> Line:
     if level == "read committed":
         return Line("isolation", OK, "read committed (every decision is one statement; nothing stronger is needed)")
+    from .stores._executor import CONFLICT_RETRIES
+
     fix = setting_fix("default_transaction_isolation", "'read committed'", source, who)
     return Line("isolation", WARN, f"{level} by default (from {source}): workers starting at once may be refused while "
-                                   "they create the tables, and callers may meet serialization failures (refused "
-                                   f"before the body; nothing runs twice); {fix} avoids both")
+                                   "they create the tables, and the store's statements meet serialization failures "
+                                   f"(each run again, up to {CONFLICT_RETRIES} times; then the call is refused before "
+                                   f"its body, and nothing runs twice); {fix} avoids both")
 
 
 def read_only_line(version: str, version_num: int, in_recovery: bool, read_only: str, source: str,

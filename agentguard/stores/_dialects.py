@@ -55,7 +55,9 @@ from ._verbs import Plans
 # server shutting down or starting up), insufficient resources (too many connections), and conflicts that
 # a retry resolves.
 _TRANSIENT_CLASSES = frozenset({"08", "57", "53"})
-_TRANSIENT_STATES = frozenset({"40001", "40P01"})
+# A serialization failure and a deadlock: the statement's transaction was rolled back, having done nothing.
+_CONFLICT_STATES = frozenset({"40001", "40P01"})
+_TRANSIENT_STATES = _CONFLICT_STATES
 # SQLSTATE classes of a row's value refused: data exception (a NUL in text, a string too long, a number out of
 # range), integrity constraint violation (a NULL where none may be).
 _ROW_CLASSES = frozenset({"22", "23"})
@@ -199,6 +201,15 @@ class Dialect:
         return isinstance(exc, OSError | ConnectionError) or self._driver_lost(exc, drv)
 
     def _driver_lost(self, exc: BaseException, drv: Any) -> bool:
+        return False
+
+    def conflicted(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a serialization failure or a deadlock (Postgres under a default isolation stricter
+        than read committed, or rows locked in turn): the statement's transaction was rolled back and did
+        nothing, so running it again is a new attempt, never a repeat."""
+        for e in wrapped(exc):
+            if (getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)) in _CONFLICT_STATES:
+                return True
         return False
 
     def transient(self, exc: BaseException) -> bool:

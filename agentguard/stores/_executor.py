@@ -11,10 +11,13 @@ and every failure turned into a ``StoreError`` that says what failed.
   transaction), for everything off the hot path.
 - :meth:`Executor.transaction` — a transaction the caller runs its own statements in (not retried).
 
-One policy for a lost connection, on both paths (:meth:`Executor._retry_lost`): a statement whose connection
-was found dead (killed since it was pooled: a server restart, ``pg_terminate_backend``) is repeated once on a
-fresh connection. Every statement of the store is safe to repeat once: claims carry an owner token, writes
-are fenced. A failure to connect is not retried here: it is an outage, and the guard decides what to do.
+One retry policy, on both paths (:meth:`Executor._retry`): a statement whose connection was found dead (killed
+since it was pooled: a server restart, ``pg_terminate_backend``) is repeated once on a fresh connection. Every
+statement of the store is safe to repeat once: claims carry an owner token, writes are fenced. A statement
+refused by a serialization failure or a deadlock (Postgres, where the database's default isolation is stricter
+than read committed: callers starting at once meet one another's predicate locks) did nothing; it is run again,
+after a short random pause, up to ``CONFLICT_RETRIES`` times. A failure to connect is not retried here: it is an
+outage, and the guard decides what to do.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import random
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -40,6 +44,8 @@ from ._lane import Lane
 from ._statements import GATHER_MAX, Compiled, Many
 
 log = logging.getLogger("agentguard.store")
+CONFLICT_RETRIES = 3  # times a statement refused by a serialization failure or a deadlock is run again
+CONFLICT_PAUSE = 0.01  # seconds, times the attempt: the longest random pause before it runs again
 T = TypeVar("T")
 
 
@@ -274,7 +280,7 @@ class Executor:
                        body_ran: bool | None, lined: asyncio.Future[Any] | None = None) -> T:
         """``call(drv)`` on a connection of ``lane``, retried once on a fresh one if its connection was lost.
         ``lined``: the place in the lane's line its first attempt takes (``Lane.line_up``)."""
-        for attempt in (1, 2):
+        for attempt in range(1, CONFLICT_RETRIES + 2):
             try:
                 conn = await lane.acquire(engine, lined if attempt == 1 else None)
             except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
@@ -286,7 +292,7 @@ class Executor:
                 sound = True
                 return answer
             except Exception as exc:
-                if not await self._retry_lost(what, exc, attempt, raw, drv):
+                if not await self._retry(what, exc, attempt, raw, drv):
                     raise self.error(what, exc, body_ran) from exc
             finally:
                 # Cancelled mid-statement (not sound): both drivers recover the connection by themselves
@@ -306,7 +312,7 @@ class Executor:
         if ``transaction``), retried once on a fresh connection if its connection was lost."""
         if not self.schema_ready:
             await self.ensure_schema()
-        for attempt in (1, 2):
+        for attempt in range(1, CONFLICT_RETRIES + 2):
             opened = False
             try:
                 async with self.engines.connection() as conn:
@@ -317,7 +323,7 @@ class Executor:
                     async with tx_conn.begin():
                         return await fn(tx_conn)
             except (SQLAlchemyError, OSError) as exc:
-                if not (opened and await self._retry_lost(what, exc, attempt)):
+                if not (opened and await self._retry(what, exc, attempt)):
                     raise self.error(what, exc, body_ran) from exc
         raise AssertionError("unreachable")
 
@@ -354,11 +360,17 @@ class Executor:
 
     # -- failures ------------------------------------------------------------------------------------------
 
-    async def _retry_lost(self, what: str, exc: BaseException, attempt: int, raw: Any = None,
-                          drv: Any = None) -> bool:
-        """The one retry policy: whether to run the statement again, after ``exc`` on ``attempt`` (1 or 2).
-        A lost connection is invalidated (``raw``, if the caller holds it; SQLAlchemy already did on the
+    async def _retry(self, what: str, exc: BaseException, attempt: int, raw: Any = None, drv: Any = None) -> bool:
+        """The one retry policy: whether to run the statement again, after ``exc`` on ``attempt`` (from 1). A
+        serialization failure or a deadlock: up to ``CONFLICT_RETRIES`` times, each after a random pause. A lost
+        connection: once. It is invalidated (``raw``, if the caller holds it; SQLAlchemy already did on the
         general path), and so are the idle ones: they are likely dead too."""
+        if self.dialect.conflicted(exc):
+            if attempt > CONFLICT_RETRIES:
+                return False
+            log.info("%s met a serialization failure or a deadlock; running it again", what)
+            await asyncio.sleep(random.random() * CONFLICT_PAUSE * attempt)
+            return True
         if not self.dialect.connection_lost(exc, drv):
             return False
         if raw is not None:
