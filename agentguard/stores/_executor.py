@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import random
 import weakref
@@ -278,9 +279,9 @@ class Executor:
 
     async def _on_lane(self, engine: AsyncEngine, lane: Lane, what: str, call: Callable[[Any], Awaitable[T]],
                        body_ran: bool | None, lined: asyncio.Future[Any] | None = None) -> T:
-        """``call(drv)`` on a connection of ``lane``, retried once on a fresh one if its connection was lost.
-        ``lined``: the place in the lane's line its first attempt takes (``Lane.line_up``)."""
-        for attempt in range(1, CONFLICT_RETRIES + 2):
+        """``call(drv)`` on a connection of ``lane``, run again as :meth:`_retry` says (once on a fresh connection if
+        its connection was lost). ``lined``: the place in the lane's line its first attempt takes (``Lane.line_up``)."""
+        for attempt in itertools.count(1):  # (until _retry says no: it always does, in time)
             try:
                 conn = await lane.acquire(engine, lined if attempt == 1 else None)
             except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
@@ -309,10 +310,11 @@ class Executor:
         transaction: bool = False,
     ) -> T:
         """``fn(conn)`` on a connection checked out for it (in a transaction at the dialect's step isolation
-        if ``transaction``), retried once on a fresh connection if its connection was lost."""
+        if ``transaction``), run again as :meth:`_retry` says (once on a fresh connection if its connection was
+        lost)."""
         if not self.schema_ready:
             await self.ensure_schema()
-        for attempt in range(1, CONFLICT_RETRIES + 2):
+        for attempt in itertools.count(1):  # (until _retry says no: it always does, in time)
             opened = False
             try:
                 async with self.engines.connection() as conn:
