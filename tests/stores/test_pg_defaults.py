@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentguard import INJECTED, Guard, InProgressError, Operation, StoreError, task
 
+from conflicts import claim_after_a_serialization_failure
 from conftest import PG_URL, ROOT, pg_dsn, tid
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -137,64 +138,16 @@ def test_six_workers_starting_at_once_under_a_stricter_default_isolation_all_run
     assert len(ran) == len(set(ran)) == 6 * calls  # each call's body exactly once
 
 
-@pytest.mark.parametrize(("tool", "retries"), [("async", None), ("sync", None), ("async", 0)])
+@pytest.mark.parametrize("tool", ["async", "sync"])
 async def test_a_claim_refused_by_a_serialization_failure_runs_again_and_replays_the_record_that_won(
-    store_url: str, tool: str, retries: int | None, monkeypatch: pytest.MonkeyPatch,
+    store_url: str, tool: str,
 ) -> None:
-    """Under ``default_transaction_isolation = serializable``, a claim's insert waits for another transaction that
-    inserted the same key, uncommitted; when it commits, the claim's snapshot cannot see that record, and the
-    server refuses the insert with a serialization failure (40001), having done nothing. The store runs it
-    again: a new snapshot sees the record, and the call replays it, its body never run. With no retries
-    (``CONFLICT_RETRIES = 0``) the same interleaving refuses the call before its body: fail closed, never run.
-    An async tool's claim goes on the loop's lane; a sync tool's in its thread (psycopg), whose failure the
-    store's own verb takes up."""
-    from agentguard.stores import _executor
-
-    if retries is not None:
-        monkeypatch.setattr(_executor, "CONFLICT_RETRIES", retries)
-    await run_sql(PG_URL, f"ALTER DATABASE {database_of(store_url)} SET default_transaction_isolation = 'serializable'")
-    ran: list[str] = []
-    t = tid()
-    async with Guard(store_url) as first:  # the record that will win: made, copied aside, and taken out
-        charge, charge_sync = counting_tools(first, ran)
-        with task(t):
-            assert (await charge("o-1") if tool == "async" else await asyncio.to_thread(charge_sync, "o-1")) == "ch-o-1"
-    assert len(ran) == 1
-    import asyncpg
-
-    other = await asyncpg.connect(pg_dsn(store_url))
-    watcher = await asyncpg.connect(pg_dsn(store_url))
-    try:
-        await other.execute(f"CREATE TEMP TABLE won AS SELECT * FROM agentguard_calls WHERE task_id = '{t}'")
-        await other.execute(f"DELETE FROM agentguard_calls WHERE task_id = '{t}'")
-        async with Guard(store_url) as guard:
-            charge, charge_sync = counting_tools(guard, ran)
-            with task(tid()):  # (the guard's connections are open, at the database's default isolation)
-                assert await charge("o-warm") == "ch-o-warm"
-            assert len(ran) == 2
-            holding = other.transaction()
-            await holding.start()
-            await other.execute("INSERT INTO agentguard_calls SELECT * FROM won")  # the same key, uncommitted
-            with task(t):
-                call = asyncio.ensure_future(charge("o-1") if tool == "async"
-                                             else asyncio.to_thread(charge_sync, "o-1"))
-                for _ in range(3000):  # until the claim's insert waits for the uncommitted one
-                    if await watcher.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                              " AND datname = current_database()"):
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("the claim never waited for the uncommitted record")
-                await holding.commit()
-                if retries == 0:
-                    with pytest.raises(StoreError, match=r"could not serialize access.*the tool was not run"):
-                        await call
-                else:
-                    assert await call == "ch-o-1"  # the record that won, replayed
-    finally:
-        await other.close()
-        await watcher.close()
-    assert len(ran) == 2  # the first guard's run and the warm-up; never the waiting call's
+    """Under ``default_transaction_isolation = serializable``, a claim's insert waits for another session's
+    uncommitted insert of the same key; when that commits, the claim's snapshot cannot see the record and the
+    server refuses the insert (40001), having done nothing. The store runs it again: a new snapshot sees the
+    record, and the call replays it, its body never run (``conflicts.py``; with no retries the same interleaving
+    is refused: ``tests/whitebox/test_conflict_retries.py``)."""
+    assert await claim_after_a_serialization_failure(store_url, tool) == "ch-o-1"
 
 
 # -- search path -------------------------------------------------------------------------------------------
