@@ -58,6 +58,8 @@ REPLAYING_MAX = 4096  # tasks remembered as replaying (see Replaying)
 MAX_VANISHED = 5  # bounded retries when the winner's row vanishes between our failed insert and read
 POLL_MAX = 0.1  # seconds between a waiting key's reads of the store, at most (one reader per key and process)
 POLL_LISTENING = 1.0  # the same, while the store announces the key's outcome to this process (a fallback)
+TAKEN_LIKELY = 0.5  # claims lately that found their key taken, as a share, past which a new task's claim reads first
+TAKEN_WEIGHT = 1 / 8  # the weight of the latest claim in that share (after a change of work, 6 claims cross it)
 
 
 # -- what a plan asks for --------------------------------------------------------------------------------------
@@ -194,17 +196,31 @@ class Waiting:
 
 
 class Replaying:
-    """Tasks whose last call here was a replay from the store (a resumed agent going over its history): their
-    next call is likely a replay too, so its claim is asked the way a replay costs least — the store reads
-    before it inserts. Kept only where a read costs less than a claim (Postgres); advisory (a wrong guess costs
-    one statement), bounded."""
+    """Whether a call's key is likely taken already, so that its claim is asked the way that then costs least —
+    the store reads before it inserts. Kept only where a read costs less than a claim that finds its key
+    (Postgres); advisory (a wrong guess costs one statement: the insert decides either way), bounded.
+
+    - By task: a task whose last call here was a replay from the store (a resumed agent going over its history):
+      its next call is likely a replay too.
+    - By process: the first call of a task this process has not seen, while most claims here lately found their
+      key taken (``rate``, a moving average over this process's claims: a worker restarted after a crash, resuming
+      agent after agent, each first call a replay). Past ``TAKEN_LIKELY`` a read first costs less on average:
+      on Postgres a read is about half of what an insert that finds its key costs, and a first call it misses
+      pays the read on top of its insert (``docs/benchmarks.md``). A worker gone back to new work has the rate
+      fall below it again within a few claims."""
 
     def __init__(self, kept: bool) -> None:
         self.kept = kept
         self._tasks: dict[tuple[str, str], None] = {}
+        self.rate = 0.0  # of this process's claims lately, the share that found their key taken
 
     def __contains__(self, call: Call) -> bool:
-        return self.kept and (call.scope, call.task_id) in self._tasks
+        return self.kept and ((call.scope, call.task_id) in self._tasks or self.rate > TAKEN_LIKELY)
+
+    def found(self, taken: bool) -> None:
+        """A claim's first statement found the key taken (a record there), or claimed it."""
+        if self.kept:  # (threads may race here: an update lost costs one guess)
+            self.rate += ((1.0 if taken else 0.0) - self.rate) * TAKEN_WEIGHT
 
     def add(self, call: Call) -> None:
         if self.kept:
@@ -291,12 +307,13 @@ class Machine:
     def begin(self, call: Call) -> Plan[Claim | Replay]:
         """Claim the key and run (a Claim), replay a stored outcome (a Replay), or refuse (raise)."""
         # The key is likely taken when the task's previous call here was a replay (a resumed agent going over
-        # its history: the store then reads before it inserts), and once a claim here found it taken.
+        # its history: the store then reads before it inserts), when most claims here lately found theirs taken
+        # (a new task's first call, in a worker resuming agent after agent), and once a claim here found it taken.
         taken = call in self.replaying
         owner = new_owner()
         params = self.claim_params(call, owner)
         waiting: Waiting | None = None
-        vanished = 0
+        vanished, first = 0, True
         try:
             while True:
                 # Claim by insert, never check-then-insert: one statement decides.
@@ -305,6 +322,9 @@ class Machine:
                 except asyncio.CancelledError:
                     yield from self._undo_claim(call, owner)
                     raise
+                if first:  # (what the call's first claim found, for the next new task's: see Replaying)
+                    self.replaying.found(not isinstance(got, int))
+                    first = False
                 if isinstance(got, int):
                     self.events.emit("claimed", call, 1)
                     return (yield from self.claimed(call, got, 1, got))

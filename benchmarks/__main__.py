@@ -65,7 +65,7 @@ TARGETS = (
     ("pg_first", "Postgres, one caller: first call ÷ raw asyncpg claim + complete", PG, FIRST, "<=", 1.25, "×", ""),
     ("pg_replay", "Postgres, one caller: replay (cache miss) of a task's history ÷ raw SELECT", PG, REPLAY, "<=",
      1.25, "×", ""),
-    ("pg_lone_replay", "Postgres: first replay of a task (cache miss: insert, then read) ÷ raw SELECT", PG,
+    ("pg_lone_replay", "Postgres: first replay of a task (cache miss), each call its own task ÷ raw SELECT", PG,
      "agentguard: replay, first of its task", "<=", 1.25, "×", ""),
     ("sqlite_first", "SQLite, one caller: first call ÷ raw aiosqlite claim + complete", SQ, FIRST, "<=", 2.0, "×", ""),
     ("sqlite_replay", "SQLite, one caller: replay (cache miss) ÷ raw aiosqlite SELECT", SQ, REPLAY, "<=", 2.0, "×", ""),

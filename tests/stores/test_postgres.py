@@ -160,6 +160,54 @@ async def test_each_path_sends_the_statements_that_cost_least_for_what_is_likely
     assert retried == ["INSERT", "SELECT", "UPDATE", "WITH"]  # claim (taken), read (released), take over, release
 
 
+async def test_a_worker_resuming_agent_after_agent_reads_first_for_each_new_task(store_url: str) -> None:
+    """Most claims of a process lately found their key taken (a worker restarted, resuming agent after agent, each
+    first call a replay): a new task's first call reads first too — one SELECT, not an insert and then a read.
+    Back to new work, a new task's first call inserts first again after a few extra reads."""
+    resumed_tasks, new_tasks = [tid() for _ in range(16)], [tid() for _ in range(16)]
+    async with Guard(store_url, ledger=False) as earlier:
+
+        @earlier.once
+        async def charge(amount: int) -> int:
+            return amount
+
+        for t in resumed_tasks:
+            with task(t):
+                await charge(1)
+    store = SQLStore(store_url)
+    runs = 0
+    async with Guard(store=store, cache_size=0, ledger=False) as guard:
+        statements = log_statements(store)
+
+        @guard.once
+        async def charge(amount: int) -> int:  # type: ignore[no-redef]
+            nonlocal runs
+            runs += 1
+            return amount
+
+        await guard.ensure_schema()
+        seen: dict[str, list[list[str]]] = {"resumed": [], "new": []}
+        for path, tasks in (("resumed", resumed_tasks), ("new", new_tasks)):
+            for t in tasks:
+                await logged()
+                statements.clear()
+                with task(t):
+                    assert await charge(1) == 1
+                await logged()
+                seen[path].append(list(statements))
+    assert runs == len(new_tasks)  # every resumed task's call a replay, every new task's a run
+    insert_then_read, read = ["INSERT", "SELECT"], ["SELECT"]
+    resumed = seen["resumed"]
+    assert set(map(tuple, resumed)) == {tuple(insert_then_read), tuple(read)}, resumed
+    switch = resumed.index(read)  # from a fresh process's guess (insert first) to the read first, once, for good
+    assert 0 < switch < len(resumed) // 2 and resumed[switch:] == [read] * (len(resumed) - switch), resumed
+    read_then_insert, insert = ["SELECT", "INSERT", "WITH"], ["INSERT", "WITH"]
+    new = seen["new"]
+    assert set(map(tuple, new)) == {tuple(read_then_insert), tuple(insert)}, new
+    back = new.index(insert)  # and back, once, for good: each guess wrong cost one read
+    assert 0 < back < len(new) // 2 and new[back:] == [insert] * (len(new) - back), new
+
+
 async def test_a_cached_replay_costs_no_statement(store_url: str) -> None:
     store = SQLStore(store_url)
     async with Guard(store=store) as guard:
