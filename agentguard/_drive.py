@@ -90,34 +90,36 @@ def current_audit() -> dict[str, Any]:
 
 
 # -- answering a request on an event loop ----------------------------------------------------------------------
+# What answers each request: an awaitable of its answer (a store's verb hands back its own coroutine, with no frame
+# of ours around it), or None where there is nothing to wait for (its answer is None).
 
 
-async def _claim_key(m: Machine, r: ClaimKey) -> Any:
-    return await m.store.claim(r.params, r.likely_taken)
+def _claim_key(m: Machine, r: ClaimKey) -> Awaitable[Any]:
+    return m.store.claim(r.params, r.likely_taken)
 
 
-async def _take_over(m: Machine, r: TakeOver) -> Any:
-    return await m.store.take_over(r.params)
+def _take_over(m: Machine, r: TakeOver) -> Awaitable[Any]:
+    return m.store.take_over(r.params)
 
 
-async def _release_owned(m: Machine, r: ReleaseOwned) -> Any:
-    return await m.store.release_owned(r.scope, r.key, r.owner, r.retention)
+def _release_owned(m: Machine, r: ReleaseOwned) -> Awaitable[Any]:
+    return m.store.release_owned(r.scope, r.key, r.owner, r.retention)
 
 
-async def _hold(m: Machine, r: Hold) -> Any:
-    return await m.store.hold(r.scope, r.key, r.fence)
+def _hold(m: Machine, r: Hold) -> Awaitable[Any]:
+    return m.store.hold(r.scope, r.key, r.fence)
 
 
-async def _complete(m: Machine, r: Complete) -> Any:
-    return await m.store.complete(r.scope, r.key, r.fence, r.state, r.result, r.retention, r.audit)
+def _complete(m: Machine, r: Complete) -> Awaitable[Any]:
+    return m.store.complete(r.scope, r.key, r.fence, r.state, r.result, r.retention, r.audit)
 
 
-async def _release(m: Machine, r: Release) -> Any:
-    return await m.store.release(r.scope, r.key, r.fence, r.retention, r.audit, raised=r.raised, bound=r.bound)
+def _release(m: Machine, r: Release) -> Awaitable[Any]:
+    return m.store.release(r.scope, r.key, r.fence, r.retention, r.audit, raised=r.raised, bound=r.bound)
 
 
-async def _run(m: Machine, r: Run) -> Any:
-    return await r.fn()
+def _run(m: Machine, r: Run) -> Awaitable[Any]:
+    return r.fn()
 
 
 async def _await_news(m: Machine, r: AwaitNews) -> None:
@@ -145,16 +147,15 @@ async def _listening(m: Machine, call: Call, watcher: Watcher) -> bool:
     return got != 0
 
 
-async def _start_beat(m: Machine, r: StartBeat) -> None:
+def _start_beat(m: Machine, r: StartBeat) -> None:
     m.beats.start(r.claim)
 
 
-async def _stop_beat(m: Machine, r: StopBeat) -> None:
-    if (renewal := m.beats.stop(r.claim)) is not None:
-        await renewal
+def _stop_beat(m: Machine, r: StopBeat) -> Awaitable[None] | None:
+    return m.beats.stop(r.claim)  # (the renewal in flight, if any: awaited before the write that follows)
 
 
-async def _resume_beat(m: Machine, r: ResumeBeat) -> None:
+def _resume_beat(m: Machine, r: ResumeBeat) -> None:
     claim = r.claim
     if claim.beat is None:  # made in a sync tool's thread and never handed to a heartbeat: it starts now
         renewed = claim.renewed
@@ -164,20 +165,21 @@ async def _resume_beat(m: Machine, r: ResumeBeat) -> None:
         claim.beat.resume(claim, asyncio.get_running_loop())
 
 
-async def _pause(m: Machine, r: Pause) -> None:
-    await asyncio.sleep(r.seconds)
+def _pause(m: Machine, r: Pause) -> Awaitable[None]:
+    return asyncio.sleep(r.seconds)
 
 
-_ON_A_LOOP: dict[type[Request], Callable[[Machine, Any], Awaitable[Any]]] = {
+_ON_A_LOOP: dict[type[Request], Callable[[Machine, Any], Awaitable[Any] | None]] = {
     ClaimKey: _claim_key, TakeOver: _take_over, ReleaseOwned: _release_owned, Hold: _hold, Complete: _complete,
     Release: _release, Run: _run, AwaitNews: _await_news, StartBeat: _start_beat, StopBeat: _stop_beat,
     ResumeBeat: _resume_beat, Pause: _pause,
 }
 
 
-def on_a_loop(m: Machine, request: Request) -> Awaitable[Any]:
+async def on_a_loop(m: Machine, request: Request) -> Any:
     """``request`` answered on the running loop."""
-    return _ON_A_LOOP[type(request)](m, request)
+    step = _ON_A_LOOP[type(request)](m, request)
+    return None if step is None else await step
 
 
 async def run(m: Machine, plan: Plan[T]) -> T:
@@ -193,15 +195,15 @@ async def run(m: Machine, plan: Plan[T]) -> T:
             return done.value  # type: ignore[no-any-return]
         try:
             step = _ON_A_LOOP[type(request)](m, request)
-            answer, error = (await uncancellable(step) if cancelled else await step), None
+            answer, error = (None if step is None else await uncancellable(step) if cancelled else await step), None
         except BaseException as exc:
             cancelled = cancelled or isinstance(exc, asyncio.CancelledError)
             answer, error = None, exc
 
 
-async def _run_here(m: Machine, plan: Plan[T]) -> T:
+def _run_here(m: Machine, plan: Plan[T]) -> Awaitable[T]:
     """``run``, where the store lives (an in-memory store's plans run on the portal's loop)."""
-    return await (m.portal.arun(run(m, plan)) if m.store.memory else run(m, plan))
+    return m.portal.arun(run(m, plan)) if m.store.memory else run(m, plan)
 
 
 async def _recorded(m: Machine, plan: Callable[[Claim, Any], Plan[T]], claim: Claim, arg: Any) -> T:
@@ -256,7 +258,7 @@ class InThread:
         elif kind is Pause:
             time.sleep(request.seconds)  # type: ignore[attr-defined]
             return None
-        return m.portal.run(on_a_loop(m, request))  # type: ignore[arg-type]
+        return m.portal.run(on_a_loop(m, request))
 
     def run(self, plan: Plan[T]) -> T:
         answer: Any = None
