@@ -195,7 +195,9 @@ async def run(m: Machine, plan: Plan[T]) -> T:
             return done.value  # type: ignore[no-any-return]
         try:
             step = _ON_A_LOOP[type(request)](m, request)
-            answer, error = (None if step is None else await uncancellable(step) if cancelled else await step), None
+            answer, error = None, None
+            if step is not None:  # (None: answered already, with None)
+                answer = await uncancellable(step) if cancelled else await step
         except BaseException as exc:
             cancelled = cancelled or isinstance(exc, asyncio.CancelledError)
             answer, error = None, exc
