@@ -34,7 +34,7 @@ import random
 import sqlite3
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
@@ -70,14 +70,18 @@ NOT_NOW, BUSY_NOW = NotNow(False), NotNow(True)
 
 
 class Line:
-    """An event loop's writers waiting for SQLite's write lock, in the order they came (``DirectSQLite.at_once``)."""
+    """An event loop's writers waiting for SQLite's write lock, in the order they came (``DirectSQLite.at_once``),
+    and those of them it sent to the general path, still there (``DirectSQLite.hop``)."""
 
-    __slots__ = ("hop_until", "lock", "waiting")
+    __slots__ = ("back", "hop_until", "hopped", "lock", "waiting")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()  # (its waiters are woken first come first served)
         self.waiting = 0  # writers in line, the one trying included: a writer arriving now joins them
         self.hop_until = 0.0  # the loop's time until which the line hops instead (the lock was held long)
+        self.hopped = 0  # writers the line sent to the general path, not back yet: a writer arriving now waits
+        self.back = asyncio.Event()  # set while none is (the first in line waits for it before it tries)
+        self.back.set()
 
 
 def _at_once(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
@@ -255,12 +259,14 @@ class DirectSQLite(SyncVerbs):
         writer arriving as the lock comes free never takes it ahead of those already waiting): the first in line
         tries again in short jittered sleeps (0.25 ms doubling to at most 4 ms, as ``_aiosqlite.written`` waits on a
         thread), the others wait their turn. While a checkpoint holds writers off, the first waits for its end
-        (``paused``). If the lock stays busy for ``AT_ONCE_WAIT``, NOT_NOW: the caller hops and waits
-        on aiosqlite's thread, and so does the rest of the line for a while. Cancelled while it waits, it has
-        written nothing."""
+        (``paused``). If the lock stays busy for ``AT_ONCE_WAIT``, BUSY_NOW: the caller hops (:meth:`hop`) and
+        waits on aiosqlite's thread, and so does the rest of the line for a while. The line keeps its place
+        there: until those it sent are back, a writer arriving joins the line, and its first waits for them
+        (else a caller whose writes are made at once would go round after round while callers sent to the
+        general path wait for its connections). Cancelled while it waits, it has written nothing."""
         line = self.line()
         got: T | NotNow = BUSY_NOW
-        if not line.waiting:
+        if not line.waiting and not line.hopped:
             got = attempt()
             if not isinstance(got, NotNow) or not got.busy:
                 return got
@@ -270,6 +276,10 @@ class DirectSQLite(SyncVerbs):
             async with line.lock:
                 delay, deadline = 0.00025, loop.time() + AT_ONCE_WAIT
                 while loop.time() >= line.hop_until:
+                    if line.hopped:  # (those the line sent ahead to the general path are not overtaken)
+                        await line.back.wait()
+                        deadline = loop.time() + AT_ONCE_WAIT
+                        continue
                     got = attempt()
                     if not isinstance(got, NotNow) or not got.busy:
                         return got
@@ -286,6 +296,21 @@ class DirectSQLite(SyncVerbs):
         finally:
             line.waiting -= 1
         return got
+
+    async def hop(self, why: NotNow, general: Callable[[], Awaitable[T]]) -> T:
+        """``general()``: the rest of a write :meth:`at_once` could not make, on the general path. One the line
+        sent there (``why.busy``) holds its place in the line until it is back (``Line.hopped``)."""
+        if not why.busy:
+            return await general()
+        line = self.line()
+        line.hopped += 1
+        line.back.clear()
+        try:
+            return await general()
+        finally:
+            line.hopped -= 1
+            if not line.hopped:
+                line.back.set()
 
     def line(self) -> Line:
         """The running loop's line of writers (made on first use; only that loop's thread touches it)."""

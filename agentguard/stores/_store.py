@@ -236,13 +236,14 @@ class SQLStore:
                 await self._executor.ensure_schema()
             direct = self.direct()
         if isinstance(direct, DirectSQLite):
-            await direct.at_once(lambda: direct.advance_now(plan))
-            if plan.ask is None:
-                if isinstance(plan.answer, int):
-                    # A first call lets the loop's other tasks run once, as a claim that hops does: callers
-                    # whose bodies never suspend take turns. (Cancelled here, the engine releases the claim.)
-                    await asyncio.sleep(0)
-                return plan.answer
+            made = await direct.at_once(lambda: direct.advance_now(plan))
+            if isinstance(made, NotNow):
+                return await direct.hop(made, lambda: self._executor.claim(plan))
+            if isinstance(plan.answer, int):
+                # A first call lets the loop's other tasks run once, as a claim that hops does: callers
+                # whose bodies never suspend take turns. (Cancelled here, the engine releases the claim.)
+                await asyncio.sleep(0)
+            return plan.answer
         return await self._executor.claim(plan)
 
     def _ask(self, ask: Ask, params: dict[str, Any]) -> Any:
@@ -265,8 +266,9 @@ class SQLStore:
         direct = self._direct
         if isinstance(direct, DirectSQLite) and direct.completes_now:  # at once on this loop's thread (no hop)
             done = await direct.at_once(lambda: direct.now(self._asks.complete, params))
-            if not isinstance(done, NotNow):
-                return done is not None
+            if isinstance(done, NotNow):
+                done = await direct.hop(done, lambda: self._ask(self._asks.complete, params))
+            return done is not None
         return await self._ask(self._asks.complete, params) is not None
 
     async def release_owned(self, scope: str, key: str, owner: str, retention: float) -> bool:
