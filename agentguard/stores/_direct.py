@@ -17,12 +17,15 @@ Every connection here is opened with a busy timeout of 0: a hot write waits for 
 - On an event loop's thread (:meth:`DirectSQLite.now`), a statement must not block the loop: it is made only if
   it cannot wait. It takes the write lock at once or is refused (SQLITE_BUSY: the caller waits in the loop's
   line, or hops to aiosqlite's thread, which waits); it never syncs (a claim's insert is made here only where it
-  commits unsynced, or at ``NORMAL``/``OFF``; another write only at ``NORMAL``/``OFF``); it never checkpoints
-  (``wal_autocheckpoint`` is 0 on these connections: every ``CHECKPOINT_EVERY`` commits made here, a checkpoint
-  runs on a short-lived thread of its own, which the loop need not schedule, so a caller whose calls never
-  suspend still gets its WAL checkpointed). Such a statement costs about what a read does, a few tens of µs,
-  and as a synchronous call it cannot be split by a cancellation. What is refused goes on where it stopped:
-  the plan, at the statement refused, to aiosqlite's thread (``Executor.claim``).
+  commits unsynced, or at ``NORMAL``/``OFF``; another write only at ``NORMAL``/``OFF``). Such a statement costs
+  about what a read does, a few tens of µs, and as a synchronous call it cannot be split by a cancellation.
+  What is refused goes on where it stopped: the plan, at the statement refused, to aiosqlite's thread
+  (``Executor.claim``).
+
+Neither kind of caller checkpoints (a checkpoint copies pages into the database and, at ``NORMAL`` or ``FULL``,
+syncs it: a stall of the call that happened to cross SQLite's threshold). ``wal_autocheckpoint`` is 0 on every
+connection here; every ``CHECKPOINT_EVERY`` commits made here, a checkpoint runs on a short-lived thread of its
+own, which no loop need schedule, so a caller whose calls never suspend still gets its WAL checkpointed.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from ._verbs import Plans, SyncVerbs
 
 T = TypeVar("T")
 
-CHECKPOINT_EVERY = 300  # commits made on event loops' threads between two checkpoints (about 1,000 WAL pages)
+CHECKPOINT_EVERY = 300  # commits made here (any thread) between two checkpoints (about 1,000 WAL pages)
 CHECKPOINT_WAIT = 2.0  # seconds a restarting checkpoint waits for the writer of the moment (and readers)
 AT_ONCE_WAIT = 0.05  # seconds an event loop's write tries again for SQLite's write lock before it hops
 WAL_RESTART_FRAMES = 4000  # WAL frames (pages written: about 16 MB) past which a checkpoint restarts the WAL
@@ -112,7 +115,7 @@ class DirectSQLite(SyncVerbs):
         self._conns: dict[tuple[threading.Thread, str], sqlite3.Connection] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self.commits_now = 0  # commits made on event loops' threads since the last checkpoint was started
+        self.commits = 0  # commits made here (any thread) since the last checkpoint was started
         self._restarting = False  # a checkpoint holds writers off (see _checkpoint)
         self._lines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Line] = weakref.WeakKeyDictionary()
         self._paused: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # writers it holds off
@@ -120,8 +123,8 @@ class DirectSQLite(SyncVerbs):
         self._checkpointing = False
 
     def _conn(self, role: str = "conn") -> sqlite3.Connection:
-        """This thread's connection for ``role`` ("conn": a sync tool's; "loop": an event loop's, which never
-        checkpoints), opened on first use."""
+        """This thread's connection for ``role`` ("conn": a sync tool's; "loop": an event loop's), opened on first
+        use. Neither checkpoints: its commits are counted (:meth:`_committed`) and checkpointed off its thread."""
         held: sqlite3.Connection | None = getattr(self._local, role, None)
         if held is not None and self._pid == os.getpid():
             return held
@@ -138,8 +141,7 @@ class DirectSQLite(SyncVerbs):
             run = patiently if role == "conn" else _at_once
             run(conn, "PRAGMA busy_timeout = 0", ())
             run(conn, f"PRAGMA synchronous = {self._synchronous}", ())
-            if role == "loop":
-                run(conn, "PRAGMA wal_autocheckpoint = 0", ())
+            run(conn, "PRAGMA wal_autocheckpoint = 0", ())  # (checkpoints run on a thread of their own)
         except BaseException:
             conn.close()
             raise
@@ -162,7 +164,7 @@ class DirectSQLite(SyncVerbs):
         self._checkpointing, self._restarting, self._paused = False, False, []
         self._lock = threading.Lock()  # (a lock held by another thread at the fork stays held in the child)
         self._lines = weakref.WeakKeyDictionary()
-        self.commits_now = 0
+        self.commits = 0
 
     def _fetch(self, ask: Ask, params: dict[str, Any]) -> Any:
         """``ask`` in a sync tool's thread: its first row, or None. The write lock is waited for here, in short
@@ -178,6 +180,8 @@ class DirectSQLite(SyncVerbs):
                 rows = patiently(conn, sql, args(params), self.waiters)
         except (sqlite3.Error, OSError) as exc:
             raise self._error(ask.what, exc, ask.body_ran) from exc
+        if ask.writes:
+            self._committed()
         return rows[0] if rows else None
 
     def now(self, ask: Ask, params: dict[str, Any]) -> Any:
@@ -203,7 +207,7 @@ class DirectSQLite(SyncVerbs):
         except (sqlite3.Error, OSError):
             return NOT_NOW
         if ask.writes:
-            self._committed_now()
+            self._committed()
         return rows[0] if rows else None
 
     def advance_now(self, plan: Plan) -> Plan | NotNow:
@@ -218,10 +222,16 @@ class DirectSQLite(SyncVerbs):
             plan.answered(row)
         return plan
 
-    def _committed_now(self) -> None:
-        self.commits_now += 1
-        if self.commits_now >= CHECKPOINT_EVERY and not self._checkpointing:
-            self.commits_now, self._checkpointing = 0, True
+    def _committed(self) -> None:
+        """A commit made here (on any thread): every ``CHECKPOINT_EVERY`` of them, one checkpoint on a thread of
+        its own (one at a time: the count is taken under the lock; an increment lost to a race between threads
+        only delays the next checkpoint by a commit)."""
+        self.commits += 1
+        if self.commits >= CHECKPOINT_EVERY and not self._checkpointing:
+            with self._lock:
+                if self._checkpointing or self.commits < CHECKPOINT_EVERY:
+                    return
+                self.commits, self._checkpointing = 0, True
             threading.Thread(target=self._checkpoint, name="agentguard-checkpoint", daemon=True).start()
 
     def _checkpoint(self) -> None:

@@ -281,11 +281,13 @@ async def test_a_writer_the_line_sent_to_the_general_path_is_not_overtaken(
         await guard.aclose()
 
 
-async def test_commits_on_the_loop_are_checkpointed(tmp_path: Path) -> None:
-    """Connections on event loops never checkpoint (a checkpoint syncs the database file); one runs on a thread
-    of its own every ``CHECKPOINT_EVERY`` of their commits, even for a caller that never suspends, and past
-    ``WAL_RESTART_FRAMES`` it starts the WAL again from its beginning: without, 6,000 back-to-back first calls
-    leave about 170 MB of it (a bound of a few restart sizes: the WAL grows on while a checkpoint runs)."""
+@pytest.mark.parametrize("tool", ["async", "sync"])
+async def test_commits_made_at_once_or_in_a_sync_tools_thread_are_checkpointed(tmp_path: Path, tool: str) -> None:
+    """Neither an event loop's connection nor a sync tool's thread's checkpoints (a checkpoint syncs the database
+    file: a stall of whichever call crossed the threshold); one runs on a thread of its own every
+    ``CHECKPOINT_EVERY`` of their commits, even for a caller that never suspends, and past ``WAL_RESTART_FRAMES``
+    it starts the WAL again from its beginning: without, 6,000 back-to-back first calls leave about 170 MB of
+    it (a bound of a few restart sizes: the WAL grows on while a checkpoint runs)."""
     from agentguard.stores._direct import WAL_RESTART_FRAMES
 
     path = tmp_path / "c.db"
@@ -295,12 +297,29 @@ async def test_commits_on_the_loop_are_checkpointed(tmp_path: Path) -> None:
     async def charge(order_id: str) -> str:
         return order_id * 20
 
-    try:
+    @guard.once(key=["order_id"])
+    def charge_sync(order_id: str) -> str:
+        return order_id * 20
+
+    def calls() -> None:
         for i in range(6000):
             with task(f"t-{i}"):
-                await charge(f"o-{i}")
+                charge_sync(f"o-{i}")
+
+    try:
+        if tool == "sync":
+            await asyncio.to_thread(calls)
+        else:
+            for i in range(6000):
+                with task(f"t-{i}"):
+                    await charge(f"o-{i}")
         wal = path.with_name(path.name + "-wal").stat().st_size
         assert wal < 4 * WAL_RESTART_FRAMES * 4096, wal
+        direct = guard._store.direct()
+        assert isinstance(direct, DirectSQLite)
+        assert ("conn" if tool == "sync" else "loop") in {role for (_, role) in direct._conns}
+        for conn in direct._conns.values():
+            assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     finally:
         await guard.aclose()
     with sqlite3.connect(path) as db:
