@@ -190,9 +190,9 @@ def flat_call(
     if info is None:
         raise no_task(flat.tool)
     scope, task_id = info.scope, info.task_id
-    operation, key, fp = flat.identity(scope, task_id, values)
+    operation, key, fp, hashes = flat.identity(scope, task_id, values)
     return Call(scope, task_id, operation, key, arguments, fp, codec, cache_errors, on_conflict, wait_timeout,
-                flat.tool, None, None, None, None, (flat, values))
+                flat.tool, None, None, None, hashes, (flat, values))
 
 
 def no_task(tool: str) -> MissingTaskError:

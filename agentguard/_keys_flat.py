@@ -4,13 +4,13 @@ Most tools take only ``str``/``int``/``bool``/``None`` arguments. For them each 
 written directly (``json``'s own string escaper, ``int.__repr__``), and a tool's canonical forms are
 %-templates built once at decoration, so a call's fingerprint, operation name, key and per-argument hashes
 come from one pass over its arguments and one C call per form, and a repeated call (a replay) is served from
-a small memo (measured against the memo alone, in front of the general path's functions: without the templates
-a replay cost 2-3 µs more; docs/benchmarks.md). A mapping of flat arguments that no signature fixes
-(``Guard.run``, a proxied MCP call) has its canonical JSON written by the C encoder alone (``flat_json``). Every
-result is byte-identical to the general path — ``fingerprint``, ``operation_name``,
-``derive_key``, ``argument_hashes`` and ``hashes_json`` in ``agentguard._keys``, which are the specification —
-and tests/whitebox/test_whitebox_keys.py compares them on thousands of random calls. Anything not flat takes the
-general path.
+a small memo, its per-argument hashes with it (measured against the memo alone, in front of the general path's
+functions: without the templates a replay cost 2-3 µs more; docs/benchmarks.md). A mapping of flat arguments
+that no signature fixes (``Guard.run``, a proxied MCP call) has its canonical JSON written by the C encoder
+alone (``flat_json``). Every result is byte-identical to the general path — ``fingerprint``,
+``operation_name``, ``derive_key``, ``argument_hashes`` and ``hashes_json`` in ``agentguard._keys``, which are
+the specification — and tests/whitebox/test_whitebox_keys.py compares them on thousands of random calls.
+Anything not flat takes the general path.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class FlatSignature:
         self._hash_text = "{" + ",".join(_pct(_ascii(n) + ':"') + '%s"' for n in ordered) + "}"
         self._key_index = tuple(index[k] for k in keys)
         self._op_text = _pct(tool) + "[" + ",".join(_pct(f"{k}=") + "%s" for k in keys) + "]"
-        self._memo: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+        self._memo: dict[tuple[str, str, str], tuple[str, str, str, str]] = {}
 
     def values(self, arguments: Mapping[str, Any]) -> list[str] | None:
         """Each argument's canonical JSON, in name order; None when one needs the general path."""
@@ -92,10 +92,10 @@ class FlatSignature:
             return None
         return flat_texts(map(arguments.__getitem__, self.names))
 
-    def identity(self, scope: str, task_id: str, values: Sequence[str]) -> tuple[str, str, str]:
-        """``(operation, key, fingerprint)`` of a call in a task. Each is a pure function of the scope, the
-        task id and the arguments' canonical JSON, so a repeat of the same call is served from a small memo.
-        (The per-argument hashes are left to ``hashes_json``: only a claim or a reuse error needs them.)"""
+    def identity(self, scope: str, task_id: str, values: Sequence[str]) -> tuple[str, str, str, str]:
+        """``(operation, key, fingerprint, hashes_json)`` of a call in a task. Each is a pure function of the
+        scope, the task id and the arguments' canonical JSON, so a repeat of the same call is served from a small
+        memo. (The per-argument hashes come with the rest: every claim's parameters carry them, a replay's read too.)"""
         text = self._text % tuple(values)
         memo = self._memo
         found = memo.get((scope, task_id, text))
@@ -105,10 +105,10 @@ class FlatSignature:
             except UnicodeEncodeError:  # (a lone surrogate, which a model's JSON can carry)
                 raise self._unencodable(values) from None
             operation = self.operation(values)
-            found = (operation, derive_key(scope, task_id, operation), fp)
+            found = (operation, derive_key(scope, task_id, operation), fp, self.hashes_json(values))
             if len(text) <= self.MEMO_TEXT:
                 if len(memo) >= self.MEMO:
-                    memo.clear()  # (a memo, not a cache of outcomes: forgetting costs two digests)
+                    memo.clear()  # (a memo, not a cache of outcomes: forgetting costs the digests)
                 memo[(scope, task_id, text)] = found
         return found
 

@@ -186,7 +186,7 @@ async def shortcuts(*, n: int, reps: int, warmup: int, log: Log) -> tuple[dict[s
     try:
         from agentguard._binder import Binder
         from agentguard._codec import Codec
-        from agentguard._keys import derive_key, fingerprint, operation_name
+        from agentguard._keys import argument_hashes, derive_key, fingerprint, hashes_json, operation_name
         from agentguard._keys_flat import FlatSignature
 
         binder = Binder(inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -210,8 +210,9 @@ async def shortcuts(*, n: int, reps: int, warmup: int, log: Log) -> tuple[dict[s
         ("binding: Binder.bind", lambda a: binder.bind((a["order_id"], AMOUNT), {}),
          "binding: Signature.bind + apply_defaults", lambda a: binder.general((a["order_id"], AMOUNT), {})),
         ("identity: FlatSignature (_keys_flat)", lambda a: flat.identity("default", "t", flat.values(a) or []),
-         "identity: fingerprint + operation_name + derive_key (_keys)",
-         lambda a: (fingerprint(a), derive_key("default", "t", operation_name("charge", {"order_id": a["order_id"]})))),
+         "identity: fingerprint + operation_name + derive_key + hashes_json (_keys)",
+         lambda a: (fingerprint(a), derive_key("default", "t", operation_name("charge", {"order_id": a["order_id"]})),
+                    hashes_json(argument_hashes(a)))),
         ("codec: Codec.store", lambda a: codec.store(value), "codec: encode, then decode",
          lambda a: codec.decode(codec.encode(value))),
     ]

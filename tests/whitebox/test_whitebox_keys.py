@@ -124,21 +124,21 @@ def test_the_one_pass_identity_matches_the_general_path() -> None:
             seen_general += 1
             continue
         seen_flat += 1
-        operation, key, fp = sig.identity("acct_42", "ticket-8812", values)
+        operation, key, fp, hashes_text = sig.identity("acct_42", "ticket-8812", values)
         assert fp == expected
         assert operation == operation_name("charge", {k: args[k] for k in key_fields} or None)
         assert key == derive_key("acct_42", "ticket-8812", operation)
-        assert sig.identity("acct_42", "ticket-8812", values) == (operation, key, fp)  # the memo
+        assert sig.identity("acct_42", "ticket-8812", values) == (operation, key, fp, hashes_text)  # the memo
         assert sig.identity("acct_42", "other-task", values)[1] != key  # the task is part of the memo's key
         hashes = sig.hashes(values)
         assert hashes == argument_hashes(args)
-        assert sig.hashes_json(values) == hashes_json(hashes) == _compact(hashes)
+        assert hashes_text == sig.hashes_json(values) == hashes_json(hashes) == _compact(hashes)
     assert seen_flat > 500 and seen_general > 200
     assert FlatSignature("t", ["a"], []).values({"a": 1, "b": 2}) is None  # not the signature's names
     sig = FlatSignature("t", ["a"], ["a"])
     for i in range(FlatSignature.MEMO * 2 + 5):  # bounded: forgetting costs hashes, never a wrong identity
         assert sig.identity("s", "t", [str(i)]) == ("t[a=" + str(i) + "]", derive_key("s", "t", f"t[a={i}]"),
-                                                        fingerprint({"a": i}))
+                                                        fingerprint({"a": i}), hashes_json(argument_hashes({"a": i})))
         assert len(sig._memo) <= FlatSignature.MEMO
     sig._memo.clear()
     long_text = "x" * FlatSignature.MEMO_TEXT
