@@ -210,12 +210,13 @@ class DirectSQLite(SyncVerbs):
             self._committed()
         return rows[0] if rows else None
 
-    def advance_now(self, plan: Plan) -> Plan | NotNow:
+    def advance_now(self, plan: Plan, *, reads: bool = False) -> Plan | NotNow:
         """As much of a claim plan as can be made at once on an event loop's thread (:meth:`now`, statement by
-        statement): ``plan`` once it ended; else ``NOT_NOW``/``BUSY_NOW``, the plan waiting at the statement
-        refused (made again later, or by another executor)."""
+        statement): ``plan`` once it ended (``reads``: or once its next statement is a write); else
+        ``NOT_NOW``/``BUSY_NOW``, the plan waiting at the statement refused (made again later, or by another
+        executor)."""
         params = plan.params
-        while (ask := plan.ask) is not None:
+        while (ask := plan.ask) is not None and not (reads and ask.writes):
             row = self.now(ask, params)
             if row is NOT_NOW or row is BUSY_NOW:
                 return row

@@ -236,6 +236,10 @@ class SQLStore:
                 await self._executor.ensure_schema()
             direct = self.direct()
         if isinstance(direct, DirectSQLite):
+            # Its reads first, with no place in the loop's line of writers (a read never waits for the writer): a
+            # record there answers, as a replay's does, with no write. A write takes its turn.
+            if direct.advance_now(plan, reads=True) is plan and plan.ask is None:
+                return plan.answer
             made = await direct.at_once(lambda: direct.advance_now(plan))
             if isinstance(made, NotNow):
                 return await direct.hop(made, lambda: self._executor.claim(plan))

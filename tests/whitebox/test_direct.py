@@ -281,6 +281,55 @@ async def test_a_writer_the_line_sent_to_the_general_path_is_not_overtaken(
         await guard.aclose()
 
 
+async def test_a_replay_is_read_at_once_while_writers_wait_in_line(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim's reads are made on the loop's thread outside its line of writers (a read never waits for the
+    writer): with the write lock held elsewhere and a first call waiting in line for it, a replay is answered at
+    once, without waiting behind that writer; the writer goes on once the lock comes free. (Before, the replay
+    queued in the line and was answered only once the writer left it.)"""
+    path = tmp_path / "r.db"
+    monkeypatch.setattr("agentguard.stores._direct.AT_ONCE_WAIT", 600.0)  # (the writer stays in line)
+    guard = Guard(f"sqlite+aiosqlite:///{path}", sqlite_synchronous="NORMAL", ledger=False, cache_size=0)
+    runs: list[str] = []
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return order_id
+
+    async def call(order_id: str) -> str:
+        with task(f"t-{order_id}"):
+            return await charge(order_id)
+
+    holder = sqlite3.connect(path, isolation_level=None)
+    writer = replay = None
+    try:
+        assert await call("done") == "done"
+        line = guard._store.direct().line()  # type: ignore[attr-defined]
+        holder.execute("BEGIN IMMEDIATE")
+        writer = asyncio.ensure_future(call("new"))
+        for _ in range(10_000):
+            if line.waiting:
+                break
+            await asyncio.sleep(0)
+        assert line.waiting == 1 and not writer.done()
+        replay = asyncio.ensure_future(call("done"))
+        for _ in range(100):
+            if replay.done():
+                break
+            await asyncio.sleep(0)
+        assert replay.done() and replay.result() == "done", "the replay waited in line behind the writer"
+        assert not writer.done() and line.waiting == 1 and runs == ["done"]
+        holder.execute("COMMIT")
+        assert await asyncio.wait_for(writer, 60) == "new" and runs == ["done", "new"]
+    finally:
+        for t in (writer, replay):
+            if t is not None and not t.done():
+                t.cancel()
+        holder.close()
+        await guard.aclose()
+
+
 @pytest.mark.parametrize("tool", ["async", "sync"])
 async def test_commits_made_at_once_or_in_a_sync_tools_thread_are_checkpointed(tmp_path: Path, tool: str) -> None:
     """Neither an event loop's connection nor a sync tool's thread's checkpoints (a checkpoint syncs the database
