@@ -14,7 +14,11 @@ the same identity, not a cheaper one. And beside both, agentguard's own replays 
 cache has seen them: a resumed agent's replays), in slices taken in turn within each rep, one CPU.
 
 The least guard's ratio is how far the limit is from physics; agentguard's minus the least guard's (in µs) is its
-own work that the limit asks it to lose.
+own work that the limit asks it to lose. Two more variants take an async tool's replay apart by layer: the store
+alone (its claim, likely taken, which reads the record; the result's ``json.loads``) and the state machine (the
+claim plan driven on the loop as the async driver drives it, the replay decoded), each on calls whose identity was
+derived beforehand; what the whole call costs beyond the machine is the decorator's (binding, the identity), the
+driver's and the observer's (the ledger's entry).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from agentguard import Guard, task
+from agentguard._drive import run as drive_plan
+from agentguard._lease import new_owner
 from agentguard.stores import SQLStore
 from agentguard.stores._schema import TABLE
 
@@ -45,6 +51,8 @@ SLICES = 8  # each rep's calls in slices, the variants taken in turn in each
 LIMIT = 1.5  # a replay (cache miss) ÷ the floor, at most (issue 34)
 FLOOR, LEAST = "floor: the store's read + json.loads", "least guard: the identity, the read, the check"
 SYNC, ASYNC = "agentguard: sync tool replay (cache off)", "agentguard: async tool replay (cache off)"
+STORE, MACHINE = "  its store alone: the claim's read + json.loads", "  its state machine: the claim plan, the decode"
+ASYNC_TOOL = (ASYNC, STORE, MACHINE)  # (records of the async tool)
 
 _escape, _escape_ascii = json.encoder.encode_basestring, json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 _task: contextvars.ContextVar[str] = contextvars.ContextVar("least_task")
@@ -63,7 +71,7 @@ def identity(task_id: str, order_id: str, amount_cents: int) -> tuple[str, str]:
 def measure(path: Path, synchronous: str, calls: int, reps: int) -> dict[str, list[float]]:
     """Each variant's µs per call, one value per rep."""
     url, rid = f"sqlite+aiosqlite:///{path}", os.urandom(4).hex()
-    tasks = {name: f"least-{rid}-{n}" for n, name in enumerate((FLOOR, LEAST, SYNC, ASYNC))}
+    tasks = {name: f"least-{rid}-{n}" for n, name in enumerate((FLOOR, LEAST, SYNC, *ASYNC_TOOL))}
     orders = [[f"o-{rep}-{i}" for i in range(calls)] for rep in range(reps + 1)]  # rep 0 warms, unkept
     runs = 0
 
@@ -88,7 +96,7 @@ def measure(path: Path, synchronous: str, calls: int, reps: int) -> dict[str, li
             for name, task_id in tasks.items():
                 with task(task_id):
                     for order in (order for rep_orders in orders for order in rep_orders):
-                        if name == ASYNC:
+                        if name in ASYNC_TOOL:
                             await charge_async(order, 1999)
                         else:
                             charge(order, 1999)
@@ -144,7 +152,24 @@ def measure(path: Path, synchronous: str, calls: int, reps: int) -> dict[str, li
 
             return run
 
-        variants = {FLOOR: plain(floor), LEAST: plain(least), SYNC: sync_replay, ASYNC: async_replay}
+        spec = async_tool.__agentguard__  # type: ignore[attr-defined]
+        machine, store = spec.machine, spec.machine.store
+        made: dict[str, list[list[Any]]] = {}
+        for name in (STORE, MACHINE):  # each call's identity derived beforehand, outside the timing
+            with task(tasks[name]):
+                made[name] = [[spec.call((order, 1999), {})[0] for order in rep_orders] for rep_orders in orders]
+        params = [[machine.claim_params(call, new_owner()) for call in calls] for calls in made[STORE]]
+
+        async def store_alone(rep: int, part: slice) -> None:
+            for p in params[rep][part]:
+                json.loads((await store.claim(p, True)).result)
+
+        async def machine_alone(rep: int, part: slice) -> None:
+            for call in made[MACHINE][rep][part]:
+                (await drive_plan(machine, machine.begin(call))).result()
+
+        variants = {FLOOR: plain(floor), LEAST: plain(least), SYNC: sync_replay, ASYNC: async_replay,
+                    STORE: store_alone, MACHINE: machine_alone}
         out: dict[str, list[float]] = {name: [] for name in variants}
         try:
             for rep in range(reps + 1):
@@ -167,8 +192,8 @@ def measure(path: Path, synchronous: str, calls: int, reps: int) -> dict[str, li
         out = asyncio.run(replays())
     finally:
         conn.close()
-    if runs != 4 * calls * (reps + 1):  # every body ran once, at the filling; no replay ran one
-        raise SystemExit(f"benchmarks.least: the bodies ran {runs} times, expected {4 * calls * (reps + 1)}")
+    if runs != len(tasks) * calls * (reps + 1):  # every body ran once, at the filling; no replay ran one
+        raise SystemExit(f"benchmarks.least: the bodies ran {runs} times, expected {len(tasks) * calls * (reps + 1)}")
     return out
 
 
@@ -198,9 +223,15 @@ def report(out: dict[str, list[float]], synchronous: str) -> str:
     least = statistics.median(ratio(LEAST))
     lines.append(f"the issue's limit for a replay: {LIMIT}× the floor; the least guard "
                  f"{'is within it' if least <= LIMIT else 'is already past it'} ({least:.2f}×)")
+    def beyond(name: str, than: str) -> float:
+        return statistics.median(a - b for a, b in zip(out[name], out[than], strict=True))
+
     for name in (SYNC, ASYNC):
-        beyond = statistics.median(a - b for a, b in zip(out[name], out[LEAST], strict=True))
-        lines.append(f"{name}: its own work beyond the least guard's {beyond:.1f} µs a call")
+        lines.append(f"{name}: its own work beyond the least guard's {beyond(name, LEAST):.1f} µs a call")
+    lines.append(f"an async tool's replay by layer, µs a call: the store beyond the floor {beyond(STORE, FLOOR):.1f},"
+                 f" the machine beyond the store {beyond(MACHINE, STORE):.1f}, the rest of the call beyond the"
+                 f" machine {beyond(ASYNC, MACHINE):.1f}; the limit leaves"
+                 f" {(LIMIT - 1) * statistics.median(out[FLOOR]):.1f} for all of them")
     return "\n".join(lines)
 
 
