@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,21 @@ async def test_an_async_call_never_blocks_its_loop_on_the_write_lock(tmp_path: P
         await guard.aclose()
 
 
+def _charging(guard: Guard, runs: list[str]) -> Callable[[str], Awaitable[str]]:
+    """A guarded async tool that notes each run in ``runs``, called in a task of its own per order."""
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return order_id
+
+    async def call(order_id: str) -> str:
+        with task(f"t-{order_id}"):
+            return await charge(order_id)
+
+    return call
+
+
 @pytest.mark.parametrize("sent", ["comes back", "is cancelled"])
 async def test_a_writer_the_line_sent_to_the_general_path_is_not_overtaken(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sent: str) -> None:
@@ -241,15 +257,7 @@ async def test_a_writer_the_line_sent_to_the_general_path_is_not_overtaken(
         await go.wait()
         return await claim(plan)
 
-    @guard.once(key=["order_id"])
-    async def charge(order_id: str) -> str:
-        runs.append(order_id)
-        return order_id
-
-    async def call(order_id: str) -> str:
-        with task(f"t-{order_id}"):
-            return await charge(order_id)
-
+    call = _charging(guard, runs)
     holder = sqlite3.connect(path, isolation_level=None)
     try:
         await call("warm")  # (the schema made)
@@ -292,15 +300,7 @@ async def test_a_replay_is_read_at_once_while_writers_wait_in_line(tmp_path: Pat
     guard = Guard(f"sqlite+aiosqlite:///{path}", sqlite_synchronous="NORMAL", ledger=False, cache_size=0)
     runs: list[str] = []
 
-    @guard.once(key=["order_id"])
-    async def charge(order_id: str) -> str:
-        runs.append(order_id)
-        return order_id
-
-    async def call(order_id: str) -> str:
-        with task(f"t-{order_id}"):
-            return await charge(order_id)
-
+    call = _charging(guard, runs)
     holder = sqlite3.connect(path, isolation_level=None)
     writer = replay = None
     try:
