@@ -32,7 +32,7 @@ from agentguard.stores import SQLStore
 
 from . import _report as rpt
 from ._common import NoIOStore, Observed, observe
-from ._drivers import SYNCHRONOUS, aiosqlite_raw, asyncpg_raw, pg_settings, set_sync_commit, sqlite_url
+from ._drivers import SYNCHRONOUS, aiosqlite_raw, asyncpg_raw, pg_settings, psycopg_raw, set_sync_commit, sqlite_url
 from ._groups import calls, shortcuts
 from ._harness import Stat
 from ._observe import observability
@@ -67,6 +67,10 @@ TARGETS = (
      1.25, "×", ""),
     ("pg_lone_replay", "Postgres: first replay of a task (cache miss), each call its own task ÷ raw SELECT", PG,
      "agentguard: replay, first of its task", "<=", 1.25, "×", ""),
+    ("pg_first_sync", "Postgres, one caller: a sync tool's first call ÷ raw psycopg claim + complete", PG,
+     "agentguard: sync tool, first call", "<=", 1.25, "×", ""),
+    ("pg_replay_sync", "Postgres, one caller: a sync tool's replay (cache miss) ÷ raw psycopg SELECT", PG,
+     "agentguard: sync tool, replay", "<=", 1.25, "×", ""),
     ("sqlite_first", "SQLite, one caller: first call ÷ raw aiosqlite claim + complete", SQ, FIRST, "<=", 2.0, "×", ""),
     ("sqlite_replay", "SQLite, one caller: replay (cache miss) ÷ raw aiosqlite SELECT", SQ, REPLAY, "<=", 2.0, "×", ""),
     ("cached_sqlite", "SQLite: cached replay", SQ, "agentguard: cached replay", "<=", 25, "µs", ""),
@@ -201,7 +205,8 @@ class Run:
             obs = await observe(url, {})
             _log(f"== Postgres, one caller ({c.n} calls × {c.reps} reps)")
             stats, notes = await calls(lambda: SQLStore(url), await asyncpg_raw(url, obs), n=c.n, reps=c.reps,
-                                       warmup=c.warmup, log=_log, profile=self.profile)
+                                       warmup=c.warmup, log=_log, profile=self.profile,
+                                       sync_raw=None if self.profile else psycopg_raw(url, obs))
             self.add(PG, f"PostgreSQL {settings['server_version'].split()[0]}, synchronous_commit=off,"
                      " one caller", c.n, stats, notes, obs=obs)
             if self.profile:

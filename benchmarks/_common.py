@@ -42,6 +42,17 @@ def guarded(guard: Guard, body: Body) -> Callable[..., Awaitable[dict[str, Any]]
     return charge
 
 
+def guarded_sync(guard: Guard, body: Body) -> Callable[..., dict[str, Any]]:
+    """:func:`guarded` as a sync tool (the same operation, so the same keys): its statements made in the caller's
+    thread where the store can (``SQLStore.direct``)."""
+
+    @guard.once(key=["order_id"])
+    def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:
+        return body.result(order_id, amount_cents, idempotency_key)
+
+    return charge
+
+
 def fake_key(*parts: object) -> str:
     """A key shaped like the guard's (``ag_`` + 48 hex digits), for the raw-driver variants."""
     return "ag_" + hashlib.sha256(repr(parts).encode()).hexdigest()[:48]

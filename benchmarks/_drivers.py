@@ -19,6 +19,7 @@ import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.engine import make_url
 
 from agentguard.stores._aiosqlite import Unsynced
+from agentguard.stores._schema import ROW
 
 from ._common import Observed, Raw
 
@@ -63,6 +64,45 @@ async def sqlite3_raw(path: Path, obs: Observed, synchronous: str = SYNCHRONOUS)
 
     raw = Raw("sqlite3", sqlite_url(path), obs, fetch, close)  # (fetch reads raw.claim_sql)
     return raw
+
+
+def psycopg_raw(url: str, obs: Observed) -> Raw | None:
+    """One psycopg connection (autocommit, statements prepared after their fifth run, as a sync tool's own
+    connection is: ``_direct_pg.connect_kwargs``), each statement run on the caller's thread: the floor of a sync
+    tool's call on Postgres. None if psycopg is not installed."""
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    from agentguard.stores._direct_pg import connect_kwargs
+
+    kwargs = connect_kwargs(url, None)
+    if kwargs is None:
+        return None
+    conn = psycopg.connect(**kwargs)
+    cur = conn.cursor()
+    done: dict[str, str] = {}
+
+    async def fetch(sql: str, p: dict[str, Any]) -> list[Any]:
+        text = done.get(sql)
+        if text is None:  # ``:name`` to psycopg's ``%(name)s``, once per statement
+            text = done[sql] = _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
+        return cur.execute(text, p).fetchall()  # type: ignore[arg-type]
+
+    async def close() -> None:
+        conn.close()
+
+    return _TupleRows("psycopg", url, obs, fetch, close)
+
+
+class _TupleRows(Raw):
+    """A driver whose rows are plain tuples (psycopg's own, the cheapest): a record's result read by its place."""
+
+    RESULT = [c.name for c in ROW].index("result")
+
+    async def read(self, key: str) -> Any:
+        rows = await self.fetch(self.read_sql, {"scope": self.obs.claim["scope"], "key": key})
+        return {"result": rows[0][self.RESULT]}
 
 
 def _positional() -> Callable[[str], tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]]:

@@ -20,7 +20,7 @@ from typing import Any
 from agentguard import Guard, task
 from agentguard.stores import Record, Store
 
-from ._common import AMOUNT, Body, Raw, fake_key, guarded, run_id
+from ._common import AMOUNT, Body, Raw, fake_key, guarded, guarded_sync, run_id
 from ._harness import Call, Prepare, Stat, Variant, run_group
 
 Log = Callable[[str], None]
@@ -29,14 +29,15 @@ CACHED = 64  # calls a cached replay cycles through: well inside any cache size
 
 async def calls(
     new_store: Callable[[], Store], raw: Raw | None, *, n: int, reps: int, warmup: int, callers: int = 1, log: Log,
-    profile: Sequence[str] = (), peers: Sequence[tuple[Variant, Body]] = (),
+    profile: Sequence[str] = (), peers: Sequence[tuple[Variant, Body]] = (), sync_raw: Raw | None = None,
 ) -> tuple[dict[str, Stat], list[str]]:
-    """``peers``: another library's first call and replay (with their bodies), measured beside ours."""
+    """``peers``: another library's first call and replay (with their bodies), measured beside ours. ``sync_raw``:
+    a driver on the caller's thread, the floor of a sync tool's first call and replay, measured beside them."""
     rid, orders = run_id(), [f"o-{i}" for i in range(max(n, warmup, CACHED))]
     keys: dict[str, list[str]] = {}
     tids: dict[str, str] = {}
     bodies: dict[str, Body] = {v.name: body for v, body in peers}
-    closers: list[Callable[[], Awaitable[Any]]] = [] if raw is None else [raw.close]
+    closers: list[Callable[[], Awaitable[Any]]] = [r.close for r in (raw, sync_raw) if r is not None]
 
     def fresh(tag: str) -> Prepare:
         async def prepare(rep: int, k: int) -> None:
@@ -46,15 +47,20 @@ async def calls(
         return prepare
 
     def guard(name: str, tag: str, prepare: Prepare | None = None, each: bool = False, ref: str = "",
-              ledger: bool = True) -> Variant:
+              ledger: bool = True, sync: bool = False) -> Variant:
         """A guarded tool on a guard of its own (its cache has seen nothing) over a store of its own, called
-        in the rep's task (``each``: a task per call; ``ledger=False``: a guard that keeps no ledger)."""
+        in the rep's task (``each``: a task per call; ``ledger=False``: a guard that keeps no ledger; ``sync``: a
+        sync tool, its statements in the caller's thread)."""
         closers.append((g := Guard(store=new_store(), ledger=ledger)).aclose)
-        tool = guarded(g, bodies.setdefault(name, Body()))
+        body = bodies.setdefault(name, Body())
+        tool, sync_tool = guarded(g, body), guarded_sync(g, body)
 
         async def call(i: int) -> None:
             with task(f"{tids[tag]}-{i}" if each else tids[tag]):
-                await tool(orders[i % len(keys[tag])], AMOUNT)
+                if sync:
+                    sync_tool(orders[i % len(keys[tag])], AMOUNT)
+                else:
+                    await tool(orders[i % len(keys[tag])], AMOUNT)
 
         return Variant(name, call, prepare or fresh(tag), ref)
 
@@ -94,6 +100,12 @@ async def calls(
         variants += [guard("agentguard, no ledger: first call", "nlfirst", ref=first_ref, ledger=False),
                      guard("agentguard, no ledger: replay", "nlreplay", replayed("nlreplay"), ref=replay_ref,
                            ledger=False)]
+    if callers == 1 and sync_raw is not None:  # a sync tool beside the driver on its thread
+        sync_first, sync_replay = f"raw {sync_raw.label}: claim + complete", f"raw {sync_raw.label}: SELECT"
+        variants += [*_driver_floors(sync_raw, keys, orders, fresh, sync_first, sync_replay, "p"),
+                     guard("agentguard: sync tool, first call", "sfirst", ref=sync_first, sync=True),
+                     guard("agentguard: sync tool, replay", "sreplay", replayed("sreplay"), ref=sync_replay,
+                           sync=True)]
     if callers == 1:
         cached = guard("agentguard: cached replay", "cached", fill_cache, ref=replay_ref)
         variants += [*replays, guard("agentguard: replay", "replay", replayed("replay"), ref=replay_ref),
@@ -113,13 +125,39 @@ async def calls(
     return stats, notes
 
 
+def _driver_floors(raw: Raw, keys: dict[str, list[str]], orders: list[str], fresh: Callable[[str], Prepare],
+                   first_ref: str, replay_ref: str, tag: str) -> list[Variant]:
+    """The raw driver's claim + complete and its SELECT of a completed record (the floors of a first call and a
+    replay; ``tag``: its keys')."""
+    body = Body()
+
+    async def result(i: int, key: str) -> str:
+        return json.dumps(await body(orders[i], AMOUNT, key))  # what a first call stores
+
+    async def completed(rep: int, k: int) -> None:
+        await fresh(f"{tag}sel")(rep, k)
+        for i, key in enumerate(keys[f"{tag}sel"]):
+            await raw.first(key, orders[i], await result(i, key))
+
+    async def first(i: int) -> None:
+        key = keys[f"{tag}raw"][i]
+        await raw.first(key, orders[i], await result(i, key))
+
+    async def select(i: int) -> None:
+        json.loads((await raw.read(keys[f"{tag}sel"][i]))["result"])
+
+    return [Variant(first_ref, first, fresh(f"{tag}raw"), first_ref),
+            Variant(replay_ref, select, completed, replay_ref)]
+
+
 def _floors(
     raw: Raw, store: Store, keys: dict[str, list[str]], orders: list[str], fresh: Callable[[str], Prepare],
     first_ref: str, replay_ref: str,
 ) -> tuple[list[Variant], list[Variant]]:
-    """The raw driver's claim + complete and its SELECT of a completed record (the floors), and the store alone
-    (its claim of a completed key by each plan: ``_claims``): first-call and replay variants."""
+    """The raw driver's floors (:func:`_driver_floors`), and the store alone (its claim of a completed key by each
+    plan: ``_claims``): first-call and replay variants."""
     scope, done, body = raw.obs.claim["scope"], raw.obs.complete, Body()
+    floor_first, floor_select = _driver_floors(raw, keys, orders, fresh, first_ref, replay_ref, "")
 
     async def result(i: int, key: str) -> str:
         return json.dumps(await body(orders[i], AMOUNT, key))  # what a first call stores
@@ -131,16 +169,6 @@ def _floors(
                 await raw.first(key, orders[i], await result(i, key))
 
         return prepare
-
-    def raw_first(tag: str) -> Call:
-        async def call(i: int) -> None:
-            key = keys[tag][i]
-            await raw.first(key, orders[i], await result(i, key))
-
-        return call
-
-    async def select(i: int) -> None:
-        json.loads((await raw.read(keys["sel"][i]))["result"])
 
     async def claim_miss_select(i: int) -> None:
         if await raw.fetch(raw.claim_sql, raw.claim_params(keys["miss"][i], orders[i], 1)):
@@ -168,9 +196,8 @@ def _floors(
         return call
 
     V, label = Variant, f"raw {raw.label}"
-    firsts = [V(first_ref, raw_first("raw"), fresh("raw"), first_ref),
-              V("store only (SQLStore): claim + complete", store_first, fresh("store"), first_ref)]
-    replays = [V(replay_ref, select, completed("sel"), replay_ref),
+    firsts = [floor_first, V("store only (SQLStore): claim + complete", store_first, fresh("store"), first_ref)]
+    replays = [floor_select,
                V(f"{label}: claim-miss + SELECT", claim_miss_select, completed("miss"), replay_ref),
                V("store only (SQLStore): SELECT", store_read, completed("sread"), replay_ref),
                V("store only (SQLStore): claim, existing key", store_claim_hit("shit", False), completed("shit"),

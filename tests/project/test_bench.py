@@ -50,6 +50,10 @@ def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> No
     names = {v["name"] for v in doc["groups"][f"{BACKEND}.sequential"]["variants"]}
     assert {"unguarded call", "agentguard: first call", "agentguard: replay", "agentguard: replay, first of its task",
             "agentguard: cached replay", "store only (SQLStore): claim + complete"} <= names
+    if BACKEND == "postgres":  # a sync tool, beside the driver on its own thread (psycopg, as its statements are)
+        assert {"raw psycopg: claim + complete", "raw psycopg: SELECT", "agentguard: sync tool, first call",
+                "agentguard: sync tool, replay"} <= names
+        assert {"pg_first_sync", "pg_replay_sync"} <= {t["id"] for t in doc["targets"]}, doc["targets"]
     # What each path asked of the store, observed through a recording store passed with Guard(store=...): a
     # replay right after a replay in the same task asks its claim as likely taken on Postgres (the store then
     # reads first: a read is cheaper than an insert that finds the key there); a cached replay asks nothing.
