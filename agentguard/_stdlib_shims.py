@@ -7,25 +7,14 @@ guard's own work per call is a few microseconds, and the general spellings set s
   not once per ``encode`` (no circular-reference check: a self-referring value raises RecursionError).
 - ``scan_plain``: ``json.JSONDecoder().scan_once``, the C scanner alone, for text known to have no tag (no
   object hook to call per object).
-- ``sha256``: CPython's own SHA-256 (``_sha2`` from 3.12, ``_sha256`` before), the digest of
-  ``hashlib.sha256`` without OpenSSL's set-up per digest; ``hashlib``'s where neither is built in.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import json.scanner
 from collections.abc import Callable
 from typing import Any
-
-try:
-    from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - depends on the Python version
-    try:
-        from _sha256 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
-    except ImportError:
-        sha256 = hashlib.sha256
 
 
 def encoder(*, sort_keys: bool = False, ensure_ascii: bool = False, allow_nan: bool = True,
@@ -49,7 +38,7 @@ def encoder(*, sort_keys: bool = False, ensure_ascii: bool = False, allow_nan: b
     return encode
 
 
-__all__ = ["encoder", "scan_plain", "sha256"]
+__all__ = ["encoder", "scan_plain"]
 
 scan_plain: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
     json.JSONDecoder()  # type: ignore[arg-type]  # typeshed: a decoder is what it takes

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import BigInteger, Column, String, Table, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._stdlib_shims import encoder
 from ._aiosqlite import Unsynced
 from ._schema import metadata
 
@@ -75,7 +75,10 @@ def normalised(row: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(values)
 
 
-_form = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # (made once: the writer pays it per entry)
+# ``json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode`` with its C encoder built once, not once
+# per entry (the same text: ``_stdlib_shims``). The digests stay OpenSSL's: an entry's form is some 200 bytes,
+# where its SHA-256 costs less than half of CPython's own (0.33 against 0.77 µs here).
+_form = encoder()
 
 
 def entry_hash(values: Sequence[Any]) -> str:

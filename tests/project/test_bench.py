@@ -185,3 +185,16 @@ def test_the_least_guard_benchmark_runs(python: str) -> None:
     assert any(line.startswith("an async tool's replay by layer") and "the limit leaves" in line
                for line in lines), proc.stdout
     assert any(line.startswith("the issue's limit for a replay: 1.5×") for line in lines), proc.stdout
+
+
+@pytest.mark.storeless
+def test_the_digests_benchmark_runs(python: str) -> None:
+    """``python -m benchmarks.digests`` on a small run: both digests give the same results (the script checks it
+    and fails otherwise), and a row is printed for each argument length with a time for each digest. No time or
+    ratio is asserted."""
+    cmd = [python, "-m", "benchmarks.digests", "--calls", "20", "--reps", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[1:2] == ["characters"]]
+    assert [int(r[0]) for r in rows] == [20, 300, 2000], proc.stdout
+    assert all(float(r[2]) > 0 for r in rows), proc.stdout

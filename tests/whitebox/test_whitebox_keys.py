@@ -33,6 +33,7 @@ from agentguard._keys import (
     sub_key,
 )
 from agentguard._keys_flat import FlatSignature, flat_json
+from agentguard.stores import _chain
 
 pytestmark = pytest.mark.storeless  # independent of the store's backend
 
@@ -45,6 +46,18 @@ def test_formats_are_pinned() -> None:
         "cd03ddc60ad1833dd4602d931b67679c36f456e7e5832b7d482d4bb48c610d11"
     )
     assert sub_key("ag_x", "charge") == "ag_aba39d01f90cdf4ec492673f4744e57ab1e23df59b8137db"
+
+
+def test_a_ledger_entrys_digests_are_pinned() -> None:
+    """The form an entry is hashed in, and its link, never change: chains written by an earlier version must still
+    verify. (The digests below were made by ``json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))`` and
+    ``hashlib.sha256``, before the writer took its encoder from ``_stdlib_shims``.)"""
+    row = ("default", "ag_6739037c5c0f63e2a13c8498e81181094263933a7a46164b", "ticket-8812", 'charge[order_id="o-1"]',
+           "charge", "ran", "succeeded \u2014 \u00e9", 1, None, "host:42", 1767225600.25, 0.125, 0, 1767312000.25)
+    [(values, hashed)] = _chain.prepared([row])
+    assert type(values[12]) is float  # (normalised before it is hashed: as the store gives it back)
+    assert hashed == "3fb1e88db02cc21f3411a390eadb718abf986a2b6e0f32f817ef51adfeddc279"
+    assert _chain.link(_chain.GENESIS, 1, hashed) == "b53603b21e7f4f94f02042065e55f2c8987b336b920d09e95aff89adb459a83f"
 
 
 def _random_text(rng: random.Random) -> str:

@@ -3,14 +3,13 @@ what the general spelling gives, on random inputs, mistakes included.
 
 - ``Binder.bind`` against ``inspect.Signature.bind`` and ``apply_defaults``;
 - ``flat_call`` against ``make_call``: the whole ``Call``;
-- ``_stdlib_shims``' ``encoder``, ``scan_plain`` and ``sha256`` against ``json`` and ``hashlib``;
+- ``_stdlib_shims``' ``encoder`` and ``scan_plain`` against ``json``;
 - a record kept by the in-process replay cache against the record the store keeps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import json
 import math
@@ -26,7 +25,7 @@ from agentguard._binder import Binder
 from agentguard._calls import Call, flat_call, make_call
 from agentguard._codec import Codec
 from agentguard._keys_flat import FlatSignature
-from agentguard._stdlib_shims import encoder, scan_plain, sha256
+from agentguard._stdlib_shims import encoder, scan_plain
 
 from conftest import tid
 
@@ -160,7 +159,7 @@ def _same(a: Any, b: Any) -> bool:
 @pytest.mark.storeless
 def test_the_stdlib_shims_give_the_standard_librarys_results() -> None:
     """``encoder`` writes what ``json.JSONEncoder`` with the same options writes (and refuses what it refuses),
-    ``scan_plain`` reads what ``json.loads`` reads, ``sha256`` digests as ``hashlib.sha256`` does."""
+    ``scan_plain`` reads what ``json.loads`` reads."""
     rng = random.Random(7)
     options = [{"sort_keys": s, "ensure_ascii": a, "allow_nan": n, "default": d}
                for s in (False, True) for a in (False, True) for n in (False, True) for d in (None, repr)]
@@ -182,8 +181,6 @@ def test_the_stdlib_shims_give_the_standard_librarys_results() -> None:
             written += 1
             got, end = scan_plain(text, 0)
             assert end == len(text) and _same(got, json.loads(text)), text
-        data = rng.randbytes(rng.randrange(200))
-        assert sha256(data).hexdigest() == hashlib.sha256(data).hexdigest()
     assert written > 5000 and refused > 5000
 
 
