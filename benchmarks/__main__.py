@@ -34,7 +34,7 @@ from . import _report as rpt
 from ._common import NoIOStore, Observed, observe
 from ._drivers import SYNCHRONOUS, aiosqlite_raw, asyncpg_raw, pg_settings, psycopg_raw, set_sync_commit, sqlite_url
 from ._groups import calls, shortcuts
-from ._harness import Stat
+from ._harness import SLICES, Stat
 from ._observe import observability
 from ._peers import dbos, powertools
 from ._profile import PROFILED, report
@@ -53,6 +53,7 @@ class Config:
     counts_n: int
     peers: bool
     race_n: int
+    slices: int = SLICES  # one caller's calls of a rep, in this many slices (the variants taken in turn in each)
 
 
 FULL = Config(n=400, reps=5, warmup=100, no_io_n=600, conc_n=768, callers=64, counts_n=100, peers=True, race_n=200)
@@ -145,7 +146,7 @@ class Run:
         c, store = self.cfg, NoIOStore()
         _log("== the guard's own Python work: Guard(store=<a no-I/O stand-in>)")
         stats, notes = await calls(lambda: store, None, n=c.no_io_n, reps=c.reps, warmup=c.warmup, log=_log,
-                                   profile=self.profile)
+                                   slices=c.slices, profile=self.profile)
         if len(store.rows) < c.warmup + c.no_io_n * c.reps:  # a record per first call at least: it was used
             notes.append(f"INVALID: the guards kept only {len(store.rows)} records in the stand-in store")
         self.add("no_io", "No I/O: whole guarded calls over a stand-in store that answers at once", c.no_io_n, stats,
@@ -169,7 +170,7 @@ class Run:
         raw, pt_notes = await aiosqlite_raw(path, obs), []
         with powertools(pt_notes) if self.peers else contextlib.nullcontext([]) as peers:
             stats, notes = await calls(lambda: SQLStore(url, **kw), raw, n=c.n, reps=c.reps, warmup=c.warmup, log=_log,
-                                       profile=self.profile, peers=peers)
+                                       profile=self.profile, peers=peers, slices=c.slices)
         self.add(SQ, f"SQLite WAL, synchronous={SYNCHRONOUS}, one caller", c.n, stats, notes + pt_notes, obs=obs)
         if self.peers:
             await self.peer("dbos_sqlite", f"sqlite:///{self.tmp / 'dbos.sqlite'}", sqlite_url(self.tmp / "ag.db"))
@@ -205,7 +206,7 @@ class Run:
             obs = await observe(url, {})
             _log(f"== Postgres, one caller ({c.n} calls × {c.reps} reps)")
             stats, notes = await calls(lambda: SQLStore(url), await asyncpg_raw(url, obs), n=c.n, reps=c.reps,
-                                       warmup=c.warmup, log=_log, profile=self.profile,
+                                       warmup=c.warmup, log=_log, profile=self.profile, slices=c.slices,
                                        sync_raw=None if self.profile else psycopg_raw(url, obs))
             self.add(PG, f"PostgreSQL {settings['server_version'].split()[0]}, synchronous_commit=off,"
                      " one caller", c.n, stats, notes, obs=obs)
@@ -307,9 +308,12 @@ def main(argv: list[str] | None = None) -> int:
                     " Postgres): first calls and replays, sync and async tools, cache off")
     ap.add_argument("--profile", action="store_true", help="instead: where a guarded call's time goes, per layer")
     ap.add_argument("--no-pin", action="store_true", help="let the scheduler place this process (and its servers)")
+    ap.add_argument("--slices", type=int, help=f"one caller's calls of a rep in this many slices, the variants taken in"
+                    f" turn in each (default {SLICES}; 1: each variant's calls back to back)")
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     cfg = replace(cfg, reps=args.reps) if args.reps else cfg
+    cfg = replace(cfg, slices=args.slices) if args.slices else cfg
 
     def on_term(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)  # so the throwaway cluster is stopped by the finally/atexit handlers

@@ -21,7 +21,7 @@ from agentguard import Guard, task
 from agentguard.stores import Record, Store
 
 from ._common import AMOUNT, Body, Raw, fake_key, guarded, guarded_sync, run_id
-from ._harness import Call, Prepare, Stat, Variant, run_group
+from ._harness import SLICES, Call, Prepare, Stat, Variant, run_group
 
 Log = Callable[[str], None]
 CACHED = 64  # calls a cached replay cycles through: well inside any cache size
@@ -30,9 +30,11 @@ CACHED = 64  # calls a cached replay cycles through: well inside any cache size
 async def calls(
     new_store: Callable[[], Store], raw: Raw | None, *, n: int, reps: int, warmup: int, callers: int = 1, log: Log,
     profile: Sequence[str] = (), peers: Sequence[tuple[Variant, Body]] = (), sync_raw: Raw | None = None,
+    slices: int = SLICES,
 ) -> tuple[dict[str, Stat], list[str]]:
     """``peers``: another library's first call and replay (with their bodies), measured beside ours. ``sync_raw``:
-    a driver on the caller's thread, the floor of a sync tool's first call and replay, measured beside them."""
+    a driver on the caller's thread, the floor of a sync tool's first call and replay, measured beside them.
+    ``slices``: one caller's calls of a rep in that many slices, the variants taken in turn in each."""
     rid, orders = run_id(), [f"o-{i}" for i in range(max(n, warmup, CACHED))]
     keys: dict[str, list[str]] = {}
     tids: dict[str, str] = {}
@@ -113,7 +115,8 @@ async def calls(
                      cached, *(replace(v, ref=first_ref if v.name.endswith("first call") else replay_ref)
                                for v, _ in peers)]
     try:
-        stats = await run_group(variants, n=n, reps=reps, warmup=warmup, callers=callers, log=log, profile=profile)
+        stats = await run_group(variants, n=n, reps=reps, warmup=warmup, callers=callers, chunks=slices, log=log,
+                                profile=profile)
     finally:
         for close in closers:
             await close()

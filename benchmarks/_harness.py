@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+SLICES = 8  # one caller's calls of a rep, in this many slices (python -m benchmarks --slices)
 Call = Callable[[int], Awaitable[Any]]
 Prepare = Callable[[int, int], Awaitable[None]]  # (rep, n), untimed; rep -1 is the warm-up
 
@@ -106,7 +107,7 @@ async def _run_conc(call: Call, n: int, callers: int, tally: Rep) -> None:
 
 
 async def run_group(
-    variants: list[Variant], *, n: int, reps: int, warmup: int, callers: int = 1, chunks: int = 8,
+    variants: list[Variant], *, n: int, reps: int, warmup: int, callers: int = 1, chunks: int = SLICES,
     log: Callable[[str], None] = lambda s: None, profile: Iterable[str] = (),
 ) -> dict[str, Stat]:
     """Run every variant ``reps`` times over ``n`` calls, interleaved (in ``chunks`` slices per rep; one

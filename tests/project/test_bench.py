@@ -29,7 +29,7 @@ _serial_on_postgres = pytest.mark.serial if BACKEND == "postgres" else pytest.ma
 @_serial_on_postgres
 def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> None:
     out = tmp_path / "bench.json"
-    cmd = [python, "-m", "benchmarks", "--quick", "--only", BACKEND, "--json", str(out)]
+    cmd = [python, "-m", "benchmarks", "--quick", "--only", BACKEND, "--json", str(out), "--slices", "3"]
     if BACKEND == "postgres":
         cmd += ["--pg-url", store_url]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110)
@@ -44,6 +44,7 @@ def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> No
 
     doc = json.loads(out.read_text())
     assert {t["result"] for t in doc["targets"]} <= {"PASS", "FAIL", "n/a"}
+    assert doc["meta"]["config"]["slices"] == 3  # (one caller's calls of a rep in 3 slices, as asked)
     # Every group ran every variant (a variant whose set-up failed would say n/a, with the reason).
     for key in ("no_io", "observe", "shortcuts", f"{BACKEND}.sequential"):
         assert all("unavailable" not in v for v in doc["groups"][key]["variants"]), doc["groups"][key]
