@@ -291,6 +291,17 @@ class Run:
         return "\n\n".join([*parts, rpt.targets_table(targets)])
 
 
+def _slices(text: str) -> int:
+    """``--slices``: a whole number, 1 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of slices (a whole number, 1 or more)")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[1])
     ap.add_argument("--quick", action="store_true", help="a few seconds: proves the harness works (CI)")
@@ -308,12 +319,12 @@ def main(argv: list[str] | None = None) -> int:
                     " Postgres): first calls and replays, sync and async tools, cache off")
     ap.add_argument("--profile", action="store_true", help="instead: where a guarded call's time goes, per layer")
     ap.add_argument("--no-pin", action="store_true", help="let the scheduler place this process (and its servers)")
-    ap.add_argument("--slices", type=int, help=f"one caller's calls of a rep in this many slices, the variants taken in"
-                    f" turn in each (default {SLICES}; 1: each variant's calls back to back)")
+    ap.add_argument("--slices", type=_slices, help=f"one caller's calls of a rep in this many slices, the variants"
+                    f" taken in turn in each (default {SLICES}; 1: each variant's calls back to back)")
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     cfg = replace(cfg, reps=args.reps) if args.reps else cfg
-    cfg = replace(cfg, slices=args.slices) if args.slices else cfg
+    cfg = replace(cfg, slices=args.slices) if args.slices is not None else cfg
 
     def on_term(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)  # so the throwaway cluster is stopped by the finally/atexit handlers

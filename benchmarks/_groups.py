@@ -115,7 +115,7 @@ async def calls(
                      cached, *(replace(v, ref=first_ref if v.name.endswith("first call") else replay_ref)
                                for v, _ in peers)]
     try:
-        stats = await run_group(variants, n=n, reps=reps, warmup=warmup, callers=callers, chunks=slices, log=log,
+        stats = await run_group(variants, n=n, reps=reps, warmup=warmup, callers=callers, slices=slices, log=log,
                                 profile=profile)
     finally:
         for close in closers:

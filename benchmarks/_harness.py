@@ -1,6 +1,6 @@
 """Side-by-side measurement: variants interleaved, order rotated every rep, medians and per-rep ratios.
 
-Every variant of a group runs over ``n`` fresh calls in each rep, in ``chunks`` slices taken in turn: every
+Every variant of a group runs over ``n`` fresh calls in each rep, in ``slices`` slices taken in turn: every
 variant runs its first slice, then every variant its second, and so on, so that the speed of this shared
 machine (which drifts by up to 2x within seconds) is shared by all of them. The order of the variants
 rotates from one rep to the next. A ratio is computed inside each rep and the median over reps is kept.
@@ -107,10 +107,10 @@ async def _run_conc(call: Call, n: int, callers: int, tally: Rep) -> None:
 
 
 async def run_group(
-    variants: list[Variant], *, n: int, reps: int, warmup: int, callers: int = 1, chunks: int = SLICES,
+    variants: list[Variant], *, n: int, reps: int, warmup: int, callers: int = 1, slices: int = SLICES,
     log: Callable[[str], None] = lambda s: None, profile: Iterable[str] = (),
 ) -> dict[str, Stat]:
-    """Run every variant ``reps`` times over ``n`` calls, interleaved (in ``chunks`` slices per rep; one
+    """Run every variant ``reps`` times over ``n`` calls, interleaved (in ``slices`` slices per rep; one
     caller only) and rotated; return stats by name. The variants named in ``profile`` run under cProfile."""
     stats = {v.name: Stat(v.name, v.ref) for v in variants}
     for name in set(profile) & set(stats):
@@ -135,7 +135,7 @@ async def run_group(
             if v.prepare is not None:
                 await v.prepare(rep, n)
         if callers == 1:
-            for start, stop in itertools.pairwise([n * j // chunks for j in range(chunks + 1)]):
+            for start, stop in itertools.pairwise([n * j // slices for j in range(slices + 1)]):
                 gc.collect()  # each round of slices starts from the same heap; garbage made in it is its cost
                 for v in order:
                     await _run_seq(v.call, start, stop, stats[v.name].reps[-1], stats[v.name].profile)

@@ -199,3 +199,15 @@ def test_the_digests_benchmark_runs(python: str) -> None:
     rows = [line.split() for line in proc.stdout.splitlines() if line.split()[1:2] == ["characters"]]
     assert [int(r[0]) for r in rows] == [20, 300, 2000], proc.stdout
     assert all(float(r[2]) > 0 for r in rows), proc.stdout
+
+
+@pytest.mark.storeless
+@pytest.mark.parametrize("slices", ["0", "-2", "x"])
+def test_a_bad_number_of_slices_is_refused_before_anything_runs(python: str, slices: str) -> None:
+    """``--slices`` takes a whole number, 1 or more; anything else is refused by name (exit 2), nothing started."""
+    proc = subprocess.run([python, "-m", "benchmarks", "--slices", slices], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"argument --slices: {slices!r} is not a number of slices (a whole number, 1 or more)" in proc.stderr
+    assert "==" not in proc.stdout + proc.stderr  # (no group was started)
+
