@@ -27,7 +27,7 @@ def test_variants_run_slice_by_slice_and_rotate() -> None:
     log: list[tuple[str, int, int]] = []
     reps = [-1]
     variants = [_recording(log, name, reps) for name in ("a", "b", "c")]
-    stats = asyncio.run(run_group(variants, n=8, reps=3, warmup=2, chunks=4))
+    stats = asyncio.run(run_group(variants, n=8, reps=3, warmup=2, slices=4))
 
     assert all(len(s.reps) == 3 for s in stats.values())
     assert len(ratios(stats, "b", "a")) == 3
