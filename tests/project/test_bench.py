@@ -169,6 +169,23 @@ def test_the_interleaved_benchmark_runs(store_url: str, python: str) -> None:
     assert sum("between round trips ÷ back to back" in line for line in lines) == 3, proc.stdout
 
 
+@pytest.mark.serial  # (it sets synchronous_commit on the test's database while it runs)
+@pytest.mark.skipif(BACKEND != "postgres", reason="measures round trips to Postgres: runs in the Postgres pass")
+def test_the_inline_ledger_benchmark_runs(store_url: str, python: str) -> None:
+    """``python -m benchmarks.ledger_inline`` on a small run: every variant measured beside the floor, and before
+    the report every call left its entry and the chained variants' chains verify (the script checks both and exits
+    otherwise). No time is asserted."""
+    cmd = [python, "-m", "benchmarks.ledger_inline", "--url", store_url, "--calls", "24", "--reps", "2",
+           "--warmup", "4"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for variant in ("floor: claim + complete", "entry in the completion's statement, not chained",
+                    "entry in the completion's statement, chained", "the writer's batches as shipped",
+                    "the writer's batches, COPY only"):
+        assert any(line.startswith(variant) and "µs" in line and "×" in line for line in lines), proc.stdout
+
+
 @pytest.mark.storeless  # (SQLite only: its floor is stdlib sqlite3 on a file of its own)
 @pytest.mark.slow
 def test_the_least_guard_benchmark_runs(python: str) -> None:
