@@ -31,7 +31,7 @@ from typing import Any
 from agentguard.stores import SQLStore
 
 from . import _report as rpt
-from ._common import NoIOStore, Observed, observe
+from ._common import NoIOStore, Observed, observe, pin_one_cpu
 from ._drivers import SYNCHRONOUS, aiosqlite_raw, asyncpg_raw, pg_settings, psycopg_raw, set_sync_commit, sqlite_url
 from ._groups import calls, shortcuts
 from ._harness import SLICES, Stat
@@ -330,11 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(128 + signum)  # so the throwaway cluster is stopped by the finally/atexit handlers
 
     signal.signal(signal.SIGTERM, on_term)
-    if not args.no_pin and hasattr(os, "sched_setaffinity"):
-        # One CPU for this process and all it starts (its Postgres, redis-server, the DBOS peer; aiosqlite's
-        # threads): a round trip or thread hop then costs the same on every connection, where otherwise it
-        # costs about 2.5x more on those whose other end the scheduler happened to place on another CPU.
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    if not args.no_pin:
+        pin_one_cpu()
     tmp = Path(tempfile.mkdtemp(prefix="agentguard-bench."))
     try:
         asyncio.run((run := Run(args, cfg, tmp)).main())

@@ -7,9 +7,11 @@ connection (statements prepared once by asyncpg's cache); for concurrent callers
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -105,7 +107,7 @@ class _TupleRows(Raw):
         return {"result": rows[0][self.RESULT]}
 
 
-def _positional() -> Callable[[str], tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]]:
+def positional() -> Callable[[str], tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]]:
     """``:name`` placeholders to asyncpg's ``$n``, once per statement: the SQL and a dict -> arguments getter."""
     done: dict[str, tuple[str, Callable[[dict[str, Any]], Sequence[Any]]]] = {}
 
@@ -122,7 +124,7 @@ def _positional() -> Callable[[str], tuple[str, Callable[[dict[str, Any]], Seque
 
 async def asyncpg_raw(url: str, obs: Observed, pool_size: int = 0) -> Raw:
     """One held connection; or (``pool_size``) a pool with ``reset=`` a no-op, one acquire per statement."""
-    convert = _positional()
+    convert = positional()
     if not pool_size:
         conn = await asyncpg.connect(dsn_of(url))
 
@@ -171,3 +173,28 @@ async def pg_settings(url: str) -> dict[str, str]:
     names = "'fsync', 'synchronous_commit', 'wal_sync_method', 'server_version', 'shared_buffers', 'max_connections'"
     rows = await pg_exec(url, f"SELECT name, setting FROM pg_settings WHERE name IN ({names})")
     return {r["name"]: r["setting"] for r in rows[0]}
+
+
+@contextlib.asynccontextmanager
+async def unsynced_database(url: str | None, name: str) -> AsyncIterator[str]:
+    """``url`` (default: database ``name`` of a throwaway cluster, stopped afterwards) with its commits not waiting
+    for the WAL's flush (``synchronous_commit = off``) while the block runs, so that a one-caller measurement counts
+    round trips and CPU, not the disk."""
+    server = None
+    if url is None:
+        from ._pgserver import PgServer
+
+        server = PgServer()
+        base = await asyncio.to_thread(server.start)
+        await pg_exec(base, f'CREATE DATABASE "{name}"')
+        url = with_db(base, name)
+    try:
+        await set_sync_commit(url, "off")
+        try:
+            yield url
+        finally:
+            await set_sync_commit(url, None)
+    finally:
+        if server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(server.stop)

@@ -23,6 +23,8 @@ from typing import Any
 
 from agentguard import Guard, _keys, task
 
+from ._common import pin_one_cpu
+
 LENGTHS = (20, 300, 2000)  # characters of the tool's second argument
 
 
@@ -92,8 +94,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=11)
     args = ap.parse_args()
-    if hasattr(os, "sched_setaffinity"):  # one CPU, as python -m benchmarks
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    pin_one_cpu()
     print(report(measure(args.calls, args.reps)))
 
 

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import inspect
 import json
-import os
 import secrets
 import statistics
 import time
@@ -38,8 +36,20 @@ from typing import Any
 from agentguard import Guard, task
 from agentguard.stores import SQLStore, Store
 
-from ._common import AMOUNT, MEMBERS, Body, NoIOStore, _complete, claim_params, fake_key, guarded, observe, run_id
-from ._drivers import pg_exec, set_sync_commit, with_db
+from ._common import (
+    AMOUNT,
+    MEMBERS,
+    Body,
+    NoIOStore,
+    _complete,
+    claim_params,
+    fake_key,
+    guarded,
+    observe,
+    pin_one_cpu,
+    run_id,
+)
+from ._drivers import unsynced_database
 
 
 class Timing:
@@ -168,24 +178,8 @@ def report(out: dict[str, list[float]]) -> str:
 
 
 async def main(url: str | None, calls: int, reps: int, warmup: int) -> None:
-    server = None
-    if url is None:
-        from ._pgserver import PgServer
-
-        server = PgServer()
-        base = await asyncio.to_thread(server.start)
-        await pg_exec(base, "CREATE DATABASE agentguard_interleaved")
-        url = with_db(base, "agentguard_interleaved")
-    try:
-        await set_sync_commit(url, "off")
-        try:
-            print(report(await measure(url, calls, reps, warmup)))
-        finally:
-            await set_sync_commit(url, None)
-    finally:
-        if server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(server.stop)
+    async with unsynced_database(url, "agentguard_interleaved") as db:
+        print(report(await measure(db, calls, reps, warmup)))
 
 
 if __name__ == "__main__":
@@ -196,6 +190,5 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=100, help="calls per variant before the reps (default 100)")
     args = ap.parse_args()
-    if hasattr(os, "sched_setaffinity"):  # one CPU for this process and its server, as python -m benchmarks
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    pin_one_cpu()
     asyncio.run(main(args.url, args.calls, args.reps, args.warmup))

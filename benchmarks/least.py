@@ -43,6 +43,7 @@ from agentguard._lease import new_owner
 from agentguard.stores import SQLStore
 from agentguard.stores._schema import TABLE
 
+from ._common import pin_one_cpu
 from ._drivers import _pragmas
 from ._race import RESULT
 
@@ -241,7 +242,6 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--synchronous", default="NORMAL", choices=("NORMAL", "FULL"))
     args = ap.parse_args()
-    if hasattr(os, "sched_setaffinity"):  # one CPU, as python -m benchmarks
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    pin_one_cpu()
     with tempfile.TemporaryDirectory() as folder:
         print(report(measure(Path(folder) / "least.db", args.synchronous, args.calls, args.reps), args.synchronous))

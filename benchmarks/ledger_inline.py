@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import secrets
 import statistics
 import time
@@ -35,12 +33,13 @@ from typing import Any
 
 import asyncpg
 
+from agentguard import Guard, task
 from agentguard.stores import SQLStore
 from agentguard.stores._attempts import ATTEMPTS, RAN, WRITTEN
 from agentguard.stores._chain import CHAINS, GENESIS, entry_hash, normalised
 
-from ._common import Body, fake_key, guarded, observe, run_id
-from ._drivers import _positional, dsn_of, pg_exec, set_sync_commit, with_db
+from ._common import Body, fake_key, guarded, observe, pin_one_cpu, run_id
+from ._drivers import dsn_of, positional, unsynced_database
 
 BATCH = 500  # the ledger writer's batch (agentguard._ledger.BATCH)
 
@@ -51,7 +50,7 @@ class Variants:
     def __init__(self, conn: asyncpg.Connection, store: SQLStore, obs: Any, rid: str) -> None:
         self.conn, self.store, self.obs, self.rid = conn, store, obs, rid
         sql = store.sql
-        self.convert = _positional()
+        self.convert = positional()
         self.claim = str(sql.claim.text)
         self.complete = complete = str(sql.complete.text)
         # The entry by the completion's statement: its values after the completion's own parameters.
@@ -196,34 +195,14 @@ def report(out: dict[str, list[float]]) -> str:
 
 
 async def main(url: str | None, calls: int, reps: int, warmup: int) -> None:
-    server = None
-    if url is None:
-        from ._pgserver import PgServer
-
-        server = PgServer()
-        base = await asyncio.to_thread(server.start)
-        await pg_exec(base, "CREATE DATABASE agentguard_ledger_inline")
-        url = with_db(base, "agentguard_ledger_inline")
-    try:
-        await set_sync_commit(url, "off")
+    async with unsynced_database(url, "agentguard_ledger_inline") as db:
+        g = Guard(store=SQLStore(db))  # (the schema, the ledger's table and its chains: as a store's first use)
         try:
-            # (the schema, the ledger's table and its chains made by a guarded call, as a store's first use does)
-            async with contextlib.AsyncExitStack():
-                from agentguard import Guard, task
-
-                g = Guard(store=SQLStore(url))
-                try:
-                    with task(f"inline-schema-{run_id()}"):
-                        await guarded(g, Body())("o-0", 1)
-                finally:
-                    await g.aclose()
-            print(report(await measure(url, calls, reps, warmup)))
+            with task(f"inline-schema-{run_id()}"):
+                await guarded(g, Body())("o-0", 1)
         finally:
-            await set_sync_commit(url, None)
-    finally:
-        if server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(server.stop)
+            await g.aclose()
+        print(report(await measure(db, calls, reps, warmup)))
 
 
 if __name__ == "__main__":
@@ -234,6 +213,5 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=500, help="first calls per variant before the reps (default 500)")
     args = ap.parse_args()
-    if hasattr(os, "sched_setaffinity"):  # one CPU for this process and its server, as python -m benchmarks
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    pin_one_cpu()
     asyncio.run(main(args.url, args.calls, args.reps, args.warmup))

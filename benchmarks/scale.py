@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sqlite3
 import statistics
 import tempfile
@@ -35,7 +34,7 @@ from typing import Any
 from agentguard import Guard, task
 from agentguard.stores import SQLStore
 
-from ._common import AMOUNT, Body, Raw, fake_key, guarded, observe, run_id
+from ._common import AMOUNT, Body, Raw, fake_key, guarded, observe, pin_one_cpu, run_id
 from ._drivers import asyncpg_raw, dsn_of, set_sync_commit, sqlite3_raw
 
 ROWS_PER_SCAN = 2  # rows an index scan of the records table fetches, on average, at most
@@ -265,8 +264,7 @@ def main() -> None:
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - started:7.1f}s] {line}", flush=True)
 
-    if hasattr(os, "sched_setaffinity"):  # one CPU for this process and its server, as python -m benchmarks
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    pin_one_cpu()
     docs, ok = [], True
     for backend in ("sqlite", "postgres"):
         if args.only not in (None, backend):
