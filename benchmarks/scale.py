@@ -7,7 +7,8 @@ their prepared statements planned while the table was small), and the raw driver
 statements (the floor: asyncpg on Postgres, stdlib ``sqlite3`` on the caller's thread on SQLite). At each size the
 records table is filled (by the server, records shaped as the guard's: ten per task, keys of the guard's form,
 retained for a day, never analysed: autovacuum is off on the throwaway cluster; ``synchronous_commit`` off, as
-``python -m benchmarks`` measures Postgres), then first calls and replays of an
+``python -m benchmarks`` measures Postgres) with as many ledger entries (a store that made a million first calls
+has kept a million entries, and every new entry is written into their indexes), then first calls and replays of an
 async and a sync tool (cache off) are timed beside the floor's claim + complete and its read, interleaved, over
 ``--reps`` reps: the ratio is the median of each rep's. Flat: each ratio at the largest size within 25% of the
 same ratio at the smallest (``FLAT``). And nothing reads the table whole: on Postgres the server's counters
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sqlite3
 import statistics
@@ -33,6 +35,7 @@ from typing import Any
 
 from agentguard import Guard, task
 from agentguard.stores import SQLStore
+from agentguard.stores._chain import GENESIS
 
 from ._common import AMOUNT, Body, Raw, fake_key, guarded, observe, pin_one_cpu, run_id
 from ._drivers import asyncpg_raw, dsn_of, set_sync_commit, sqlite3_raw
@@ -55,6 +58,24 @@ _SQLITE_FILL = ("WITH RECURSIVE n(i) AS (SELECT {first} UNION ALL SELECT i + 1 F
                 " 'ag_' || lower(hex(randomblob(24))), 'fill-' || (i / {per}), 'charge', lower(hex(randomblob(32))),"
                 " '{{}}', 'succeeded', i, i, 'charge', 1, {now}, {now}, {now} + 86400, '{{\"ok\": true}}' FROM n")
 
+# The ledger's entries of those records, one each (a first call's ``ran``), made with them: a store of a million
+# records has kept at least a million entries, whose indexes every new entry is written into. They are placed in a
+# chain of their own (scope ``fill``, ``seq`` = ``i``; digests not computed: nothing verifies them here), so the
+# guard's own entries follow their scope's head as ever. Keys and tasks as the records' (on Postgres the same keys).
+_ENTRY_COLUMNS = ("INSERT INTO agentguard_attempts (scope, key, task_id, operation, tool, kind, detail, attempt,"
+                  " call_id, process, at, guard_ms, wait_ms, expires_at, seq, prev, digest) SELECT 'fill', ")
+_PG_FILL_LEDGER = (_ENTRY_COLUMNS + "'ag_' || substr(md5('fill-' || i) || md5('more-' || i), 1, 48),"
+                   " 'fill-' || (i / {per}), 'charge', 'charge', 'ran', 'succeeded', 1, NULL, 'fill:1', {now}, 0.05,"
+                   " 0.0, {now} + 86400, i, md5('p' || i) || md5('q' || i), md5('d' || i) || md5('e' || i)"
+                   " FROM generate_series({first}, {last}) AS i")
+_SQLITE_FILL_LEDGER = ("WITH RECURSIVE n(i) AS (SELECT {first} UNION ALL SELECT i + 1 FROM n WHERE i < {last}) "
+                       + _ENTRY_COLUMNS + "'ag_' || lower(hex(randomblob(24))), 'fill-' || (i / {per}), 'charge',"
+                       " 'charge', 'ran', 'succeeded', 1, NULL, 'fill:1', {now}, 0.05, 0.0, {now} + 86400, i,"
+                       " lower(hex(randomblob(32))), lower(hex(randomblob(32))) FROM n")
+_FILL_HEAD = ("INSERT INTO agentguard_ledger_chains (scope, seq, digest, anchor_seq, anchor) VALUES ('fill', {last},"
+              " '{digest}', 1, '{genesis}') ON CONFLICT (scope) DO UPDATE SET seq = excluded.seq,"
+              " digest = excluded.digest")
+
 Call = Callable[[int], Awaitable[Any]]
 
 
@@ -75,23 +96,48 @@ async def fill(url: str, have: int, upto: int, log: Callable[[str], None]) -> No
     now = time.time()
     while have < upto:
         last = min(upto, have + CHUNK)
-        sql = (_SQLITE_FILL if sqlite else _PG_FILL).format(first=have + 1, last=last, per=PER_TASK, now=now)
+        values = {"first": have + 1, "last": last, "per": PER_TASK, "now": now}
+        head = hashlib.sha256(f"fill-{last}".encode()).hexdigest()
+        sql = [(_SQLITE_FILL if sqlite else _PG_FILL).format(**values),
+               (_SQLITE_FILL_LEDGER if sqlite else _PG_FILL_LEDGER).format(**values),
+               _FILL_HEAD.format(last=last, digest=head, genesis=GENESIS)]
         started = time.perf_counter()
         if sqlite:
             db = sqlite3.connect(url.split("///", 1)[1])
             with db:
-                db.execute(sql)
+                for statement in sql:
+                    db.execute(statement)
             db.close()
         else:
             import asyncpg
 
             conn = await asyncpg.connect(dsn_of(url))
             try:
-                await conn.execute(sql)
+                async with conn.transaction():
+                    for statement in sql:
+                        await conn.execute(statement)
             finally:
                 await conn.close()
-        log(f"   filled to {last:,} records ({time.perf_counter() - started:.1f} s)")
+        log(f"   filled to {last:,} records and as many ledger entries ({time.perf_counter() - started:.1f} s)")
         have = last
+
+
+async def filled_entries(url: str) -> int:
+    """The fill's ledger entries in the table: the last place of its chain (one row through the chain's index)."""
+    sql = "SELECT max(seq) FROM agentguard_attempts WHERE scope = 'fill'"
+    if url.startswith("sqlite"):
+        db = sqlite3.connect(url.split("///", 1)[1])
+        try:
+            return int(db.execute(sql).fetchone()[0] or 0)
+        finally:
+            db.close()
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn_of(url))
+    try:
+        return int(await conn.fetchval(sql) or 0)
+    finally:
+        await conn.close()
 
 
 async def pg_counters(url: str) -> tuple[int, int, int, int]:
@@ -194,9 +240,11 @@ async def run(url: str, sizes: tuple[int, ...], n: int, reps: int, log: Callable
             for size in sizes:
                 await fill(url, filled, size, log)
                 filled = size
+                entries = await filled_entries(url)
                 before = None if sqlite else await pg_counters(url)
                 result = await one_size(tools, floor, n, reps, rid, size)
                 result["swept"] = await guard.sweep()  # (nothing is expired: what an empty sweep reads)
+                result["ledger_filled"] = entries
                 if before is not None:
                     after = await pg_counters(url)
                     result.update(seq_scans=after[0] - before[0], seq_rows_read=after[1] - before[1],

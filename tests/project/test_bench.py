@@ -134,9 +134,9 @@ async def test_the_servers_cpu_keeps_what_a_closed_connection_spent(store_url: s
 
 @pytest.mark.slow
 def test_the_scale_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> None:
-    """``python -m benchmarks.scale`` at one small size on this run's backend: it fills, measures, reads the
-    counters (Postgres) or the plans (SQLite), and finds nothing read whole. The ratios are printed, never
-    asserted."""
+    """``python -m benchmarks.scale`` at one small size on this run's backend: it fills the records and as many
+    ledger entries, measures, reads the counters (Postgres) or the plans (SQLite), and finds nothing read whole.
+    The ratios are printed, never asserted."""
     out = tmp_path / "scale.json"
     cmd = [python, "-m", "benchmarks.scale", "--only", BACKEND, "--sizes", "10k", "--calls", "10", "--reps", "1",
            "--json", str(out)]
@@ -152,6 +152,7 @@ def test_the_scale_benchmark_runs(store_url: str, tmp_path: Path, python: str) -
     else:
         assert size["whole_table_reads"] == [], size
     assert size["swept"] == 0  # (every record is retained for a day)
+    assert size["ledger_filled"] == 10_000  # (as many ledger entries as records, in the table)
 
 
 @pytest.mark.serial  # (it sets synchronous_commit on the test's database while it runs)
