@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import re
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from operator import itemgetter
 from pathlib import Path
@@ -21,6 +22,7 @@ import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.engine import make_url
 
 from agentguard.stores._aiosqlite import Unsynced
+from agentguard.stores._direct import CHECKPOINT_EVERY, CHECKPOINT_WAIT, WAL_RESTART_FRAMES
 from agentguard.stores._schema import ROW
 
 from ._common import Observed, Raw
@@ -46,25 +48,67 @@ async def aiosqlite_raw(path: Path, obs: Observed) -> Raw:
     return Raw("aiosqlite", sqlite_url(path), obs, conn.execute_fetchall, conn.close)
 
 
+class Checkpoints:
+    """A raw SQLite connection's WAL checkpointed as the store's own connections have it (``_direct``): never by
+    the commit that crosses SQLite's threshold (``wal_autocheckpoint`` 0), but every ``CHECKPOINT_EVERY`` commits
+    on a thread of its own, passive, restarting the WAL past ``WAL_RESTART_FRAMES``. So the floor does the same
+    work as the store, the same way: a checkpoint's copying and syncing is not on the caller's path, its CPU is on
+    the one CPU the run is pinned to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.commits, self._running = path, 0, threading.Lock()
+        self.copied = 0  # WAL frames its checkpoints have copied into the database, so far
+
+    def committed(self) -> None:
+        self.commits += 1
+        if self.commits >= CHECKPOINT_EVERY and self._running.acquire(blocking=False):
+            self.commits = 0
+            threading.Thread(target=self._checkpoint, name="floor-checkpoint", daemon=True).start()
+
+    def _checkpoint(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=CHECKPOINT_WAIT)
+            try:
+                _, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                self.copied += max(copied, 0)
+                if frames > WAL_RESTART_FRAMES:
+                    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            pass  # (left to the next one, as the store's)
+        finally:
+            self._running.release()
+
+
 async def sqlite3_raw(path: Path, obs: Observed, synchronous: str = SYNCHRONOUS) -> Raw:
     """stdlib ``sqlite3`` on the caller's thread, no hop, autocommit: the physical floor of a SQLite call. At
-    ``FULL`` its claim commits unsynced, as the store's does (``Unsynced``: the completion's sync covers it)."""
+    ``FULL`` its claim commits unsynced, as the store's does (``Unsynced``: the completion's sync covers it); its
+    WAL is checkpointed off the caller's thread, as the store's is (:class:`Checkpoints`)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
-    for pragma in _pragmas(synchronous):
+    for pragma in (*_pragmas(synchronous), "PRAGMA wal_autocheckpoint = 0"):
         conn.execute(pragma)
     unsynced = synchronous.upper() == "FULL"
+    checkpoints = Checkpoints(path)
 
     async def fetch(sql: str, p: dict[str, Any]) -> list[sqlite3.Row]:
+        if sql == raw.read_sql:
+            return conn.execute(sql, p).fetchall()
         if unsynced and sql == raw.claim_sql:
             with Unsynced(conn):
-                return conn.execute(sql, p).fetchall()
-        return conn.execute(sql, p).fetchall()
+                rows = conn.execute(sql, p).fetchall()
+        else:
+            rows = conn.execute(sql, p).fetchall()
+        checkpoints.committed()
+        return rows
 
     async def close() -> None:
         conn.close()
 
     raw = Raw("sqlite3", sqlite_url(path), obs, fetch, close)  # (fetch reads raw.claim_sql)
+    raw.checkpoints = checkpoints  # type: ignore[attr-defined]
+    raw.conn = conn  # type: ignore[attr-defined]
     return raw
 
 

@@ -4,6 +4,7 @@ is shared by every variant of a rep. Checked on the order of the calls it makes 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,33 @@ def test_concurrent_callers_run_each_rep_whole() -> None:
         names = [n for n, _ in timed]
         first = names[0]
         assert names == [first] * 12 + [("b" if first == "a" else "a")] * 12  # one variant after the other
+
+
+def test_the_sqlite_floor_checkpoints_off_the_callers_thread_as_the_store_does(tmp_path: Path) -> None:
+    """The stdlib ``sqlite3`` floor has the store's checkpoint policy (``_direct``): its own connection never
+    checkpoints (``wal_autocheckpoint`` 0), and every ``CHECKPOINT_EVERY`` commits a thread of its own copies the WAL
+    into the database. Checked through SQLite: the pragma read back, and the frames its checkpoints copied."""
+    from agentguard.stores._direct import CHECKPOINT_EVERY
+    from benchmarks._common import fake_key, observe
+    from benchmarks._drivers import sqlite3_raw, sqlite_url
+
+    async def run() -> tuple[int, int, int]:
+        path = tmp_path / "floor.db"
+        floor = await sqlite3_raw(path, await observe(sqlite_url(path), {}), "NORMAL")
+        try:
+            for i in range(CHECKPOINT_EVERY // 2 + 10):  # (two commits a first call: past one checkpoint's count)
+                await floor.first(fake_key("floor", i), f"o-{i}", '{"ok": 1}')
+            checkpoints = floor.checkpoints  # type: ignore[attr-defined]
+            for _ in range(500):  # (its thread, started by the commit that reached the count)
+                if checkpoints.copied and not checkpoints._running.locked():
+                    break
+                await asyncio.sleep(0.01)
+            autocheckpoint = floor.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]  # type: ignore[attr-defined]
+            return autocheckpoint, checkpoints.copied, checkpoints.commits
+        finally:
+            await floor.close()
+
+    autocheckpoint, copied, commits = asyncio.run(run())
+    assert autocheckpoint == 0
+    assert copied > 0  # the frames of the first CHECKPOINT_EVERY commits, copied by the floor's own thread
+    assert commits == 2 * (CHECKPOINT_EVERY // 2 + 10) - CHECKPOINT_EVERY  # (counted again from 0 at the checkpoint)
