@@ -59,6 +59,10 @@ class Checkpoints:
         self.path, self.commits, self._running = path, 0, threading.Lock()
         self.copied = 0  # WAL frames its checkpoints have copied into the database, so far
 
+    def running(self) -> bool:
+        """Whether a checkpoint's thread is at work."""
+        return self._running.locked()
+
     def committed(self) -> None:
         self.commits += 1
         if self.commits >= CHECKPOINT_EVERY and self._running.acquire(blocking=False):

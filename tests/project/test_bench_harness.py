@@ -63,9 +63,8 @@ def test_the_sqlite_floor_checkpoints_off_the_callers_thread_as_the_store_does(t
     """The stdlib ``sqlite3`` floor has the store's checkpoint policy (``_direct``): its own connection never
     checkpoints (``wal_autocheckpoint`` 0), and every ``CHECKPOINT_EVERY`` commits a thread of its own copies the WAL
     into the database. Checked through SQLite: the pragma read back, and the frames its checkpoints copied."""
-    from agentguard.stores._direct import CHECKPOINT_EVERY
     from benchmarks._common import fake_key, observe
-    from benchmarks._drivers import sqlite3_raw, sqlite_url
+    from benchmarks._drivers import CHECKPOINT_EVERY, sqlite3_raw, sqlite_url
 
     async def run() -> tuple[int, int, int]:
         path = tmp_path / "floor.db"
@@ -75,7 +74,7 @@ def test_the_sqlite_floor_checkpoints_off_the_callers_thread_as_the_store_does(t
                 await floor.first(fake_key("floor", i), f"o-{i}", '{"ok": 1}')
             checkpoints = floor.checkpoints  # type: ignore[attr-defined]
             for _ in range(500):  # (its thread, started by the commit that reached the count)
-                if checkpoints.copied and not checkpoints._running.locked():
+                if checkpoints.copied and not checkpoints.running():
                     break
                 await asyncio.sleep(0.01)
             autocheckpoint = floor.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]  # type: ignore[attr-defined]
