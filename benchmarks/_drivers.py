@@ -7,12 +7,13 @@ connection (statements prepared once by asyncpg's cache); for concurrent callers
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import re
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from agentguard.stores._aiosqlite import Unsynced
 from agentguard.stores._direct import CHECKPOINT_EVERY, CHECKPOINT_WAIT, WAL_RESTART_FRAMES
 from agentguard.stores._schema import ROW
 
-from ._common import Observed, Raw
+from ._common import Observed, Raw, pin_one_cpu
 
 SYNCHRONOUS = "OFF"
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
@@ -246,3 +247,24 @@ async def unsynced_database(url: str | None, name: str) -> AsyncIterator[str]:
         if server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(server.stop)
+
+
+def postgres_script(module: str, doc: str, name: str, measure: Callable[[str, int, int, int], Awaitable[Any]],
+                    report: Callable[[Any], str], *, calls: int, warmup: int, what: str = "calls") -> None:
+    """The command line of a one-caller Postgres measurement (``python -m benchmarks.<module>``): ``--url`` (else a
+    throwaway cluster), ``--calls``, ``--reps``, ``--warmup``; pinned to one CPU, its database ``name`` unsynced
+    (:func:`unsynced_database`); prints the ``report`` of ``measure(url, calls, reps, warmup)``."""
+    ap = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}", description=doc.split("\n\n")[1])
+    ap.add_argument("--url", help="postgresql+asyncpg://... of a database the run may fill (default: a throwaway "
+                                  "cluster)")
+    ap.add_argument("--calls", type=int, default=calls, help=f"{what} per variant per rep (default {calls})")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=warmup, help=f"{what} per variant before the reps (default {warmup})")
+    args = ap.parse_args()
+    pin_one_cpu()
+
+    async def main() -> None:
+        async with unsynced_database(args.url, name) as db:
+            print(report(await measure(db, args.calls, args.reps, args.warmup)))
+
+    asyncio.run(main())

@@ -23,8 +23,6 @@ and what lowers it is less of that work, not a cheaper statement or ledger.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import inspect
 import json
 import secrets
@@ -46,10 +44,9 @@ from ._common import (
     fake_key,
     guarded,
     observe,
-    pin_one_cpu,
     run_id,
 )
-from ._drivers import unsynced_database
+from ._drivers import postgres_script
 
 
 class Timing:
@@ -177,18 +174,5 @@ def report(out: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
-async def main(url: str | None, calls: int, reps: int, warmup: int) -> None:
-    async with unsynced_database(url, "agentguard_interleaved") as db:
-        print(report(await measure(db, calls, reps, warmup)))
-
-
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.interleaved", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--url", help="postgresql+asyncpg://... of a database the run may fill (default: a throwaway "
-                                  "cluster)")
-    ap.add_argument("--calls", type=int, default=800, help="calls per variant per rep (default 800)")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=100, help="calls per variant before the reps (default 100)")
-    args = ap.parse_args()
-    pin_one_cpu()
-    asyncio.run(main(args.url, args.calls, args.reps, args.warmup))
+    postgres_script("interleaved", __doc__ or "", "agentguard_interleaved", measure, report, calls=800, warmup=100)

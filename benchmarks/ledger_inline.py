@@ -23,8 +23,6 @@ Each variant's entries are checked before the report: every call left its entry,
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import secrets
 import statistics
 import time
@@ -33,15 +31,13 @@ from typing import Any
 
 import asyncpg
 
-from agentguard import Guard, task
+from agentguard._ledger import BATCH
 from agentguard.stores import SQLStore
 from agentguard.stores._attempts import ATTEMPTS, RAN, WRITTEN
 from agentguard.stores._chain import CHAINS, GENESIS, entry_hash, normalised
 
-from ._common import Body, fake_key, guarded, observe, pin_one_cpu, run_id
-from ._drivers import dsn_of, positional, unsynced_database
-
-BATCH = 500  # the ledger writer's batch (agentguard._ledger.BATCH)
+from ._common import fake_key, observe, run_id
+from ._drivers import dsn_of, positional, postgres_script
 
 
 class Variants:
@@ -68,7 +64,6 @@ class Variants:
                    f" moved AS (UPDATE {CHAINS} AS c SET seq = entry.seq, digest = entry.digest FROM entry"
                    " WHERE c.scope = :scope)")
         self.inline_chained = f"WITH {head}, {done[len('WITH '):]}, {chained} SELECT fence, CASE{tail}"
-        self.copy_columns = WRITTEN
         self.pending: dict[str, list[tuple[Any, ...]]] = {}
         self.keys: dict[str, list[str]] = {}  # each variant's keys (its entries are checked against them)
 
@@ -87,26 +82,24 @@ class Variants:
         c = {**obs.claim, "scope": scope, "key": key, "fence": fence}
         await self.fetch(self.claim, c)
         p = {**obs.complete, "scope": scope, "key": key, "fence": fence, "result": '{"ok":1}'}
+        at = time.time()
+        # The entry (the values of WRITTEN), as the writer would queue it: passed to the inline statements, or queued.
+        entry = (scope, key, c["task_id"], c["operation"], c["tool"], RAN, "succeeded", 1, None, "bench:1", at,
+                 1000 * (at - started), 0.0, at + p["retention"])
         if how == "none" or how.startswith("batch"):
             got = await self.fetch(self.complete, p)
         else:
-            at = time.time()
-            p.update(task_id=c["task_id"], operation=c["operation"], tool=c["tool"], process="bench:1", at=at,
-                     guard_ms=1000 * (at - started), wait_ms=0.0)
-            if how == "inline":
-                got = await self.fetch(self.inline, p)
-            else:
-                values = normalised((scope, key, c["task_id"], c["operation"], c["tool"], RAN, "succeeded", 1, None,
-                                     "bench:1", at, p["guard_ms"], 0.0, at + p["retention"]))
-                got = await self.fetch(self.inline_chained, {**p, "hashed": entry_hash(values)})
+            p.update(task_id=entry[2], operation=entry[3], tool=entry[4], process=entry[9], at=at, guard_ms=entry[11],
+                     wait_ms=entry[12])
+            if how == "chained":
+                p["hashed"] = entry_hash(normalised(entry))
+            got = await self.fetch(self.inline if how == "inline" else self.inline_chained, p)
         if not got:
             raise AssertionError(f"{name}: the completion found no record")
         self.keys.setdefault(name, []).append(key)
         if how.startswith("batch"):
-            at = time.time()
             rows = self.pending.setdefault(name, [])
-            rows.append((scope, key, c["task_id"], c["operation"], c["tool"], RAN, "succeeded", 1, None, "bench:1",
-                         at, 1000 * (at - started), 0.0, at + p["retention"]))
+            rows.append(entry)
             if len(rows) >= BATCH:
                 await self.flush(name, how)
 
@@ -118,7 +111,7 @@ class Variants:
             if await self.store.write_attempts(rows):
                 raise AssertionError("the store left entries out")
         else:
-            await self.conn.copy_records_to_table(ATTEMPTS, records=rows, columns=list(self.copy_columns))
+            await self.conn.copy_records_to_table(ATTEMPTS, records=rows, columns=list(WRITTEN))
 
     async def check(self, chained: dict[str, bool]) -> None:
         """Every call left one entry; the chained variants' chains verify."""
@@ -194,24 +187,6 @@ def report(out: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
-async def main(url: str | None, calls: int, reps: int, warmup: int) -> None:
-    async with unsynced_database(url, "agentguard_ledger_inline") as db:
-        g = Guard(store=SQLStore(db))  # (the schema, the ledger's table and its chains: as a store's first use)
-        try:
-            with task(f"inline-schema-{run_id()}"):
-                await guarded(g, Body())("o-0", 1)
-        finally:
-            await g.aclose()
-        print(report(await measure(db, calls, reps, warmup)))
-
-
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.ledger_inline", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--url", help="postgresql+asyncpg://... of a database the run may fill (default: a throwaway "
-                                  "cluster)")
-    ap.add_argument("--calls", type=int, default=2000, help="first calls per variant per rep (default 2000)")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=500, help="first calls per variant before the reps (default 500)")
-    args = ap.parse_args()
-    pin_one_cpu()
-    asyncio.run(main(args.url, args.calls, args.reps, args.warmup))
+    postgres_script("ledger_inline", __doc__ or "", "agentguard_ledger_inline", measure, report, calls=2000,
+                    warmup=500, what="first calls")
