@@ -5,10 +5,12 @@ administration of multi-step operations. The decisions live in ``agentguard._mac
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -48,7 +50,11 @@ T = TypeVar("T")
 
 DEFAULT_LEASE = 30.0
 DEFAULT_RETENTION = timedelta(days=7)
+EXIT_WAIT = 5.0  # seconds the process's exit waits, at most, for its guards' last ledger entries (all guards)
 _UNSET: Any = object()
+
+# Every guard of the process, closed at its exit if nobody closed it (``_close_at_exit``).
+_GUARDS: weakref.WeakSet[Guard] = weakref.WeakSet()
 
 
 class RunOptions(TypedDict, total=False):
@@ -156,6 +162,7 @@ class Guard:
         # (the StepStore/AdminStore verbs a stand-in lacks fail when first used)
         guarded = cast(Store, store)
         self._portal = Portal()
+        _GUARDS.add(self)
         self._codecs: dict[Any, Codec] = {}
         self._resumable: dict[str, Callable[..., Any]] = {}
         cache = ReplayCache(cache_size)
@@ -295,6 +302,29 @@ class Guard:
                 self._portal.run(self._ledger.flush())
             self._portal.run(self._store.dispose())
             self._portal.stop()
+
+    def _close_by(self, deadline: float) -> None:
+        """:meth:`close` at the process's exit, given until ``deadline`` (``time.monotonic``): past it, the entries
+        still queued are left unwritten. Entries left unwritten, or dropped because the store failed, are said."""
+        portal, ledger = self._portal, self._ledger
+        if not portal.started:
+            return
+        dropped = 0 if ledger is None else ledger.dropped
+        try:
+            for step in ((ledger.flush,) if ledger is not None else ()) + (self._store.dispose,):
+                portal.run(step(), timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            log.warning("at the process's exit, a guard's last ledger entries were not written within %.0f s: %d "
+                        "left unwritten (closing the guard before the exit waits for them)", EXIT_WAIT,
+                        0 if ledger is None else len(ledger.queue))
+            return  # (its loop still runs the step cut off: it ends with the process)
+        except Exception as exc:  # (the flush drops and counts what the store failed to take; this is the rest)
+            log.warning("closing a guard at the process's exit failed: %s", exc)
+        if ledger is not None and ledger.dropped > dropped:
+            log.warning("at the process's exit, the store failed to take a guard's last %d ledger entries (%s); "
+                        "closing the guard before the exit writes them while the store can",
+                        ledger.dropped - dropped, ledger.failure)
+        portal.stop()
 
     # -- the store, for audit and upkeep --------------------------------------------------------------
 
@@ -515,3 +545,13 @@ class Guard:
 def _act(e: Attempt) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at))
     return f"{e.detail}, by {e.process} at {when} UTC"
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """At the process's exit (after its non-daemon threads ended, while the portals' daemon threads still run),
+    close every guard nobody closed: the ledger entries it still queued are written rather than lost, and its
+    portal's connections closed rather than left to the interpreter's teardown. All of them within ``EXIT_WAIT``."""
+    deadline = time.monotonic() + EXIT_WAIT
+    for guard in list(_GUARDS):
+        guard._close_by(deadline)

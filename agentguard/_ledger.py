@@ -71,6 +71,7 @@ class Ledger:
         self._wake: asyncio.Event | None = None  # set to end the writer's gathering at once (a flush)
         self._on_drop = on_drop
         self._warned = 0.0
+        self.failure = ""  # why the store last failed to take a batch
         on_fork(self)
 
     def after_fork(self) -> None:
@@ -163,6 +164,7 @@ class Ledger:
         try:
             left_out = await self.store.write_attempts(rows)
         except Exception as exc:  # the store is down or slow: the entries are lost, counted
+            self.failure = str(exc)
             self._drop(len(rows))
             log.debug("writing the attempt ledger failed: %s", exc)
             return -len(rows)

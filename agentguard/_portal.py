@@ -62,12 +62,18 @@ class Portal:
     def in_portal(self) -> bool:
         return self._thread is not None and threading.current_thread() is self._thread
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the portal loop and block this thread until it finishes."""
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the portal loop and block this thread until it finishes. Past ``timeout`` seconds it is
+        cancelled there, and TimeoutError raised."""
         if self.in_portal():
             coro.close()
             raise GuardError("a sync guarded call was made from inside the guard's own event loop")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop())
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the portal loop from another loop."""

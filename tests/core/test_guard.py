@@ -727,16 +727,34 @@ async def test_audit_is_stored_beside_the_record_and_listed(make_guard: Callable
     assert rec.audit == {"claudecode/toolUseId": "toolu_01"}  # the first caller's; a replay writes nothing
 
 
-def test_whitebox_one_guard_across_several_event_loops_leaks_nothing(store_url: str, tmp_path: Any) -> None:
-    """A module-level Guard used from several asyncio.run() calls (or per-test loops): each loop's
-    connections are closed when that loop shuts down; nothing is left open, no ResourceWarning."""
+_THREADS_AT_EXIT = (  # whether this interpreter lets an atexit function start a thread (3.12.0-3.12.x may not)
+    "import atexit, threading\n"
+    "@atexit.register\n"
+    "def probe():\n"
+    "    try:\n"
+    "        threading.Thread(target=print, args=('threads at exit',)).start()\n"
+    "    except RuntimeError:\n"
+    "        print('no threads at exit')\n"
+)
+
+
+@pytest.mark.parametrize("exit_after", [0.0, 0.6], ids=["before-the-writers-batch", "after-the-writers-batch"])
+def test_whitebox_a_guard_nobody_closes_leaks_nothing_and_writes_its_ledger_at_exit(
+        store_url: str, tmp_path: Any, exit_after: float) -> None:
+    """A module-level Guard used from several asyncio.run() calls (or per-test loops) and never closed: each
+    loop's connections are closed when that loop shuts down, and at the process's exit the guard writes the
+    ledger entries still queued and closes its own loop's connections: nothing is left open, no ResourceWarning,
+    whether the process exits before the ledger's writer wrote its batch (it gathers for 0.2 s) or after (its
+    connection then idle). Where the interpreter refuses to start a thread at exit and the store needs one for
+    its connection (SQLite, on Python 3.12), the entries are dropped and said so, never silently."""
     import subprocess
     import sys
 
     script = tmp_path / "loops.py"
     script.write_text(
-        "import asyncio, gc, sys\n"
+        "import asyncio, gc, logging, sys, time\n"
         "from agentguard import Guard, task\n"
+        "logging.basicConfig(level=logging.WARNING, format='%(name)s: %(message)s')\n"
         "guard = Guard(sys.argv[1])\n"
         "@guard.once\n"
         "async def tool(x: int) -> int:\n"
@@ -744,15 +762,32 @@ def test_whitebox_one_guard_across_several_event_loops_leaks_nothing(store_url: 
         "for i in range(4):\n"
         "    with task(f'loop-{i}'):\n"
         "        assert asyncio.run(tool(i)) == i\n"
+        "time.sleep(float(sys.argv[2]))\n"
         "gc.collect()\n"
         "portal = guard._portal._loop  # the guard's own background loop (its ledger writer): not the callers'\n"
         "print('engines left', sum(loop is not portal for loop in list(guard._store._engines._engines)))\n"
     )
-    out = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script), store_url],
+    out = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script), store_url, str(exit_after)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "engines left 0" in out.stdout
-    assert "ResourceWarning" not in out.stderr and "unclosed" not in out.stderr
+    assert "ResourceWarning" not in out.stderr and "unclosed" not in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+    async def written() -> list[str]:
+        async with Guard(store_url, ledger=False) as reader:
+            return [a.task_id for a in await reader.attempts(limit=100)]
+
+    tasks = asyncio.run(written())
+    probe = subprocess.run([sys.executable, "-c", _THREADS_AT_EXIT], capture_output=True, text=True, timeout=60)
+    if (exit_after == 0.0 and store_url.startswith("sqlite")
+            and "no threads at exit" in probe.stdout):  # (its writer's connection was never opened)
+        assert tasks == [], tasks
+        assert "the store failed to take a guard's last 4 ledger entries" in out.stderr, out.stderr
+        assert "can't create new thread" in out.stderr, out.stderr
+    else:
+        assert sorted(tasks) == [f"loop-{i}" for i in range(4)], (tasks, out.stderr)
+        assert "agentguard" not in out.stderr, out.stderr  # (nothing dropped, nothing cut off)
 
 
 async def test_heartbeat_keeps_a_long_call_its_claim(make_guard: Callable[..., Guard]) -> None:
