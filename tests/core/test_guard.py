@@ -738,23 +738,26 @@ _THREADS_AT_EXIT = (  # whether this interpreter lets an atexit function start a
 )
 
 
-@pytest.mark.parametrize("exit_after", [0.0, 0.6], ids=["before-the-writers-batch", "after-the-writers-batch"])
+@pytest.mark.parametrize("exit_when", ["before-the-writers-batch", "after-the-writers-batch"])
 def test_whitebox_a_guard_nobody_closes_leaks_nothing_and_writes_its_ledger_at_exit(
-        store_url: str, tmp_path: Any, exit_after: float) -> None:
+        store_url: str, tmp_path: Any, exit_when: str) -> None:
     """A module-level Guard used from several asyncio.run() calls (or per-test loops) and never closed: each
     loop's connections are closed when that loop shuts down, and at the process's exit the guard writes the
     ledger entries still queued and closes its own loop's connections: nothing is left open, no ResourceWarning,
-    whether the process exits before the ledger's writer wrote its batch (it gathers for 0.2 s) or after (its
-    connection then idle). Where the interpreter refuses to start a thread at exit and the store needs one for
-    its connection (SQLite, on Python 3.12), the entries are dropped and said so, never silently."""
+    whether the process exits before the ledger's writer wrote its batch (its gathering made to last an hour) or
+    after (its connection then idle). Where the interpreter refuses to start a thread at exit and the store needs
+    one for its connection (SQLite, on Python 3.12), the entries are dropped and said so, never silently."""
     import subprocess
     import sys
 
     script = tmp_path / "loops.py"
     script.write_text(
         "import asyncio, gc, logging, sys, time\n"
-        "from agentguard import Guard, task\n"
+        "from agentguard import Guard, task, _ledger\n"
         "logging.basicConfig(level=logging.WARNING, format='%(name)s: %(message)s')\n"
+        "before = sys.argv[2] == 'before-the-writers-batch'\n"
+        "if before:\n"
+        "    _ledger.INTERVAL = 3600.0  # the writer gathers until the exit\n"
         "guard = Guard(sys.argv[1])\n"
         "@guard.once\n"
         "async def tool(x: int) -> int:\n"
@@ -762,12 +765,13 @@ def test_whitebox_a_guard_nobody_closes_leaks_nothing_and_writes_its_ledger_at_e
         "for i in range(4):\n"
         "    with task(f'loop-{i}'):\n"
         "        assert asyncio.run(tool(i)) == i\n"
-        "time.sleep(float(sys.argv[2]))\n"
+        "while not before and guard._ledger.pending:  # the writer's batch written, its connection idle\n"
+        "    time.sleep(0.01)\n"
         "gc.collect()\n"
         "portal = guard._portal._loop  # the guard's own background loop (its ledger writer): not the callers'\n"
         "print('engines left', sum(loop is not portal for loop in list(guard._store._engines._engines)))\n"
     )
-    out = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script), store_url, str(exit_after)],
+    out = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script), store_url, exit_when],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "engines left 0" in out.stdout
@@ -780,7 +784,7 @@ def test_whitebox_a_guard_nobody_closes_leaks_nothing_and_writes_its_ledger_at_e
 
     tasks = asyncio.run(written())
     probe = subprocess.run([sys.executable, "-c", _THREADS_AT_EXIT], capture_output=True, text=True, timeout=60)
-    if (exit_after == 0.0 and store_url.startswith("sqlite")
+    if (exit_when == "before-the-writers-batch" and store_url.startswith("sqlite")
             and "no threads at exit" in probe.stdout):  # (its writer's connection was never opened)
         assert tasks == [], tasks
         assert "the store failed to take a guard's last 4 ledger entries" in out.stderr, out.stderr
