@@ -9,6 +9,7 @@ import atexit
 import functools
 import logging
 import os
+import sys
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -147,6 +148,7 @@ class Guard:
             raise ValueError(f"on_conflict must be 'wait' or 'raise', got {on_conflict!r}")
         self._on_conflict = on_conflict
         self._wait_timeout = None if wait_timeout is None else _seconds(wait_timeout, "wait_timeout")
+        owned = store is None  # (a store given is the caller's: its connections are theirs to close)
         if store is None:
             store = SQLStore(
                 url or os.environ.get(ENV_URL) or DEFAULT_URL, pool_size=pool_size, max_connections=max_connections,
@@ -173,6 +175,7 @@ class Guard:
                           events=Events(on_event), cache=cache, observer=Observer(kept))
         self._store, self._machine, self._ledger, self._cache = guarded, machine, kept, cache
         self._admin = Admin(guarded, machine, kept, cache, self._retention)  # what a person reads (below)
+        weakref.finalize(self, _let_go, self._portal, kept, guarded, owned).atexit = False  # (at exit: below)
 
     # -- what a person reads, and the one deliberate delete (``_admin``) ---------------------------------
 
@@ -545,6 +548,24 @@ class Guard:
 def _act(e: Attempt) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at))
     return f"{e.detail}, by {e.process} at {when} UTC"
+
+
+def _let_go(portal: Portal, ledger: Ledger | None, store: Store, owned: bool) -> None:
+    """A guard collected without being closed (made per request, say, and dropped): the ledger entries it still
+    queued are written and its connections closed in the background, and its portal's thread ends; nothing here
+    waits (a finaliser runs wherever the collector does, the guard's own loop included)."""
+    if sys.is_finalizing():  # (the process's exit closed it already: ``_close_at_exit``)
+        return
+    if owned and isinstance(store, SQLStore):
+        store.dispose_soon(skip=portal.current)  # (each caller loop's engine; the portal's is closed by ``final``)
+
+    async def final() -> None:
+        if ledger is not None:
+            await ledger.flush()
+        if owned:
+            await store.dispose()
+
+    portal.end_soon(final)
 
 
 @atexit.register

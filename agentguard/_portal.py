@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ._errors import GuardError
@@ -39,6 +39,11 @@ class Portal:
     def started(self) -> bool:
         return self._loop is not None
 
+    @property
+    def current(self) -> asyncio.AbstractEventLoop | None:
+        """The loop, if one is started (none is started here)."""
+        return self._loop
+
     def loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
         if loop is not None:
@@ -52,6 +57,8 @@ class Portal:
                     asyncio.set_event_loop(loop)
                     loop.call_soon(ready.set)
                     loop.run_forever()
+                    if self._loop is not loop:  # (let go of by ``end_soon``: nobody else closes it)
+                        loop.close()
 
                 self._thread = threading.Thread(target=serve, name=self._name, daemon=True)
                 self._thread.start()
@@ -80,6 +87,26 @@ class Portal:
         if self.in_portal():
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop()))
+
+    def end_soon(self, final: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """From any thread, waiting for nothing (a finaliser's call): run ``final()`` on the loop, then end it (its
+        async generators closed, the loop stopped, and closed by its own thread). A later use starts a new one."""
+        loop, thread = self._loop, self._thread  # (no lock: a finaliser may run in a thread that holds it)
+        if loop is None or thread is None or loop.is_closed():
+            return
+        self._loop = self._thread = None
+
+        async def last() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    await final()
+                with contextlib.suppress(Exception):
+                    await loop.shutdown_asyncgens()
+            finally:
+                loop.stop()
+
+        with contextlib.suppress(RuntimeError):  # (its loop closed meanwhile)
+            asyncio.run_coroutine_threadsafe(last(), loop)
 
     def stop(self) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -56,6 +56,9 @@ class Engines:
         self._budget: Budget | None = getattr(dialect, "budget", None)
         # Each loop's holder of idle connections, told to close them when a caller waits for a slot of the budget.
         self._shedders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Shedder] = weakref.WeakKeyDictionary()
+        # Each loop's dispose under way (``dispose``), which a second one waits for.
+        self._disposing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[None]] = (
+            weakref.WeakKeyDictionary())
         # Why this process may not use the store at all (a forked child whose parent's store it cannot share), or
         # None: every statement is refused with it, before any body runs.
         self._refusal: str | None = None
@@ -73,6 +76,7 @@ class Engines:
         abandon(*(dict(d) for d in held))  # (strong references: none of them is collected, and finalised, here)
         self._engines, self._lanes, self._closers, self._opened, self._listeners, self._shedders = (
             weakref.WeakKeyDictionary() for _ in held)
+        self._disposing = weakref.WeakKeyDictionary()  # (the parent's loops' disposes run nowhere here)
         if self._budget is not None:
             self._budget.after_fork()
         self._last = None
@@ -196,20 +200,47 @@ class Engines:
         self._closers[loop] = agen
         loop.create_task(agen.__anext__())  # type: ignore[arg-type]  # registers it with the loop
 
+    def dispose_soon(self, skip: asyncio.AbstractEventLoop | None = None) -> None:
+        """From any thread, waiting for nothing (a finaliser's call): every loop not closed that has an engine here,
+        but ``skip``, disposes it (:meth:`dispose`) as soon as it runs."""
+        for _ in range(3):
+            try:
+                loops = list(self._engines)
+                break
+            except RuntimeError:  # (changed meanwhile by another thread)
+                continue
+        else:
+            return
+        for loop in loops:
+            if loop is not skip and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # (closed meanwhile)
+                    loop.call_soon_threadsafe(_in_background, self.dispose)
+
     async def dispose(self) -> None:
-        """Dispose the engine of the running loop, its idle connections, and join its driver threads."""
+        """Dispose the engine of the running loop, its idle connections, and join its driver threads. A dispose
+        already under way on the loop (a dropped guard's, and then the loop's end) is waited for, not overtaken:
+        the loop is let go only once it has joined every thread."""
         loop = asyncio.get_running_loop()
-        self._last = None
-        listener = self._listeners.pop(loop, None)
-        if listener is not None:
-            await listener.close()
-        lane = self._lanes.pop(loop, None)
-        if lane is not None:
-            await lane.close_idle()
-        engine = self._engines.pop(loop, None)
-        if engine is not None:
-            await engine.dispose()
-        await join_threads(self._opened.pop(loop, []))
+        under_way = self._disposing.get(loop)
+        if under_way is not None:
+            await asyncio.shield(under_way)
+            return
+        done = self._disposing[loop] = loop.create_future()
+        try:
+            self._last = None
+            listener = self._listeners.pop(loop, None)
+            if listener is not None:
+                await listener.close()
+            lane = self._lanes.pop(loop, None)
+            if lane is not None:
+                await lane.close_idle()
+            engine = self._engines.pop(loop, None)
+            if engine is not None:
+                await engine.dispose()
+            await join_threads(self._opened.pop(loop, []))
+        finally:
+            del self._disposing[loop]
+            done.set_result(None)
 
 
 class _Shedder:
@@ -231,18 +262,23 @@ class _Shedder:
         self._pending = False
         engines = self._engines()
         if engines is not None:
-            task = asyncio.get_running_loop().create_task(engines.shed())
-            _SHEDDING.add(task)
-            task.add_done_callback(_done_shedding)
+            _in_background(engines.shed)
 
 
-_SHEDDING: set[asyncio.Task[None]] = set()
+_BACKGROUND: set[asyncio.Task[None]] = set()  # (kept until done: a loop holds its tasks only weakly)
 
 
-def _done_shedding(task: asyncio.Task[None]) -> None:
-    _SHEDDING.discard(task)
+def _in_background(closing: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """On the running loop, a task of ``closing()`` (closing connections), whose failure is only logged."""
+    task = asyncio.get_running_loop().create_task(closing())
+    _BACKGROUND.add(task)
+    task.add_done_callback(_done)
+
+
+def _done(task: asyncio.Task[None]) -> None:
+    _BACKGROUND.discard(task)
     if not task.cancelled() and task.exception() is not None:
-        log.debug("closing idle connections failed: %r", task.exception())
+        log.debug("closing connections failed: %r", task.exception())
 
 
 def _close_checked_in(pool: Any) -> None:

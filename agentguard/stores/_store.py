@@ -186,6 +186,11 @@ class SQLStore:
             self._direct.close()
         await self._engines.dispose()
 
+    def dispose_soon(self, skip: asyncio.AbstractEventLoop | None = None) -> None:
+        """From any thread, waiting for nothing: each loop but ``skip`` disposes its engine as soon as it runs (the
+        store of a guard collected unclosed)."""
+        self._engines.dispose_soon(skip)
+
     def direct(self) -> DirectSQLite | DirectPostgres | None:
         """For sync tools, the hot verbs in the caller's thread (``_protocols.Direct``), once the schema is made: a
         SQLite file store's (``_direct``), or a Postgres store's where psycopg is installed (``_direct_pg``); else

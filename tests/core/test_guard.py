@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import gc
 import inspect
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
@@ -792,6 +794,50 @@ def test_whitebox_a_guard_nobody_closes_leaks_nothing_and_writes_its_ledger_at_e
     else:
         assert sorted(tasks) == [f"loop-{i}" for i in range(4)], (tasks, out.stderr)
         assert "agentguard" not in out.stderr, out.stderr  # (nothing dropped, nothing cut off)
+
+
+async def test_whitebox_a_guard_dropped_unclosed_writes_its_ledger_and_ends_its_threads(store_url: str) -> None:
+    """Guards made and dropped without being closed (one per request, say): each, once collected, writes the
+    ledger entries it still queued and closes its connections in the background; its portal's thread and its
+    connections' threads end, and on Postgres its sessions close, while the loop that used it runs on."""
+    threads: list[threading.Thread] = []
+    for i in range(6):
+        g = Guard(store_url)
+
+        @g.once
+        def sync_tool(x: int) -> int:
+            return x
+
+        async def body(key: str, i: int = i) -> int:
+            return i
+
+        with task(f"dropped-{i}"):
+            assert (await g.run("charge", body, arguments={"i": i})).value == i
+            assert await asyncio.to_thread(sync_tool, i) == i  # (a sync tool's call, in a thread of its own)
+        portal = g._portal._thread
+        assert portal is not None and portal.is_alive()
+        threads.append(portal)
+        threads += [d._thread for ds in g._store._engines._opened.values() for d in ds]  # (aiosqlite's)
+        del g, sync_tool
+    gc.collect()
+
+    async def sessions() -> int:  # (Postgres: this database's other sessions than the reader's)
+        async with Guard(store_url, ledger=False) as reader:
+            if not store_url.startswith("postgresql"):
+                return 0
+            async with reader._store.engine().connect() as conn:
+                return int((await conn.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()")).scalar_one())
+
+    deadline = time.monotonic() + 60  # (a bound on the wait, not a measure: it ends as soon as all have ended)
+    while (any(t.is_alive() for t in threads) or await sessions()) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)  # (threads and another server's sessions: no event to await)
+    assert [t.name for t in threads if t.is_alive()] == []
+    assert await sessions() == 0
+    async with Guard(store_url, ledger=False) as reader:
+        tasks = sorted(a.task_id for a in await reader.attempts(limit=100))
+    assert tasks == sorted(f"dropped-{i}" for i in range(6) for _ in range(2))
 
 
 async def test_heartbeat_keeps_a_long_call_its_claim(make_guard: Callable[..., Guard]) -> None:
