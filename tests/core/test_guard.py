@@ -817,7 +817,8 @@ async def test_whitebox_a_guard_dropped_unclosed_writes_its_ledger_and_ends_its_
         portal = g._portal._thread
         assert portal is not None and portal.is_alive()
         threads.append(portal)
-        threads += [d._thread for ds in g._store._engines._opened.values() for d in ds]  # (aiosqlite's)
+        threads += [getattr(d, "_thread", d)  # (aiosqlite's: Connection._thread from 0.22, before it a Thread)
+                    for ds in g._store._engines._opened.values() for d in ds]
         del g, sync_tool
     gc.collect()
 
