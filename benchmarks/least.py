@@ -10,15 +10,19 @@ arguments' canonical JSON, the fingerprint's SHA-256 and the key's — then the 
 fingerprint compared with the call's, and the result's ``json.loads``; written plainly, for one tool whose argument
 names it knows. Its key and fingerprint are checked, record by record, against those agentguard stored, so it is
 the same identity, not a cheaper one. And beside both, agentguard's own replays of a sync and an async tool
-(``cache_size=0``, the ledger as shipped). Every variant reads records of its own, each rep new ones (no memo or
-cache has seen them: a resumed agent's replays), in slices taken in turn within each rep, one CPU.
+(``cache_size=0``, the ledger as shipped: each slice ends with its entries written, so that on the one CPU the
+ledger's writer costs the variant that queued them, not the one that happens to run next). Every variant reads
+records of its own, each rep new ones (no memo or cache has seen them: a resumed agent's replays), in slices taken
+in turn within each rep, one CPU.
 
 The least guard's ratio is how far the limit is from physics; agentguard's minus the least guard's (in µs) is its
 own work that the limit asks it to lose. Two more variants take an async tool's replay apart by layer: the store
 alone (its claim, likely taken, which reads the record; the result's ``json.loads``) and the state machine (the
 claim plan driven on the loop as the async driver drives it, the replay decoded), each on calls whose identity was
 derived beforehand; what the whole call costs beyond the machine is the decorator's (binding, the identity), the
-driver's and the observer's (the ledger's entry).
+driver's and the observer's (the ledger's entry). A third, the same replay by a ``Guard(ledger=False)``, tells the
+ledger's entry (queued by the caller, then formed, hashed into its chain and inserted by the writer) from the
+rest.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ LIMIT = 1.5  # a replay (cache miss) ÷ the floor, at most (issue 34)
 FLOOR, LEAST = "floor: the store's read + json.loads", "least guard: the identity, the read, the check"
 SYNC, ASYNC = "agentguard: sync tool replay (cache off)", "agentguard: async tool replay (cache off)"
 STORE, MACHINE = "  its store alone: the claim's read + json.loads", "  its state machine: the claim plan, the decode"
-ASYNC_TOOL = (ASYNC, STORE, MACHINE)  # (records of the async tool)
+UNLEDGERED = "  its call without the ledger: Guard(ledger=False)"
+ASYNC_TOOL = (ASYNC, STORE, MACHINE, UNLEDGERED)  # (records of the async tool)
 
 _escape, _escape_ascii = json.encoder.encode_basestring, json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 _task: contextvars.ContextVar[str] = contextvars.ContextVar("least_task")
@@ -136,16 +141,25 @@ def measure(path: Path, synchronous: str, calls: int, reps: int) -> dict[str, li
     async def replays() -> dict[str, list[float]]:
         guard = Guard(url, sqlite_synchronous=synchronous, cache_size=0)
         sync_tool, async_tool = make(guard)
+        unledgered = Guard(url, sqlite_synchronous=synchronous, cache_size=0, ledger=False)
+        _, unledgered_tool = make(unledgered)
 
         async def sync_replay(rep: int, part: slice) -> None:
             with task(tasks[SYNC]):
                 for order in orders[rep][part]:
                     sync_tool(order, 1999)
+            await guard.flush_ledger()  # the slice's entries written within its time, not in another variant's
 
         async def async_replay(rep: int, part: slice) -> None:
             with task(tasks[ASYNC]):
                 for order in orders[rep][part]:
                     await async_tool(order, 1999)
+            await guard.flush_ledger()
+
+        async def unledgered_replay(rep: int, part: slice) -> None:
+            with task(tasks[UNLEDGERED]):
+                for order in orders[rep][part]:
+                    await unledgered_tool(order, 1999)
 
         def plain(step: Callable[[int, slice], None]) -> Callable[[int, slice], Awaitable[None]]:
             async def run(rep: int, part: slice) -> None:
@@ -170,7 +184,7 @@ def measure(path: Path, synchronous: str, calls: int, reps: int) -> dict[str, li
                 (await drive_plan(machine, machine.begin(call))).result()
 
         variants = {FLOOR: plain(floor), LEAST: plain(least), SYNC: sync_replay, ASYNC: async_replay,
-                    STORE: store_alone, MACHINE: machine_alone}
+                    STORE: store_alone, MACHINE: machine_alone, UNLEDGERED: unledgered_replay}
         out: dict[str, list[float]] = {name: [] for name in variants}
         try:
             for rep in range(reps + 1):
@@ -187,6 +201,7 @@ def measure(path: Path, synchronous: str, calls: int, reps: int) -> dict[str, li
                         out[name].append(1e6 * total / calls)
         finally:
             await guard.aclose()
+            await unledgered.aclose()
         return out
 
     try:
@@ -231,7 +246,8 @@ def report(out: dict[str, list[float]], synchronous: str) -> str:
         lines.append(f"{name}: its own work beyond the least guard's {beyond(name, LEAST):.1f} µs a call")
     lines.append(f"an async tool's replay by layer, µs a call: the store beyond the floor {beyond(STORE, FLOOR):.1f},"
                  f" the machine beyond the store {beyond(MACHINE, STORE):.1f}, the rest of the call beyond the"
-                 f" machine {beyond(ASYNC, MACHINE):.1f}; the limit leaves"
+                 f" machine {beyond(ASYNC, MACHINE):.1f}, of which the ledger's entry {beyond(ASYNC, UNLEDGERED):.1f};"
+                 f" the limit leaves"
                  f" {(LIMIT - 1) * statistics.median(out[FLOOR]):.1f} for all of them")
     return "\n".join(lines)
 

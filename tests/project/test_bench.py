@@ -198,11 +198,11 @@ def test_the_least_guard_benchmark_runs(python: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     for variant in ("floor:", "least guard:", "agentguard: sync tool replay", "agentguard: async tool replay",
-                    "  its store alone:", "  its state machine:"):
+                    "  its store alone:", "  its state machine:", "  its call without the ledger:"):
         assert any(line.startswith(variant) and "×" in line for line in lines), proc.stdout
     assert sum("its own work beyond the least guard's" in line for line in lines) == 2, proc.stdout
-    assert any(line.startswith("an async tool's replay by layer") and "the limit leaves" in line
-               for line in lines), proc.stdout
+    assert any(line.startswith("an async tool's replay by layer") and "of which the ledger's entry" in line
+               and "the limit leaves" in line for line in lines), proc.stdout
     assert any(line.startswith("the issue's limit for a replay: 1.5×") for line in lines), proc.stdout
 
 
