@@ -793,7 +793,9 @@ def test_whitebox_a_guard_nobody_closes_leaks_nothing_and_writes_its_ledger_at_e
         assert "can't create new thread" in out.stderr, out.stderr
     else:
         assert sorted(tasks) == [f"loop-{i}" for i in range(4)], (tasks, out.stderr)
-        assert "agentguard" not in out.stderr, out.stderr  # (nothing dropped, nothing cut off)
+        # Nothing dropped, nothing cut off: no line of agentguard's logger. (Other lines may come: asyncio's debug
+        # mode, on by -X dev, names a slow step under load, and its task's frames are agentguard's.)
+        assert not [line for line in out.stderr.splitlines() if line.startswith("agentguard")], out.stderr
 
 
 async def test_whitebox_a_guard_dropped_unclosed_writes_its_ledger_and_ends_its_threads(store_url: str) -> None:
