@@ -54,6 +54,7 @@ async def calls(
         in the rep's task (``each``: a task per call; ``ledger=False``: a guard that keeps no ledger; ``sync``: a
         sync tool, its statements in the caller's thread)."""
         closers.append((g := Guard(store=new_store(), ledger=ledger)).aclose)
+        flushes[tag, each] = g.flush_ledger
         body = bodies.setdefault(name, Body())
         tool, sync_tool = guarded(g, body), guarded_sync(g, body)
 
@@ -66,6 +67,9 @@ async def calls(
 
         return Variant(name, call, prepare or fresh(tag), ref)
 
+    # A guard's ledger flush, by its variant's (tag, each): a filler's entries are written before the timed slices
+    # (untimed), not by its writer in the middle of whichever variant's slice runs 0.2 s later.
+    flushes: dict[tuple[str, bool], Callable[[], Awaitable[None]]] = {}
     pop = {each: guard("", "pop", each=each) for each in (False, True)}  # completes what replays replay
 
     def replayed(tag: str, each: bool = False) -> Prepare:
@@ -74,6 +78,7 @@ async def calls(
             tids["pop"], keys["pop"] = tids[tag], keys[tag]
             for i in range(k):
                 await pop[each].call(i)
+            await flushes["pop", each]()
 
         return prepare
 
@@ -82,6 +87,7 @@ async def calls(
             await fresh("cached")(rep, CACHED)
             for i in range(CACHED):
                 await cached.call(i)
+            await flushes["cached", False]()
             bodies[cached.name].runs = 0
 
     plain = Body()

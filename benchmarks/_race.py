@@ -104,11 +104,13 @@ async def race_one(ag_url: str, once_target: str, *, synchronous: str | None, re
                     with task(scope):
                         for k in keys:
                             ag_sync(k)
+                    await guard.flush_ledger()  # its entries written in its own time, not in the next runner's
             elif lib == "agentguard":
                 async def go(keys: list[str]) -> None:
                     with task(scope):
                         for k in keys:
                             await ag_async(k)
+                    await guard.flush_ledger()
             elif tool == "sync":
                 async def go(keys: list[str]) -> None:
                     with once.scope(scope):
