@@ -448,12 +448,13 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_r
 
 
 def _expected_columns() -> dict[str, set[str]]:
-    from .stores._attempts import attempts
+    from .stores._attempts import attempts, ledger_keys
     from .stores._chain import chains
     from .stores._schema import calls, steps
 
     return {calls.name: {*calls.c.keys(), "watched"}, steps.name: set(steps.c.keys()),
-            attempts.name: set(attempts.c.keys()), chains.name: set(chains.c.keys())}
+            attempts.name: set(attempts.c.keys()), chains.name: set(chains.c.keys()),
+            ledger_keys.name: set(ledger_keys.c.keys())}
 
 
 async def _table_facts(conn: Any) -> list[TableFacts]:
@@ -980,13 +981,13 @@ def race_line(r: RaceResult, what: str | None) -> Line:
 async def _delete_scope(scope: str, exists: Callable[[str], Awaitable[bool]],
                         delete: Callable[[str], Awaitable[str]], param: str) -> dict[str, int]:
     """Delete the scratch scope's rows, table by table (only ``scope``'s: its rows alone are the doctor's)."""
-    from .stores._attempts import ATTEMPTS
+    from .stores._attempts import ATTEMPTS, KEYS
     from .stores._schema import STEPS, TABLE
 
     if not scope.startswith(SCRATCH):
         raise AssertionError(f"refusing to delete the rows of {scope!r}: not a scratch scope")
     counts = {}
-    for table in (STEPS, ATTEMPTS, TABLE):
+    for table in (STEPS, ATTEMPTS, TABLE, KEYS):  # (the keys' rows last: the records' deletion writes them)
         if await exists(table):
             status = await delete(f"DELETE FROM {table} WHERE scope = {param}")
             counts[table] = int(status.split()[-1])

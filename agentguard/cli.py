@@ -213,6 +213,7 @@ def _migrate(args: argparse.Namespace) -> int:
     if args.grant and not ref.url.startswith("postgres"):
         raise CommandError("--grant is for a Postgres store (SQLite has no roles)")
     if args.sql:
+        from .stores._attempts import keys_ddl
         from .stores._dialects import dialect_for
         from .stores._schema import TABLE, schema_ddl, task_index_ddl
         from .stores._server import grants
@@ -221,6 +222,7 @@ def _migrate(args: argparse.Namespace) -> int:
         dialect = dialect_for(ref.url)
         more = [f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {WATCHED_COLUMN}"] if dialect.announces else []
         more += task_index_ddl()[1:]  # (the task index an earlier version made; the new one is made above)
+        more += keys_ddl(sqlite=dialect.name == "sqlite")  # (the records' trigger; a key index's upgrade)
         if args.grant:
             more += grants(args.grant)
         print("BEGIN;")

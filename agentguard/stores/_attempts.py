@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, Column, Double, Index, Integer, String, Table, Text, func, text
+from sqlalchemy import BigInteger, Column, Double, Index, Integer, PrimaryKeyConstraint, String, Table, Text, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
 from . import _chain
 from ._aiosqlite import on_thread
-from ._chain import CHAIN_COLUMNS, Chain, ChainCheck
+from ._chain import CHAIN_COLUMNS, CHAINS, Chain, ChainCheck
 from ._schema import HELD_LEASE, RUNNING, STEPS, TABLE, metadata
 from ._sweep import paced
 
@@ -83,13 +83,74 @@ attempts = Table(
     # One entry per place (whatever a writer's lock did); a chain is walked, and cut, in order of place.
     Index(f"{ATTEMPTS}_chain_idx", "scope", "seq", unique=True),
 )
-# A key's entries are found by the key's first characters ("ag_" and 13 hex digits of its SHA-256, which tell
-# keys apart; a lookup also compares the whole key), in the order they happened. A key is random, so each entry
-# lands on a random page of this index; a third of the size of an index of whole keys, it stays in the cache
-# longer (on SQLite the whole keys' index cost about twice as much per entry at 70,000 entries). A store made
-# before it has an index of ``(key, at)`` instead, which serves the same lookup.
-KEY_PREFIX = 16
-Index(f"{ATTEMPTS}_key_prefix_idx", func.substr(attempts.c.key, 1, KEY_PREFIX), attempts.c.at)
+# A key's entries are read through the task index: a key is derived from its scope, task and operation, so it
+# names one task, found in the key's record (its primary key) while there is one, and afterwards in
+# ``agentguard_ledger_keys`` (below). No index of the keys themselves: a key is random, so its entry would land on
+# a page of its own in one, the upkeep of every entry (about half a SQLite entry's insert, and the writer's lock
+# held longer as the table grows: docs/benchmarks.md, "The ledger's key index"). A store made before has such an
+# index (of the key's first characters, or older, of ``(key, at)``): the upgrade fills the keys' table from the
+# ledger and drops it (``KEYS_UPGRADE``).
+OLD_KEY_INDEXES = (f"{ATTEMPTS}_key_prefix_idx", f"{ATTEMPTS}_key_idx")
+
+# A key's task once its record is gone: a row per key whose record was deleted (swept, forgotten, by anyone: a
+# trigger on the records' table writes it, ``keys_ddl``) or that an entry names with no record to find it by (a
+# refusal: the store may have been down), kept while an entry of the key is (the ledger's sweep deletes a row
+# past its ``expires_at`` only when no entry of its key is left, and moves it on otherwise).
+KEYS = "agentguard_ledger_keys"
+ledger_keys = Table(
+    KEYS,
+    metadata,
+    Column("key", String(64), nullable=False),
+    Column("scope", String(255), nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("expires_at", Double, nullable=False),
+    PrimaryKeyConstraint("key", "scope", name=f"{KEYS}_pkey"),  # (the key first: read without a scope too)
+    Index(f"{KEYS}_expires_idx", "expires_at"),
+)
+KEYS_TRIGGER = "agentguard_calls_leave_keys"
+# Seconds a deleted record's key row outlives the record's own expiry at least (an entry written late, by a
+# writer behind its callers, is still found through it).
+KEPT_AFTER = 3600.0
+
+
+def keys_ddl(sqlite: bool) -> list[str]:
+    """The trigger that leaves a deleted record's key row, and the upgrade of a store that has a key index (its
+    keys' tasks copied from the ledger, the index dropped): run under the schema lock, each a no-op where done."""
+    kept, columns = f"OLD.expires_at + {KEPT_AFTER}", "key, scope, task_id, expires_at"
+    if sqlite:
+        return [
+            f"CREATE TRIGGER IF NOT EXISTS {KEYS_TRIGGER} AFTER DELETE ON {TABLE} BEGIN"
+            f" INSERT INTO {KEYS} ({columns}) VALUES (OLD.key, OLD.scope, OLD.task_id, {kept})"
+            " ON CONFLICT (key, scope) DO UPDATE SET expires_at = max(expires_at, excluded.expires_at); END",
+        ]
+    old = " OR ".join(f"to_regclass('{name}') IS NOT NULL" for name in OLD_KEY_INDEXES)
+    drops = " ".join(f"DROP INDEX IF EXISTS {name};" for name in OLD_KEY_INDEXES)
+    return [
+        # (a statement's deleted rows at once: a sweep's batch is one INSERT)
+        f"CREATE OR REPLACE FUNCTION {KEYS_TRIGGER}() RETURNS trigger LANGUAGE plpgsql AS $fn$ BEGIN"
+        f" INSERT INTO {KEYS} AS k ({columns}) SELECT key, scope, task_id, expires_at + {KEPT_AFTER} FROM gone"
+        " ON CONFLICT (key, scope) DO UPDATE SET expires_at = GREATEST(k.expires_at, EXCLUDED.expires_at);"
+        " RETURN NULL; END $fn$",
+        "DO $ddl$ BEGIN"
+        f" IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('{TABLE}')"
+        f" AND tgname = '{KEYS_TRIGGER}') THEN"
+        f" CREATE TRIGGER {KEYS_TRIGGER} AFTER DELETE ON {TABLE} REFERENCING OLD TABLE AS gone"
+        f" FOR EACH STATEMENT EXECUTE FUNCTION {KEYS_TRIGGER}();"
+        " END IF; END $ddl$",
+        f"DO $ddl$ BEGIN IF {old} THEN {KEYS_FILL}; {drops} END IF; END $ddl$",
+    ]
+
+
+# A key's row written beside a refusal's entry (key, scope, task id, the entry's expiry), or moved on to it.
+_KEEP_KEY_SQLITE = (f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (key, scope) DO UPDATE SET expires_at = max(expires_at, excluded.expires_at)")
+_KEEP_KEY_PG = (f"INSERT INTO {KEYS} AS k (key, scope, task_id, expires_at) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT (key, scope) DO UPDATE SET expires_at = GREATEST(k.expires_at, EXCLUDED.expires_at)")
+
+# The keys' tasks of a store that had a key index, copied from its ledger (once, as the index is dropped).
+KEYS_FILL = (f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) SELECT key, scope, min(task_id), max(expires_at)"
+             f" FROM {ATTEMPTS} WHERE key <> '' GROUP BY key, scope ON CONFLICT (key, scope) DO NOTHING")
+
 
 # The columns an entry is written with and read in, in order (``Attempt``'s fields after ``id``).
 COLUMNS = ("scope", "key", "task_id", "operation", "tool", "kind", "detail", "attempt", "call_id", "process", "at",
@@ -280,9 +341,33 @@ class AttemptStatements:
         self.insert = text(
             f"INSERT INTO {ATTEMPTS} ({', '.join(WRITTEN)}) VALUES ({', '.join(':' + c for c in WRITTEN)})"
         )
+        # A key's task, from its record (in each scope that has a chain: every scope with entries), else from its
+        # row in the keys' table; its entries then through the task index.
+        tasks = (f"SELECT c.task_id FROM {TABLE} c WHERE c.key = :key AND c.scope IN (SELECT h.scope FROM {CHAINS} h"
+                 " WHERE CAST(:scope AS VARCHAR) IS NULL OR h.scope = :scope)"
+                 f" UNION SELECT k.task_id FROM {KEYS} k WHERE k.key = :key"
+                 " AND (CAST(:scope AS VARCHAR) IS NULL OR k.scope = :scope)")
         self.by_key = text(
-            f"SELECT {cols} FROM {ATTEMPTS} WHERE substr(key, 1, {KEY_PREFIX}) = :key_prefix"
-            f" AND key = CAST(:key AS VARCHAR) AND {where} ORDER BY at, id LIMIT :limit"
+            f"SELECT {cols} FROM {ATTEMPTS} WHERE task_id IN ({tasks}) AND key = :key AND {where}"
+            " ORDER BY at, id LIMIT :limit"
+        )
+        # The keys' rows past their expiry (whether an entry of the key is left, through the task index); each
+        # deleted if none is (checked again as it is deleted), else moved on to its entries' latest expiry (at
+        # least ``KEPT_AFTER`` ahead, so that a row is not looked at again before then).
+        once = f"(SELECT {now})"
+        entries_of = (f"FROM {ATTEMPTS} a WHERE a.task_id = {{0}}.task_id AND a.key = {{0}}.key"
+                      " AND a.scope = {0}.scope")
+        self.expired_keys = text(
+            f"SELECT k.key, k.scope, EXISTS (SELECT 1 {entries_of.format('k')}) FROM {KEYS} k"
+            f" WHERE k.expires_at < {once} ORDER BY k.expires_at LIMIT :batch"
+        )
+        self.drop_key = text(
+            f"DELETE FROM {KEYS} WHERE key = :key AND scope = :scope AND expires_at < {once}"
+            f" AND NOT EXISTS (SELECT 1 {entries_of.format(KEYS)})"
+        )
+        self.keep_key = text(
+            f"UPDATE {KEYS} SET expires_at = COALESCE((SELECT max(a.expires_at) {entries_of.format(KEYS)}"
+            f" AND a.expires_at > {once} + {KEPT_AFTER}), {once} + {KEPT_AFTER}) WHERE key = :key AND scope = :scope"
         )
         self.by_task = text(
             f"SELECT {cols} FROM {ATTEMPTS} WHERE task_id = :task_id AND {where} ORDER BY at, id LIMIT :limit"
@@ -301,8 +386,8 @@ class AttemptStatements:
                 f" {ended} AS ended, CASE WHEN c.lease_until = {HELD_LEASE} THEN 1 ELSE 0 END AS held"
                 f" FROM {TABLE} c WHERE c.state = '{RUNNING}' AND c.lease_until <= {now} AND {scope}"
                 f" AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR {ended} >= :since)"
-                f" AND NOT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE substr(a.key, 1, {KEY_PREFIX}) ="
-                f" substr(c.key, 1, {KEY_PREFIX}) AND a.key = c.key AND a.scope = c.scope AND a.attempt = c.attempts"
+                f" AND NOT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE a.task_id = c.task_id AND a.key = c.key"
+                " AND a.scope = c.scope AND a.attempt = c.attempts"
                 f" AND a.kind IN ({kinds}) AND a.at >= c.created_at - {SKEW})"
             )
 
@@ -347,16 +432,27 @@ END $ddl$"""
 
 
 async def upgrade(conn: AsyncConnection, sqlite: bool) -> None:
-    """The chain's columns and index added to a ledger made before them, inside the schema's transaction (under its
-    lock: SQLite's write lock, Postgres' advisory one), only if they are missing (a read, otherwise)."""
+    """What a ledger made by an earlier version lacks, inside the schema's transaction (under its lock: SQLite's
+    write lock, Postgres' advisory one), each only if it is missing (a read, otherwise): the chain's columns and
+    index; the trigger that leaves a deleted record's key row, and in place of a key index the keys' rows
+    (``keys_ddl``)."""
     if not sqlite:
         await conn.exec_driver_sql(CHAIN_DDL)
+        for ddl in keys_ddl(sqlite=False):
+            await conn.exec_driver_sql(ddl)
         return
-    if any(tuple(r)[1] == "seq" for r in await conn.exec_driver_sql(f"PRAGMA table_info({ATTEMPTS})")):
-        return
-    for name, sql_type in zip(CHAIN_COLUMNS, ("BIGINT", "VARCHAR(64)", "VARCHAR(64)"), strict=True):
-        await conn.exec_driver_sql(f"ALTER TABLE {ATTEMPTS} ADD COLUMN {name} {sql_type}")
-    await conn.exec_driver_sql(f"CREATE UNIQUE INDEX IF NOT EXISTS {ATTEMPTS}_chain_idx ON {ATTEMPTS} (scope, seq)")
+    if not any(tuple(r)[1] == "seq" for r in await conn.exec_driver_sql(f"PRAGMA table_info({ATTEMPTS})")):
+        for name, sql_type in zip(CHAIN_COLUMNS, ("BIGINT", "VARCHAR(64)", "VARCHAR(64)"), strict=True):
+            await conn.exec_driver_sql(f"ALTER TABLE {ATTEMPTS} ADD COLUMN {name} {sql_type}")
+        await conn.exec_driver_sql(
+            f"CREATE UNIQUE INDEX IF NOT EXISTS {ATTEMPTS}_chain_idx ON {ATTEMPTS} (scope, seq)")
+    for ddl in keys_ddl(sqlite=True):
+        await conn.exec_driver_sql(ddl)
+    names = ", ".join(f"'{name}'" for name in OLD_KEY_INDEXES)
+    if list(await conn.exec_driver_sql(f"SELECT name FROM sqlite_master WHERE type = 'index' AND name IN ({names})")):
+        await conn.exec_driver_sql(KEYS_FILL)
+        for name in OLD_KEY_INDEXES:
+            await conn.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
 
 
 class AttemptLedger:
@@ -416,12 +512,17 @@ class AttemptLedger:
         hashed as the store keeps it is refused as the database refuses one (``Dialect.refuses_row``)."""
         dialect, chain, known = self._executor.dialect, self.chain, self._chained_scopes
 
+        sqlite = dialect.name == "sqlite"
+
         async def write(drv: Any) -> None:
             entries = _chain.prepared(rows)  # (hashed before the heads are locked)
-            if dialect.name == "sqlite":
-                await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced)
+            # A refusal's key may have no record to find it by (the store was down): its row, in the same transaction.
+            keyed = [(v[1], v[0], v[2], v[13]) for v, _ in entries if v[5] == REFUSED and v[1]]
+            also = [(_KEEP_KEY_SQLITE if sqlite else _KEEP_KEY_PG, keyed)] if keyed else []
+            if sqlite:
+                await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced, also)
             else:
-                await _chain.pg_append(drv, chain, entries, known)
+                await _chain.pg_append(drv, chain, entries, known, also)
 
         await self._executor.on_driver("writing the attempt ledger", write, body_ran=None)
 
@@ -433,10 +534,7 @@ class AttemptLedger:
         sql = self.sql
         params: dict[str, Any] = {"scope": scope, "since": since, "limit": limit}
         if key is not None:
-            # SQLite uses the index of the key's prefix only against a value (the prefix computed here), and only
-            # if ``key`` is not compared with a bare parameter, which it would put in place of ``key`` in the
-            # prefix's expression (its constant propagation): hence the CAST. Both plans: tests/whitebox/test_ledger.py.
-            stmt, params["key"], params["key_prefix"] = sql.by_key, key, key[:KEY_PREFIX]
+            stmt, params["key"] = sql.by_key, key  # (its plan: tests/whitebox/test_ledger.py)
         elif task_id is not None:
             stmt, params["task_id"] = sql.by_task, task_id
         else:
@@ -461,8 +559,23 @@ class AttemptLedger:
     async def sweep_attempts(self, batch: int = 1000) -> int:
         """Delete ledger entries past their retention, in short batches of at most ``batch``, paced as the
         records' sweep is (``_sweep``): each scope's chain from its start, the anchor moved where it is cut
-        (``_chain.sweep``)."""
-        return await _chain.sweep(self._executor, self.chain, batch, paced)
+        (``_chain.sweep``); then the keys' rows no entry needs any more. Returns how many entries it deleted."""
+        deleted = await _chain.sweep(self._executor, self.chain, batch, paced)
+        sql = self.sql
+
+        async def keys(size: int) -> int:
+            async def one(conn: AsyncConnection) -> int:
+                rows = [tuple(r) for r in await conn.execute(sql.expired_keys, {"batch": size})]
+                for stmt, entries_left in ((sql.drop_key, False), (sql.keep_key, True)):
+                    params = [{"key": r[0], "scope": r[1]} for r in rows if bool(r[2]) is entries_left]
+                    if params:
+                        await conn.execute(stmt, params)
+                return len(rows)
+
+            return await self._executor.run("sweeping the ledger's keys", one, body_ran=None, transaction=True)
+
+        await paced(keys, batch)
+        return deleted
 
     async def verify_ledger(self, scope: str | None = None) -> list[ChainCheck]:
         """Walk each scope's hash chain (or ``scope``'s) in one snapshot: what verified, and the first entry

@@ -312,11 +312,14 @@ class Chain:
 # -- writing: a batch placed after its scopes' heads, in one transaction ----------------------------------------
 
 
-def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced: bool) -> None:
+Also = Sequence[tuple[str, Sequence[Sequence[Any]]]]  # more statements of a batch's transaction, each with its rows
+
+
+def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced: bool, also: Also = ()) -> None:
     """On an aiosqlite connection's thread (autocommit): ``entries`` placed after their scopes' heads and
     written, and the heads moved, in one transaction that holds the write lock from its start (so no other
-    writer can place entries meanwhile). ``unsynced``: its commit not synced, as a claim's is
-    (``_aiosqlite.Unsynced``)."""
+    writer can place entries meanwhile); ``also`` run in it after them. ``unsynced``: its commit not synced, as
+    a claim's is (``_aiosqlite.Unsynced``)."""
     with Unsynced(conn) if unsynced else contextlib.nullcontext():
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -329,6 +332,8 @@ def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced
             rows, moved = place(entries, heads)
             conn.executemany(chain.sq_insert, rows)
             conn.executemany(chain.sq_move, [(seq, digest, scope) for scope, (seq, digest) in moved.items()])
+            for sql, params in also:
+                conn.executemany(sql, params)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -346,11 +351,11 @@ def _sqlite_new_head(conn: Any, chain: Chain, scope: str) -> tuple[int, str]:
     return head
 
 
-async def pg_append(drv: Any, chain: Chain, entries: Sequence[Prepared], known: set[str]) -> None:
+async def pg_append(drv: Any, chain: Chain, entries: Sequence[Prepared], known: set[str], also: Also = ()) -> None:
     """On an asyncpg connection: ``entries`` placed after their scopes' heads (locked ``FOR UPDATE`` in the
-    scopes' order), copied, and the heads moved, in one transaction. A scope's row is made first, on its own
-    (``known``: the scopes this store has seen made), so that no transaction waits for a new row while it holds
-    another's lock."""
+    scopes' order), copied, and the heads moved, in one transaction; ``also`` run in it after them. A scope's
+    row is made first, on its own (``known``: the scopes this store has seen made), so that no transaction waits
+    for a new row while it holds another's lock."""
     scopes = sorted({values[0] for values, _ in entries})
     for _ in (1, 2):
         missing = [s for s in scopes if s not in known]
@@ -367,6 +372,8 @@ async def pg_append(drv: Any, chain: Chain, entries: Sequence[Prepared], known: 
             await drv.copy_records_to_table(chain.attempts, records=rows, columns=chain.columns)
             names = list(moved)
             await drv.execute(chain.pg_move, names, [moved[s][0] for s in names], [moved[s][1] for s in names])
+            for sql, params in also:
+                await drv.executemany(sql, params)
             return
     raise LookupError(f"the ledger's chain rows of {scopes} vanished while the entries were written")
 

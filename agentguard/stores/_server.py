@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
-from ._attempts import ATTEMPTS
+from ._attempts import ATTEMPTS, KEYS, KEYS_TRIGGER
 from ._chain import CHAINS
 from ._schema import OLD_TASK_INDEX, STEPS, TABLE, TASK_INDEX, TASK_INDEX_COLUMNS, create_schema
 
@@ -34,6 +34,8 @@ PRIVILEGES = {
     STEPS: ("SELECT", "INSERT", "UPDATE", "DELETE"),
     ATTEMPTS: ("SELECT", "INSERT", "DELETE"),
     CHAINS: ("SELECT", "INSERT", "UPDATE", "DELETE"),  # each scope's head, moved by every batch and sweep
+    # a deleted record's key (the records' trigger writes it, in the deleting role's name), swept with the ledger
+    KEYS: ("SELECT", "INSERT", "UPDATE", "DELETE"),
 }
 SEQUENCE = (ATTEMPTS, "id")  # the table and column whose sequence numbers the ledger's entries
 
@@ -51,17 +53,22 @@ async def read_only(conn: AsyncConnection) -> str | None:
 
 
 async def missing_objects(conn: AsyncConnection) -> list[str]:
-    """The store's tables (and the columns an earlier version lacks) that the search path does not find."""
-    names = (TABLE, STEPS, ATTEMPTS, CHAINS)
+    """The store's tables (and the columns and the trigger an earlier version lacks) that the search path does not
+    find."""
+    names = (TABLE, STEPS, ATTEMPTS, CHAINS, KEYS)
     columns = ((TABLE, WATCHED), (ATTEMPTS, "seq"))
     found = tuple((await conn.exec_driver_sql(
         "SELECT " + ", ".join(f"to_regclass('{name}') IS NOT NULL" for name in names) + "".join(
             f", EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{table}')"
-            f" AND attname = '{column}' AND NOT attisdropped)" for table, column in columns))).one())
+            f" AND attname = '{column}' AND NOT attisdropped)" for table, column in columns)
+        + f", EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('{TABLE}') AND tgname = '{KEYS_TRIGGER}')"
+    )).one())
     tables, there = dict(zip(names, found, strict=False)), found[len(names):]
     missing = [f"table {name}" for name, ok in tables.items() if not ok]
-    missing += [f"column {table}.{column}" for (table, column), ok in zip(columns, there, strict=True)
+    missing += [f"column {table}.{column}" for (table, column), ok in zip(columns, there, strict=False)
                 if tables[table] and not ok]
+    if tables[TABLE] and not there[-1]:
+        missing.append(f"trigger {KEYS_TRIGGER} on {TABLE}")
     return missing
 
 

@@ -235,8 +235,9 @@ def test_a_role_without_the_schemas_rights_fails_with_the_grants_that_make_it_pa
     code, doc, line = privileges(url, tmp_path)
     assert code == 1 and line["status"] == "FAIL", line
     assert line["found"] == (f"as {role}: agentguard_calls, agentguard_steps, agentguard_attempts, "
-                             "agentguard_ledger_chains absent, and this role may not create tables in schema public "
-                             "(nor may a guard of it; a role that may can create them by running a guard once)")
+                             "agentguard_ledger_chains, agentguard_ledger_keys absent, and this role may not create "
+                             "tables in schema public (nor may a guard of it; a role that may can create them by "
+                             "running a guard once)")
     assert line["fix"] == f"GRANT CREATE ON SCHEMA public TO {role}" and doc["race"] is None
     run_sql(store_url, line["fix"])
 
@@ -259,11 +260,11 @@ def test_a_role_without_rights_on_tables_another_made_fails_with_the_grants_that
     asyncio.run(make_tables())
     code, doc, line = privileges(url, tmp_path)
     assert code == 1 and line["status"] == "FAIL", line
-    assert ("no SELECT on agentguard_calls, agentguard_steps, agentguard_attempts, agentguard_ledger_chains"
-            in line["found"]), line
+    assert ("no SELECT on agentguard_calls, agentguard_steps, agentguard_attempts, agentguard_ledger_chains,"
+            " agentguard_ledger_keys" in line["found"]), line
     assert line["fix"] == (f"GRANT USAGE ON SEQUENCE public.agentguard_attempts_id_seq TO {role}; GRANT SELECT, "
                            "INSERT, UPDATE, DELETE ON agentguard_attempts, agentguard_calls, agentguard_ledger_chains,"
-                           f" agentguard_steps TO {role}")
+                           f" agentguard_ledger_keys, agentguard_steps TO {role}")
     assert doc["race"] is None
     run_sql(store_url, line["fix"])
 

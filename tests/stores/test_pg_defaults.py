@@ -169,7 +169,8 @@ async def test_a_search_path_of_the_applications_schema_then_public(store_url: s
     tables = await run_sql(store_url, "SELECT table_schema, table_name FROM information_schema.tables"
                                       " WHERE table_name LIKE 'agentguard%' ORDER BY table_name")
     assert [tuple(t) for t in tables] == [(where, "agentguard_attempts"), (where, "agentguard_calls"),
-                                          (where, "agentguard_ledger_chains"), (where, "agentguard_steps")]
+                                          (where, "agentguard_ledger_chains"), (where, "agentguard_ledger_keys"),
+                                          (where, "agentguard_steps")]
 
 
 # -- roles -------------------------------------------------------------------------------------------------
@@ -181,8 +182,8 @@ TASK_INDEX, OLD_TASK_INDEX = "agentguard_calls_by_task_idx", "agentguard_calls_t
 
 def grants_sql(role: str, *, create: bool) -> str:
     return (f"GRANT USAGE{', CREATE' if create else ''} ON SCHEMA public TO {role};"
-            f" GRANT SELECT, INSERT, UPDATE, DELETE ON agentguard_calls, agentguard_steps, agentguard_ledger_chains"
-            f" TO {role};"
+            f" GRANT SELECT, INSERT, UPDATE, DELETE ON agentguard_calls, agentguard_steps, agentguard_ledger_chains,"
+            f" agentguard_ledger_keys TO {role};"
             f" GRANT SELECT, INSERT, DELETE ON agentguard_attempts TO {role};"
             f" GRANT USAGE ON SEQUENCE agentguard_attempts_id_seq TO {role}")
 
@@ -267,10 +268,14 @@ async def test_migrate_sql_makes_the_same_store_as_the_guard(store_url: str) -> 
     described = ("SELECT table_name, column_name, data_type, is_nullable, column_default"
                  " FROM information_schema.columns WHERE table_name LIKE 'agentguard%' ORDER BY 1, 2")
     indexes = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename LIKE 'agentguard%' ORDER BY 1"
-    by_migrate = (await run_sql(store_url, described), await run_sql(store_url, indexes))
+    triggers = ("SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(t.oid), p.prosrc FROM pg_trigger t"
+                " JOIN pg_proc p ON p.oid = t.tgfoid WHERE NOT tgisinternal ORDER BY 1, 2")
+    statements = (described, indexes, triggers)
+    by_migrate = [await run_sql(store_url, sql) for sql in statements]
+    assert [tuple(r)[:2] for r in by_migrate[2]] == [("agentguard_calls", "agentguard_calls_leave_keys")]
     await run_sql(store_url, "DROP SCHEMA public CASCADE; CREATE SCHEMA public")
     assert len(await charge_twice_each(store_url)) == 6  # the guard makes it
-    assert (await run_sql(store_url, described), await run_sql(store_url, indexes)) == by_migrate
+    assert [await run_sql(store_url, sql) for sql in statements] == by_migrate
 
 
 async def test_a_role_that_may_not_update_the_records_is_refused_before_any_body(

@@ -339,44 +339,166 @@ async def test_a_copied_batch_stores_what_the_inserts_store_but_a_refused_entry(
     ]
 
 
-async def test_a_keys_entries_are_found_through_the_key_prefix_index_on_a_new_and_on_an_older_store(
-    store_url: str,
+async def _plan(store_url: str, sql: str, params: Any) -> str:
+    """The database's plan of ``sql`` (the store's own, compiled for its driver) with ``params``."""
+    if BACKEND == "sqlite":
+        with sqlite3.connect(make_url(store_url).database or "") as conn:
+            return "\n".join(str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+    conn = await asyncpg.connect(pg_dsn(store_url))
+    try:
+        await conn.execute("ANALYZE agentguard_attempts; ANALYZE agentguard_calls; ANALYZE agentguard_ledger_keys")
+        return "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *params))
+    finally:
+        await conn.close()
+
+
+def _noise(n: int, kind: str = "ran", scope: str = "s") -> list[tuple[Any, ...]]:
+    """``n`` entries of keys of their own (five to a task), no record behind them, written straight to the ledger."""
+    keys = [derive_key(scope, f"noise-task-{i // 5}", f"op-{i}") for i in range(n)]
+    return [(scope, k, f"noise-task-{i // 5}", "op", "tool", kind, "store unavailable" if kind == "refused" else
+             "succeeded", 1, None, "h:1", 1.7e9 + i, None, None, 2e9) for i, k in enumerate(keys)]
+
+
+async def test_a_keys_entries_are_read_through_its_task_while_it_has_a_record_and_after_it_is_gone(
+    make_guard: Callable[..., Guard], store_url: str
 ) -> None:
-    """``agentguard show KEY`` reads a key's entries through an index, never a scan of the ledger: a new store's
-    index of the key's first characters, and an older store's index of ``(key, at)`` (the same statement)."""
+    """``agentguard show KEY`` reads a key's entries through the ledger's task index, never a scan of the ledger:
+    the key's task is found in its record while there is one, and once the record is gone — forgotten, or swept
+    — in the row the records' trigger left for it in ``agentguard_ledger_keys``. The ledger keeps no index of
+    keys (each entry would land on a page of its own in one)."""
+    g = make_guard()
+    await g.ensure_schema()
+    store = g._store
+    assert isinstance(store, SQLStore)
+    await store.write_attempts(_noise(5000, scope="default"))  # (the scope of the calls below)
+    t = tid()
+
+    @g.once(key=["order"])
+    async def charge(order: str) -> str:
+        return order
+
+    with task(t):
+        for order in ("kept", "forgotten", "swept"):
+            await charge(order)
+            await charge(order)
+    keys = {r.operation.split("=")[1].strip('"]'): r.key for r in await g.records(task_id=t)}
+    await g.forget(keys["forgotten"])
+    await raw_exec(store_url, f"UPDATE agentguard_calls SET expires_at = 0 WHERE key = '{keys['swept']}'")
+    assert await g.sweep() == 1
+    await g.flush_ledger()
+    assert {name: [e.kind for e in await g.attempts(key=key)] for name, key in keys.items()} == {
+        "kept": ["ran", "replayed"], "forgotten": ["ran", "replayed", "forgotten"], "swept": ["ran", "replayed"]}
+    for key in keys.values():  # (in the key's scope, and with another scope's name, none)
+        assert [e.key for e in await g.attempts(key=key, scope="default")] == [key] * (2 + (key == keys["forgotten"]))
+        assert await g.attempts(key=key, scope="elsewhere") == []
+    assert await g.attempts(key="ag_" + "0" * 48) == []
+
+    sql, args = store._executor._compiled(store.ledger.sql.by_key, store.engine())
+    for key in (keys["kept"], keys["forgotten"]):
+        for scope in (None, "default"):
+            plan = await _plan(store_url, sql, args({"key": key, "scope": scope, "since": None, "limit": 10}))
+            assert "agentguard_attempts_task_idx" in plan, plan
+            assert "SCAN agentguard_attempts" not in plan and "Seq Scan on agentguard_attempts" not in plan, plan
+            assert "key_prefix_idx" not in plan
+
+
+async def test_a_refusals_key_is_found_with_no_record_behind_it(store_url: str) -> None:
+    """A refusal may have no record to find its key by (the store was down when the call came): the writer
+    leaves the key's row beside its entry, in the same transaction; the entries of other kinds leave none."""
     store = SQLStore(store_url)
     try:
         await store.ensure_schema()
-        keys = [derive_key("s", f"task-{i // 5}", f"op-{i}") for i in range(5000)]
-        rows = [("s", k, f"task-{i // 5}", "op", "tool", "ran", "succeeded", 1, None, "h:1", 1.7e9 + i, None, None,
-                 2e9) for i, k in enumerate(keys)]
-        await store.write_attempts(rows)
-        sql, args = store._executor._compiled(store.ledger.sql.by_key, store.engine())
-        params = args({"key": keys[1234], "key_prefix": keys[1234][:16], "scope": None, "since": None, "limit": 10})
-        found = await store.read_attempts(key=keys[1234])
+        refused, ran = _noise(3, "refused"), _noise(6)[3:]
+        await store.write_attempts([*refused, *ran])
+        found = [await store.read_attempts(key=row[1]) for row in refused]
+        rows = await store.ledger._executor.run("test", _key_rows, body_ran=None)
     finally:
         await store.dispose()
-    assert [(e.key, e.task_id) for e in found] == [(keys[1234], "task-246")]
+    assert [[(e.key, e.kind, e.detail) for e in entries] for entries in found] == [
+        [(row[1], "refused", "store unavailable")] for row in refused]
+    assert rows == sorted((row[1], row[2], 2e9) for row in refused)
 
-    async def plan() -> str:
-        if BACKEND == "sqlite":
-            with sqlite3.connect(make_url(store_url).database or "") as conn:
-                return "\n".join(str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
-        conn = await asyncpg.connect(pg_dsn(store_url))
-        try:
-            await conn.execute("ANALYZE agentguard_attempts")
-            return "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *params))
-        finally:
-            await conn.close()
 
-    new = await plan()
-    assert "agentguard_attempts_key_prefix_idx" in new, new
-    await raw_exec(store_url, "DROP INDEX agentguard_attempts_key_prefix_idx")
-    await raw_exec(store_url, "CREATE INDEX agentguard_attempts_key_idx ON agentguard_attempts (key, at)")
-    older = await plan()
-    assert "agentguard_attempts_key_idx" in older, older
-    for p in (new, older):
-        assert "SCAN agentguard_attempts" not in p and "Seq Scan" not in p, p
+async def _key_rows(conn: Any) -> list[tuple[str, str, float]]:
+    from sqlalchemy import text
+
+    return [(r[0], r[1], float(r[2])) for r in
+            await conn.execute(text("SELECT key, task_id, expires_at FROM agentguard_ledger_keys ORDER BY key"))]
+
+
+@pytest.mark.parametrize("index", ["agentguard_attempts_key_prefix_idx", "agentguard_attempts_key_idx"])
+async def test_a_store_with_a_key_index_gets_its_keys_rows_and_loses_the_index(store_url: str, index: str) -> None:
+    """A store made by an earlier version has an index of the ledger's keys (their first characters, or older,
+    ``(key, at)``) and no keys' table: opened, its keys' tasks are copied from the ledger and the index is
+    dropped, under the schema lock, so that a key whose record is long gone is still read."""
+    store = SQLStore(store_url)
+    try:
+        await store.ensure_schema()
+        rows = _noise(40)
+        await store.write_attempts(rows)
+    finally:
+        await store.dispose()
+    column = "substr(key, 1, 16)" if index.endswith("prefix_idx") else "key"
+    if BACKEND == "sqlite":
+        drop = "DROP TRIGGER agentguard_calls_leave_keys;"
+    else:
+        drop = ("DROP TRIGGER agentguard_calls_leave_keys ON agentguard_calls;"
+                " DROP FUNCTION agentguard_calls_leave_keys();")
+    await raw_exec(store_url, f"{drop} DROP TABLE agentguard_ledger_keys;"
+                              f" CREATE INDEX {index} ON agentguard_attempts ({column}, at);")
+    store = SQLStore(store_url)
+    try:
+        await store.ensure_schema()
+        found = [await store.read_attempts(key=row[1]) for row in rows[::7]]
+        kept = await store.ledger._executor.run("test", _key_rows, body_ran=None)
+        names = await store.ledger._executor.run("test", _index_names, body_ran=None)
+    finally:
+        await store.dispose()
+    assert [[e.key for e in entries] for entries in found] == [[row[1]] for row in rows[::7]]
+    assert kept == sorted((row[1], row[2], 2e9) for row in rows)
+    assert index not in names and "agentguard_attempts_task_idx" in names, names
+
+
+async def _index_names(conn: Any) -> set[str]:
+    from sqlalchemy import text
+
+    sql = ("SELECT name FROM sqlite_master WHERE type = 'index'" if BACKEND == "sqlite"
+           else "SELECT indexname FROM pg_indexes WHERE tablename = 'agentguard_attempts'")
+    return {r[0] for r in await conn.execute(text(sql))}
+
+
+async def test_a_keys_row_lasts_while_an_entry_of_its_key_does(
+    make_guard: Callable[..., Guard], store_url: str
+) -> None:
+    """The ledger's sweep deletes a key's row past its expiry only once no entry of the key is left; while one
+    is, the row is moved on to that entry's expiry (looked at again then, not at every sweep)."""
+    g = make_guard()
+    t = tid()
+
+    @g.once
+    async def send() -> str:
+        return "sent"
+
+    with task(t):
+        await send()
+    key = (await g.records(task_id=t))[0].key
+    await g.forget(key)
+    await g.flush_ledger()
+    far = 4e9
+    await raw_exec(store_url, f"UPDATE agentguard_ledger_keys SET expires_at = 0 WHERE key = '{key}';"
+                              f" UPDATE agentguard_attempts SET expires_at = {far} WHERE key = '{key}';")
+    await g.sweep()
+    store = g._store
+    assert isinstance(store, SQLStore)
+    assert [r[:2] for r in await store.ledger._executor.run("test", _key_rows, body_ran=None) if r[0] == key] == [
+        (key, t)]
+    assert [r[2] for r in await store.ledger._executor.run("test", _key_rows, body_ran=None) if r[0] == key] == [far]
+    assert [e.kind for e in await g.attempts(key=key)] == ["ran", "forgotten"]
+    await raw_exec(store_url, f"UPDATE agentguard_ledger_keys SET expires_at = 0 WHERE key = '{key}';"
+                              f" UPDATE agentguard_attempts SET expires_at = 0 WHERE key = '{key}';")
+    await g.sweep()
+    assert await g.attempts(key=key) == []
+    assert [r for r in await store.ledger._executor.run("test", _key_rows, body_ran=None) if r[0] == key] == []
 
 
 async def test_an_entry_with_a_host_id_no_store_holds_does_not_take_its_batch_with_it(

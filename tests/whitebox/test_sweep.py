@@ -116,8 +116,9 @@ async def test_the_sweep_deletes_exactly_the_expired_records_nobody_holds_beside
 
 
 async def _empty_sweep(url: str, n: int, prefix: str = "a") -> list[tuple[str, Any]]:
-    """The statements a guard's sweep sends on a store of ``n`` live records and ``n`` ledger entries, none of
-    them expired (each sweep deletes nothing); the table is analysed first, as autovacuum would."""
+    """The statements a guard's sweep sends on a store of ``n`` live records, ``n`` ledger entries and ``n`` keys'
+    rows (of records gone), none of them expired (each sweep deletes nothing); the tables are analysed first, as
+    autovacuum would."""
     async with Guard(url) as guard:
         await guard.ensure_schema()
         store = guard._store
@@ -128,11 +129,15 @@ async def _empty_sweep(url: str, n: int, prefix: str = "a") -> list[tuple[str, A
         attempts = ("INSERT INTO agentguard_attempts (scope, key, task_id, operation, tool, kind, detail, attempt,"
                     " process, at, expires_at) VALUES ('default', :k, 't', 'op', 'op', 'ran', 'succeeded', 1,"
                     " 'p', :now, :until)")
+        keys = ("INSERT INTO agentguard_ledger_keys (key, scope, task_id, expires_at)"
+                " VALUES (:k, 'default', 't', :until)")
         if url.startswith("sqlite"):
-            await asyncio.to_thread(_execute_sqlite, str(make_url(url).database), attempts, entries)
+            for stmt in (attempts, keys):
+                await asyncio.to_thread(_execute_sqlite, str(make_url(url).database), stmt, entries)
         async with store.engine().begin() as conn:
             if not url.startswith("sqlite"):
                 await conn.execute(text(attempts), entries)
+                await conn.execute(text(keys), entries)
             await conn.execute(text("ANALYZE"))
         sent: list[tuple[str, Any]] = []
 
@@ -188,7 +193,8 @@ async def _tuples_read(url: str, sent: list[tuple[str, Any]]) -> dict[str, tuple
             await conn.execute(stmt, *params)
         rows = await conn.fetch(
             "SELECT relname, seq_tup_read, idx_tup_fetch, n_tup_del FROM pg_stat_xact_user_tables"
-            " WHERE relname IN ('agentguard_calls', 'agentguard_attempts', 'agentguard_steps')")
+            " WHERE relname IN ('agentguard_calls', 'agentguard_attempts', 'agentguard_steps',"
+            " 'agentguard_ledger_keys')")
         await tx.rollback()
     finally:
         await conn.close()
@@ -203,8 +209,8 @@ async def test_a_sweep_with_nothing_to_delete_reads_no_row_however_large_the_tab
     sent = {small: await _empty_sweep(urls[small], small)} if store_url.startswith("sqlite") else {}
     if store_url.startswith("sqlite"):
         sent[large] = await _empty_sweep(urls[large], large)
-        # the records' sweep and the ledger's: no orphans' pass after a sweep that deleted nothing
-        assert [s for s, _ in sent[large]] == [s for s, _ in sent[small]] and len(sent[large]) == 2
+        # the records' sweep, the ledger's and its keys': no orphans' pass after a sweep that deleted nothing
+        assert [s for s, _ in sent[large]] == [s for s, _ in sent[small]] and len(sent[large]) == 3
         path = {n: str(make_url(urls[n]).database) for n in (small, large)}
         counts = {n: _vm_steps(path[n], sent[n]) for n in (small, large)}
         # a statement that reads every row takes more than an instruction per row: the counter sees rows
@@ -219,12 +225,13 @@ async def test_a_sweep_with_nothing_to_delete_reads_no_row_however_large_the_tab
     sent[large] = await _empty_sweep(store_url, large, "a")
     first = await _tuples_read(store_url, sent[large])
     sent[2 * large] = await _empty_sweep(store_url, large, "b")
-    assert [s for s, _ in sent[2 * large]] == [s for s, _ in sent[large]] and len(sent[large]) == 2
+    assert [s for s, _ in sent[2 * large]] == [s for s, _ in sent[large]] and len(sent[large]) == 3
     second = await _tuples_read(store_url, sent[2 * large])
     # No row read at either size: no sequential read, nothing deleted, and a few index fetches at most (the
     # heap tuples at the index's edge, whose number the visibility of recent rows moves: 1 or 2 from one run to
     # the next), not one per row of 20,000 or 40,000.
     for read in (first, second):
-        assert read.keys() == {"agentguard_calls", "agentguard_steps", "agentguard_attempts"}, read
+        assert read.keys() == {"agentguard_calls", "agentguard_steps", "agentguard_attempts",
+                               "agentguard_ledger_keys"}, read
         assert all(seq == 0 and fetched <= 4 and deleted == 0 for seq, fetched, deleted in read.values()), (
             first, second)
