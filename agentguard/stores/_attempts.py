@@ -87,9 +87,9 @@ attempts = Table(
 # names one task, found in the key's record (its primary key) while there is one, and afterwards in
 # ``agentguard_ledger_keys`` (below). No index of the keys themselves: a key is random, so its entry would land on
 # a page of its own in one, the upkeep of every entry (about half a SQLite entry's insert, and the writer's lock
-# held longer as the table grows: docs/benchmarks.md, "The ledger's key index"). A store made before has such an
-# index (of the key's first characters, or older, of ``(key, at)``): the upgrade fills the keys' table from the
-# ledger and drops it (``KEYS_UPGRADE``).
+# held longer as the table grows: docs/benchmarks.md, "The ledger without a key index"). A store made before has
+# such an index (of the key's first characters, or older, of ``(key, at)``): the upgrade fills the keys' table
+# from the ledger and drops it (``keys_ddl``, ``KEYS_FILL``).
 OLD_KEY_INDEXES = (f"{ATTEMPTS}_key_prefix_idx", f"{ATTEMPTS}_key_idx")
 
 # A key's task once its record is gone: a row per key whose record was deleted (swept, forgotten, by anyone: a
