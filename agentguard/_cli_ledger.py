@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._errors import CommandError
+from ._errors import CommandError, GuardError
 
 if TYPE_CHECKING:  # (the command's --help must not wait for SQLAlchemy: the stores are imported when used)
     from ._guard import Guard
@@ -113,15 +113,30 @@ def _entry_line(e: Attempt, *, with_operation: bool) -> str:
 def _show(args: argparse.Namespace, ref: StoreRef) -> int:
     scope = args.scope if args.scope is not None else ref.scope
 
-    async def go(g: Guard) -> tuple[RecordDetail, list[Attempt]]:
-        rec = await g.record(await full_key(g, args.key, scope), scope=scope)
-        return rec, await g.attempts(key=rec.key, scope=rec.scope)
+    async def go(g: Guard) -> tuple[RecordDetail | None, str, list[Attempt]]:
+        key = await full_key(g, args.key, scope)
+        try:
+            rec = await g.record(key, scope=scope)
+        except GuardError:
+            # No record (forgotten, or swept): the ledger still tells what became of the key, in its one scope.
+            entries = await g.attempts(key=key, scope=scope)
+            if not entries or len({e.scope for e in entries}) > 1:
+                raise
+            return None, key, entries
+        return rec, rec.key, await g.attempts(key=rec.key, scope=rec.scope)
 
-    rec, entries = _run(ref, go)
+    rec, key, entries = _run(ref, go)
     if args.json:
-        record = {k: v for k, v in asdict(rec).items() if k != "steps"}
-        steps = [{"name": n, "seq": s, "state": st, "result": r} for n, s, st, r in rec.steps]
+        record = None if rec is None else {k: v for k, v in asdict(rec).items() if k != "steps"}
+        steps = [] if rec is None else [{"name": n, "seq": s, "state": st, "result": r} for n, s, st, r in rec.steps]
         print(json.dumps({"record": record, "steps": steps, "attempts": [e.as_dict() for e in entries]}))
+        return 0
+    if rec is None:
+        print(f"{key}  scope={entries[0].scope}  task={entries[0].task_id}\n  operation  {entries[0].operation}\n"
+              "  no record: forgotten, or swept after its retention (its attempts are kept for theirs)")
+        print(f"attempts ({len(entries)}):")
+        for e in entries:
+            print("  " + _entry_line(e, with_operation=False))
         return 0
     lease = f" (lease {rec.lease_left:.0f}s left)" if rec.lease_left is not None and rec.lease_left > 0 else ""
     print(f"{rec.key}  scope={rec.scope}  task={rec.task_id}\n  operation  {rec.operation}\n  state      "

@@ -119,6 +119,15 @@ def test_forget_asks_refuses_a_running_claim_and_leaves_an_entry(store_url: str,
     kinds = [a["kind"] for a in json.loads(run("timeline", t, "--url", store_url, "--json", cwd=tmp_path).stdout)
              ["attempts"] if a["key"] == ok]
     assert kinds == ["ran", "replayed", "refused", "forgotten"]
+    # its record gone, `show` still tells what became of the key, from the ledger
+    out = run("show", ok, "--url", store_url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"{ok}  scope=default  task={t}" in out.stdout and "no record: forgotten" in out.stdout, out.stdout
+    assert [line.split()[2] for line in out.stdout.splitlines() if line.startswith("  20")] == [
+        "ran", "REPLAY", "REFUSED", "FORGOT"]
+    shown = json.loads(run("show", ok, "--url", store_url, "--json", cwd=tmp_path).stdout)
+    assert shown["record"] is None and shown["steps"] == []
+    assert [a["kind"] for a in shown["attempts"]] == ["ran", "replayed", "refused", "forgotten"]
 
 
 def test_a_store_of_an_earlier_version_is_upgraded_by_the_command(store_url: str, tmp_path: Path) -> None:
