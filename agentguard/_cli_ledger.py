@@ -134,10 +134,15 @@ def _show(args: argparse.Namespace, ref: StoreRef) -> int:
     if rec is None:
         print(f"{key}  scope={entries[0].scope}  task={entries[0].task_id}\n  operation  {entries[0].operation}\n"
               "  no record: forgotten, or swept after its retention (its attempts are kept for theirs)")
-        print(f"attempts ({len(entries)}):")
-        for e in entries:
-            print("  " + _entry_line(e, with_operation=False))
-        return 0
+    else:
+        _print_record(rec)
+    print(f"attempts ({len(entries)}):" if entries else "no attempts in the ledger")
+    for e in entries:
+        print("  " + _entry_line(e, with_operation=False))
+    return 0
+
+
+def _print_record(rec: RecordDetail) -> None:
     lease = f" (lease {rec.lease_left:.0f}s left)" if rec.lease_left is not None and rec.lease_left > 0 else ""
     print(f"{rec.key}  scope={rec.scope}  task={rec.task_id}\n  operation  {rec.operation}\n  state      "
           f"{rec.state}{lease}\n  attempts   {rec.attempts}\n  created    {rec.age:.0f}s ago, updated "
@@ -148,10 +153,6 @@ def _show(args: argparse.Namespace, ref: StoreRef) -> int:
         print(f"  audit      {rec.audit}")
     for name, seq, state, result in rec.steps:
         print(f"  step {seq}: {name} {state}" + (f" {result}" if result is not None else ""))
-    print(f"attempts ({len(entries)}):" if entries else "no attempts in the ledger")
-    for e in entries:
-        print("  " + _entry_line(e, with_operation=False))
-    return 0
 
 
 def _timeline(args: argparse.Namespace, ref: StoreRef) -> int:

@@ -113,6 +113,12 @@ KEYS_TRIGGER = "agentguard_calls_leave_keys"
 KEPT_AFTER = 3600.0
 
 
+# A key's row written, or moved on to the later expiry where it is there: the one upsert of each dialect, run by the
+# records' trigger and by the ledger's writer alike.
+_MOVED_ON = {True: "ON CONFLICT (key, scope) DO UPDATE SET expires_at = max(expires_at, excluded.expires_at)",
+             False: "ON CONFLICT (key, scope) DO UPDATE SET expires_at = GREATEST(k.expires_at, EXCLUDED.expires_at)"}
+
+
 def keys_ddl(sqlite: bool) -> list[str]:
     """The trigger that leaves a deleted record's key row, and the upgrade of a store that has a key index (its
     keys' tasks copied from the ledger, the index dropped): run under the schema lock, each a no-op where done."""
@@ -120,8 +126,8 @@ def keys_ddl(sqlite: bool) -> list[str]:
     if sqlite:
         return [
             f"CREATE TRIGGER IF NOT EXISTS {KEYS_TRIGGER} AFTER DELETE ON {TABLE} BEGIN"
-            f" INSERT INTO {KEYS} ({columns}) VALUES (OLD.key, OLD.scope, OLD.task_id, {kept})"
-            " ON CONFLICT (key, scope) DO UPDATE SET expires_at = max(expires_at, excluded.expires_at); END",
+            f" INSERT INTO {KEYS} ({columns}) VALUES (OLD.key, OLD.scope, OLD.task_id, {kept}) {_MOVED_ON[True]};"
+            " END",
         ]
     old = " OR ".join(f"to_regclass('{name}') IS NOT NULL" for name in OLD_KEY_INDEXES)
     drops = " ".join(f"DROP INDEX IF EXISTS {name};" for name in OLD_KEY_INDEXES)
@@ -129,8 +135,7 @@ def keys_ddl(sqlite: bool) -> list[str]:
         # (a statement's deleted rows at once: a sweep's batch is one INSERT)
         f"CREATE OR REPLACE FUNCTION {KEYS_TRIGGER}() RETURNS trigger LANGUAGE plpgsql AS $fn$ BEGIN"
         f" INSERT INTO {KEYS} AS k ({columns}) SELECT key, scope, task_id, expires_at + {KEPT_AFTER} FROM gone"
-        " ON CONFLICT (key, scope) DO UPDATE SET expires_at = GREATEST(k.expires_at, EXCLUDED.expires_at);"
-        " RETURN NULL; END $fn$",
+        f" {_MOVED_ON[False]}; RETURN NULL; END $fn$",
         "DO $ddl$ BEGIN"
         f" IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('{TABLE}')"
         f" AND tgname = '{KEYS_TRIGGER}') THEN"
@@ -141,11 +146,10 @@ def keys_ddl(sqlite: bool) -> list[str]:
     ]
 
 
-# A key's row written beside a refusal's entry (key, scope, task id, the entry's expiry), or moved on to it.
-_KEEP_KEY_SQLITE = (f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (key, scope) DO UPDATE SET expires_at = max(expires_at, excluded.expires_at)")
-_KEEP_KEY_PG = (f"INSERT INTO {KEYS} AS k (key, scope, task_id, expires_at) VALUES ($1, $2, $3, $4)"
-                " ON CONFLICT (key, scope) DO UPDATE SET expires_at = GREATEST(k.expires_at, EXCLUDED.expires_at)")
+# A key's row written beside a refusal's entry (key, scope, task id, the entry's expiry), by each dialect's driver.
+_KEEP_KEY = {True: f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) VALUES (?, ?, ?, ?) {_MOVED_ON[True]}",
+             False: f"INSERT INTO {KEYS} AS k (key, scope, task_id, expires_at) VALUES ($1, $2, $3, $4)"
+                    f" {_MOVED_ON[False]}"}
 
 # The keys' tasks of a store that had a key index, copied from its ledger (once, as the index is dropped).
 KEYS_FILL = (f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) SELECT key, scope, min(task_id), max(expires_at)"
@@ -511,14 +515,13 @@ class AttemptLedger:
         bound by sqlite3 on aiosqlite's thread, unsynced at ``FULL`` as a claim is). A value that cannot be
         hashed as the store keeps it is refused as the database refuses one (``Dialect.refuses_row``)."""
         dialect, chain, known = self._executor.dialect, self.chain, self._chained_scopes
-
         sqlite = dialect.name == "sqlite"
 
         async def write(drv: Any) -> None:
             entries = _chain.prepared(rows)  # (hashed before the heads are locked)
             # A refusal's key may have no record to find it by (the store was down): its row, in the same transaction.
             keyed = [(v[1], v[0], v[2], v[13]) for v, _ in entries if v[5] == REFUSED and v[1]]
-            also = [(_KEEP_KEY_SQLITE if sqlite else _KEEP_KEY_PG, keyed)] if keyed else []
+            also = [(_KEEP_KEY[sqlite], keyed)] if keyed else []
             if sqlite:
                 await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced, also)
             else:
