@@ -47,6 +47,7 @@ from ._aiosqlite import fetch_plan as aiosqlite_plan
 from ._aiosqlite import fetch_row as aiosqlite_row
 from ._budget import Budget
 from ._claims import InsertFirst, Plan, ReadFirst
+from ._direct import ENGINE_CHECKPOINT_FRAMES
 from ._schema import TABLE
 from ._statements import Compiled, compiler
 from ._verbs import Plans
@@ -322,6 +323,9 @@ class SQLite(Dialect):
             cur.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
             if not memory:
                 cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
+                # Checkpoints are the thread's (``_direct``): at SQLite's default of 1,000 frames the ledger's batch
+                # whose commit crossed it copied the WAL and synced the database, on top of the thread's checkpoints.
+                cur.execute(f"PRAGMA wal_autocheckpoint = {ENGINE_CHECKPOINT_FRAMES}")
             cur.execute(f"PRAGMA synchronous = {synchronous}")
             cur.close()
 

@@ -25,7 +25,10 @@ Every connection here is opened with a busy timeout of 0: a hot write waits for 
 Neither kind of caller checkpoints (a checkpoint copies pages into the database and, at ``NORMAL`` or ``FULL``,
 syncs it: a stall of the call that happened to cross SQLite's threshold). ``wal_autocheckpoint`` is 0 on every
 connection here; every ``CHECKPOINT_EVERY`` commits made here, a checkpoint runs on a short-lived thread of its
-own, which no loop need schedule, so a caller whose calls never suspend still gets its WAL checkpointed.
+own, which no loop need schedule, so a caller whose calls never suspend still gets its WAL checkpointed. The
+engine's connections (the ledger writer's batches among them) leave checkpoints to that thread too: theirs start
+only past ``ENGINE_CHECKPOINT_FRAMES``, twice the size at which the thread restarts the WAL, so they checkpoint only
+a file whose thread has had no commits to count.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ CHECKPOINT_EVERY = 300  # commits made here (any thread) between two checkpoints
 CHECKPOINT_WAIT = 2.0  # seconds a restarting checkpoint waits for the writer of the moment (and readers)
 AT_ONCE_WAIT = 0.05  # seconds an event loop's write tries again for SQLite's write lock before it hops
 WAL_RESTART_FRAMES = 4000  # WAL frames (pages written: about 16 MB) past which a checkpoint restarts the WAL
+# The engine's connections (aiosqlite's: the ledger's batches, hops, sweeps, steps) checkpoint only past this many
+# WAL frames: a net for a file whose checkpoint thread has no commits to count, never the cadence (see ``_dialects``)
+ENGINE_CHECKPOINT_FRAMES = 2 * WAL_RESTART_FRAMES
 
 
 class NotNow:

@@ -375,6 +375,51 @@ async def test_commits_made_at_once_or_in_a_sync_tools_thread_are_checkpointed(t
         assert db.execute("SELECT count(*) FROM agentguard_calls WHERE state = 'succeeded'").fetchone()[0] == 6000
 
 
+async def test_the_ledgers_batches_leave_checkpoints_to_the_checkpoint_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger writer's batches commit on the engine's connections, which checkpoint only past
+    ``ENGINE_CHECKPOINT_FRAMES``: at SQLite's default of 1,000 frames the batch whose commit crossed it copied the WAL
+    into the database and synced it, on top of the checkpoint thread's work (a caller's time, on one CPU). Past that
+    size an engine's commit does checkpoint: the net for a file whose checkpoint thread has no commits to count."""
+    from agentguard.stores import _direct
+
+    monkeypatch.setattr(_direct, "CHECKPOINT_EVERY", 10**9)  # the thread never runs: only the engine could checkpoint
+    path = tmp_path / "l.db"
+    wal = path.with_name(path.name + "-wal")
+    guard = Guard(f"sqlite+aiosqlite:///{path}", sqlite_synchronous="NORMAL", cache_size=0)
+    calls = 0
+
+    @guard.once(key=["order_id"])
+    async def charge(order_id: str) -> str:
+        return order_id * 20
+
+    def frames() -> int:  # (no checkpoint: the WAL only grows)
+        data = wal.read_bytes() if wal.exists() else b""
+        return (len(data) - 32) // (int.from_bytes(data[8:12], "big") + 24) if len(data) > 32 else 0
+
+    async def until(past: int) -> None:
+        nonlocal calls
+        while frames() <= past:
+            with task(f"t-{calls // 100}"):
+                for _ in range(50):
+                    await charge(f"o-{calls}")
+                    calls += 1
+
+    try:
+        await until(1500)  # past SQLite's default (1,000), short of the net
+        before = path.read_bytes()
+        await guard.flush_ledger()
+        assert path.read_bytes() == before  # the batch's commit copied nothing into the database
+        await until(_direct.ENGINE_CHECKPOINT_FRAMES)
+        await guard.flush_ledger()
+        assert path.read_bytes() != before  # ... and past the net it did
+        assert guard.ledger_dropped == 0
+    finally:
+        await guard.aclose()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM agentguard_attempts").fetchone()[0] == calls
+
+
 # -- the edges the suite's timing reaches only sometimes, made to happen ----------------------------------------
 
 
