@@ -78,7 +78,8 @@ async def full_key(g: Guard, given: str, scope: str | None) -> str:
     distinct = list(dict.fromkeys(k for k, _, _, _ in found))  # one key may be in several scopes
     if given in distinct or len(distinct) <= 1:
         return distinct[0] if len(distinct) == 1 else given
-    raise CommandError(_ambiguous("key", given, [f"  {k}  scope={s}  task={t}  {o}" for k, s, t, o in found]))
+    raise CommandError(_ambiguous("key", given, [f"  {k}  scope={s}  task={t}  {o or '(no record)'}"
+                                                 for k, s, t, o in found]))
 
 
 async def full_task(g: Guard, given: str, scope: str | None) -> str:

@@ -1,4 +1,5 @@
-"""The records and tasks whose key or task id starts with what a person typed (``agentguard show ag_3f2``).
+"""The keys and tasks that start with what a person typed (``agentguard show ag_3f2``): a record's, or one the
+ledger still names after its record is gone.
 
 Read-only, off the hot path, through the executor's general path like ``_console``. ``substr(col, 1, n) = :p``
 compares characters exactly on SQLite and Postgres alike (``LIKE`` would read ``_``, which every key holds,
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._attempts import ATTEMPTS
+from ._attempts import ATTEMPTS, KEYS
 from ._schema import TABLE
 
 if TYPE_CHECKING:
@@ -20,10 +21,15 @@ if TYPE_CHECKING:
 
 
 async def keys(store: SQLStore, prefix: str, *, scope: str | None, limit: int) -> list[tuple[str, str, str, str]]:
-    """Up to ``limit`` records whose key starts with ``prefix``, as (key, scope, task id, operation), by key."""
-    where = " AND scope = :scope" if scope is not None else ""
-    stmt = text(f"SELECT key, scope, task_id, operation FROM {TABLE} WHERE substr(key, 1, :n) = :prefix{where}"
-                " ORDER BY key, scope LIMIT :limit")
+    """Up to ``limit`` keys that start with ``prefix``, as (key, scope, task id, operation), by key: those with a
+    record, and those whose record is gone that the ledger still names (``KEYS``: operation ``""``)."""
+    where, gone_where = (" AND scope = :scope", " AND k.scope = :scope") if scope is not None else ("", "")
+    stmt = text(
+        f"SELECT key, scope, task_id, operation FROM {TABLE} WHERE substr(key, 1, :n) = :prefix{where}"
+        f" UNION ALL SELECT k.key, k.scope, k.task_id, '' FROM {KEYS} k WHERE substr(k.key, 1, :n) = :prefix"
+        f"{gone_where} AND NOT EXISTS (SELECT 1 FROM {TABLE} c WHERE c.scope = k.scope AND c.key = k.key)"
+        " ORDER BY 1, 2 LIMIT :limit"
+    )
 
     async def run(conn: AsyncConnection) -> list[tuple[str, str, str, str]]:
         rows = await conn.execute(stmt, {"n": len(prefix), "prefix": prefix, "scope": scope, "limit": limit})

@@ -128,6 +128,16 @@ def test_forget_asks_refuses_a_running_claim_and_leaves_an_entry(store_url: str,
     shown = json.loads(run("show", ok, "--url", store_url, "--json", cwd=tmp_path).stdout)
     assert shown["record"] is None and shown["steps"] == []
     assert [a["kind"] for a in shown["attempts"]] == ["ran", "replayed", "refused", "forgotten"]
+    # ... by its start too, as a key with a record is; and a start it shares lists it as gone
+    left = [r["key"] for r in ls(store_url)]
+    n = 4
+    while any(k.startswith(ok[:n]) for k in left):
+        n += 1
+    by_start = run("show", ok[:n], "--url", store_url, "--json", cwd=tmp_path)
+    assert by_start.returncode == 0 and json.loads(by_start.stdout) == shown, by_start.stderr
+    listed = run("show", "ag_", "--url", store_url, cwd=tmp_path)
+    assert listed.returncode == 1 and f"  {ok}  scope=default  task={t}  (no record)" in listed.stderr.splitlines()
+    assert sorted(line.split()[0] for line in listed.stderr.splitlines()[1:]) == sorted([*left, ok])
 
 
 def test_a_store_of_an_earlier_version_is_upgraded_by_the_command(store_url: str, tmp_path: Path) -> None:
