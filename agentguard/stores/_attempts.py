@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,6 +112,9 @@ KEYS_TRIGGER = "agentguard_calls_leave_keys"
 # Seconds a deleted record's key row outlives the record's own expiry at least (an entry written late, by a
 # writer behind its callers, is still found through it).
 KEPT_AFTER = 3600.0
+# An entry written this long after its call ended is written with its key's row (``_write_attempts``): later
+# than ``KEPT_AFTER``, that row may have been swept with no entry of its key left to keep it.
+LATE = KEPT_AFTER / 2
 
 
 # A key's row written, or moved on to the later expiry where it is there: the one upsert of each dialect, run by the
@@ -519,8 +523,10 @@ class AttemptLedger:
 
         async def write(drv: Any) -> None:
             entries = _chain.prepared(rows)  # (hashed before the heads are locked)
-            # A refusal's key may have no record to find it by (the store was down): its row, in the same transaction.
-            keyed = [(v[1], v[0], v[2], v[13]) for v, _ in entries if v[5] == REFUSED and v[1]]
+            # A key's row, in the same transaction, where its record may not find it: a refusal's key may have no
+            # record (the store was down), and an entry written late may find its record and its row both gone.
+            late = time.time() - LATE
+            keyed = [(v[1], v[0], v[2], v[13]) for v, _ in entries if v[1] and (v[5] == REFUSED or v[10] < late)]
             also = [(_KEEP_KEY[sqlite], keyed)] if keyed else []
             if sqlite:
                 await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced, also)

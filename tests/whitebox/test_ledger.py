@@ -7,6 +7,7 @@ import asyncio
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -353,10 +354,12 @@ async def _plan(store_url: str, sql: str, params: Any) -> str:
 
 
 def _noise(n: int, kind: str = "ran", scope: str = "s") -> list[tuple[Any, ...]]:
-    """``n`` entries of keys of their own (five to a task), no record behind them, written straight to the ledger."""
+    """``n`` entries of keys of their own (five to a task), no record behind them, written straight to the ledger
+    (each as its call ends: not late, see ``LATE``)."""
     keys = [derive_key(scope, f"noise-task-{i // 5}", f"op-{i}") for i in range(n)]
+    now = time.time() - n
     return [(scope, k, f"noise-task-{i // 5}", "op", "tool", kind, "store unavailable" if kind == "refused" else
-             "succeeded", 1, None, "h:1", 1.7e9 + i, None, None, 2e9) for i, k in enumerate(keys)]
+             "succeeded", 1, None, "h:1", now + i, None, None, 2e9) for i, k in enumerate(keys)]
 
 
 async def test_a_keys_entries_are_read_through_its_task_while_it_has_a_record_and_after_it_is_gone(
@@ -417,6 +420,28 @@ async def test_a_refusals_key_is_found_with_no_record_behind_it(store_url: str) 
     assert [[(e.key, e.kind, e.detail) for e in entries] for entries in found] == [
         [(row[1], "refused", "store unavailable")] for row in refused]
     assert rows == sorted((row[1], row[2], 2e9) for row in refused)
+
+
+async def test_an_entry_written_late_is_found_by_its_key_with_its_record_and_row_gone(store_url: str) -> None:
+    """An entry the writer delivers more than ``KEPT_AFTER`` after its call ended (a process paused with its queue)
+    may find its key's record deleted and the key's row swept meanwhile, no entry of the key having been there to
+    keep it: the writer leaves the key's row beside any entry older than ``LATE``, as beside a refusal, so that
+    ``agentguard show KEY`` still finds it; an entry written on time leaves none."""
+    from agentguard.stores._attempts import KEPT_AFTER, LATE
+
+    assert LATE < KEPT_AFTER
+    store = SQLStore(store_url)
+    try:
+        await store.ensure_schema()
+        late = [(*row[:10], time.time() - LATE - 60, *row[11:]) for row in _noise(3)]
+        on_time = _noise(6)[3:]
+        await store.write_attempts([*late, *on_time])
+        found = [await store.read_attempts(key=row[1]) for row in late]
+        rows = await store.ledger._executor.run("test", _key_rows, body_ran=None)
+    finally:
+        await store.dispose()
+    assert [[(e.key, e.kind) for e in entries] for entries in found] == [[(row[1], "ran")] for row in late]
+    assert rows == sorted((row[1], row[2], 2e9) for row in late)
 
 
 async def _key_rows(conn: Any) -> list[tuple[str, str, float]]:
