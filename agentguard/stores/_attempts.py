@@ -95,8 +95,9 @@ OLD_KEY_INDEXES = (f"{ATTEMPTS}_key_prefix_idx", f"{ATTEMPTS}_key_idx")
 
 # A key's task once its record is gone: a row per key whose record was deleted (swept, forgotten, by anyone: a
 # trigger on the records' table writes it, ``keys_ddl``) or that an entry names with no record to find it by (a
-# refusal: the store may have been down), kept while an entry of the key is (the ledger's sweep deletes a row
-# past its ``expires_at`` only when no entry of its key is left, and moves it on otherwise).
+# refusal: the store may have been down; an entry written ``LATE``), kept while an entry of the key is (the
+# ledger's sweep deletes a row past its ``expires_at`` only when no entry of its key is left, and moves it on
+# otherwise).
 KEYS = "agentguard_ledger_keys"
 ledger_keys = Table(
     KEYS,
@@ -150,7 +151,7 @@ def keys_ddl(sqlite: bool) -> list[str]:
     ]
 
 
-# A key's row written beside a refusal's entry (key, scope, task id, the entry's expiry), by each dialect's driver.
+# A key's row written beside a refusal's or a late entry (key, scope, task id, the entry's expiry), by each driver.
 _KEEP_KEY = {True: f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) VALUES (?, ?, ?, ?) {_MOVED_ON[True]}",
              False: f"INSERT INTO {KEYS} AS k (key, scope, task_id, expires_at) VALUES ($1, $2, $3, $4)"
                     f" {_MOVED_ON[False]}"}
