@@ -120,7 +120,8 @@ async def _window(one: Callable[[int], Any], callers: int, seconds: float, count
     return {"calls_per_s": round(sum(per) / dt), "min": min(per), "median": med, "max": max(per),
             "errors": errors[0], "worst_s": round(worst[0], 3),
             "client_cpu_us": round((cpu1[0] - cpu0[0]) / calls * 1e6), "server_cpu_us": server,
-            "fair": bool(med and min(per) >= med / 3 and max(per) <= med * 3)}
+            "fair": bool(med and min(per) >= med / 3 and max(per) <= med * 3),
+            "spread": round(max(med - min(per), max(per) - med) / med, 3) if med else None}
 
 
 async def callers(url: str, n: int, seconds: float, reps: int, log: Log) -> dict[str, Any]:
@@ -465,14 +466,17 @@ def _cpus(windows: list[dict[str, Any]]) -> str:
 
 
 def load_table(doc: dict[str, Any]) -> str:
-    lines = ["== Load (--load): side by side; targets from issue 21"]
+    lines = ["== Load (--load): side by side; targets from issues 21 and 34"]
     for name, v in doc.items():
         if "callers" in name:
             a = v["agentguard"]
             shares = ", ".join(f"{w['min']}/{w['median']:g}/{w['max']}" for w in a)
+            spread = max((w["spread"] for w in a if w.get("spread") is not None), default=None)
             lines.append(f"{name}: throughput {v['throughput_ratio']:.2f}× the raw pool's (per window"
-                         f" {', '.join(f'{r:.2f}' for r in v['ratios'])}; target ≥ 0.9); agentguard calls per"
-                         f" caller min/median/max {shares},"
+                         f" {', '.join(f'{r:.2f}' for r in v['ratios'])}; target ≥ 1.0, issue 34); agentguard"
+                         f" calls per caller min/median/max {shares}"
+                         + ("" if spread is None else f", every caller within {spread:.0%} of the median (target"
+                            " 15%)") + ","
                          f" errors {sum(w['errors'] for w in a)}, worst {max(w['worst_s'] for w in a):.3f} s,"
                          f" fair {all(w['fair'] for w in a)}; raw pool worst"
                          f" {max(w['worst_s'] for w in v['raw pool']):.3f} s; CPU per call, this process /"

@@ -66,10 +66,12 @@ class Batch:
         self.went = False  # its statement has its connection, with the parameters of the callers in it then
         self.sent: asyncio.Task[None] | None = None
 
-    def joins(self, lane: Lane) -> bool:
-        """Whether a caller coming now may join it: it is not on its way, not full, and nobody has lined up in the
-        lane behind it (joining would pass them: first come, first served)."""
-        return not self.sealed and len(self.calls) < GATHER_MAX and lane.arrivals == self.arrivals
+    def joins(self, lane: Lane, many: Many, params: dict[str, Any]) -> bool:
+        """Whether a caller with ``params`` coming now may join it: it is not on its way, not full, nobody has
+        lined up in the lane behind it (joining would pass them: first come, first served), and the statement may
+        take the caller with those in it (``Many.joins``)."""
+        return (not self.sealed and len(self.calls) < GATHER_MAX and lane.arrivals == self.arrivals
+                and many.joins([p for p, _ in self.calls], params))
 
     def ended(self, lane: Lane, _sent: asyncio.Task[None]) -> None:
         """Its task ended: if it never ran (cancelled first, as a closing loop cancels it), its place in the line
@@ -208,7 +210,7 @@ class Executor:
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
         batch: Batch | None = lane.gathering.get(many)
-        if batch is None or not batch.joins(lane):
+        if batch is None or not batch.joins(lane, many, params):
             if batch is not None:
                 batch.sealed = True  # (it goes as it is)
             batch = lane.gathering[many] = Batch(lane)

@@ -63,8 +63,9 @@ GATHER_MAX = 16
 
 
 class Many:
-    """One statement for the parameters of many callers (``sql``: the driver's own, ``$1``..), and each
-    caller's answer from its rows: the row a single statement would have returned, or None."""
+    """One statement for the parameters of many callers (``sql``: the driver's own, ``$1``..), their parameters
+    as arrays (``names``, in order), and each caller's answer from its rows: the row its own statement would
+    have returned, or None (:meth:`answers`)."""
 
     __slots__ = ("names", "sql")
 
@@ -75,12 +76,44 @@ class Many:
     def args(self, params: Sequence[dict[str, Any]]) -> tuple[list[Any], ...]:
         return tuple([p[name] for p in params] for name in self.names)
 
-    @staticmethod
-    def answers(rows: Sequence[Sequence[Any]], params: Sequence[dict[str, Any]]) -> list[tuple[Any, ...] | None]:
-        """Rows of (owner, fence, ...): a caller whose owner token came back claimed its key (its fence, as the
-        single statement's ``RETURNING fence``); the others found it taken (None, as that statement's no row)."""
+    def joins(self, gathered: Sequence[dict[str, Any]], params: dict[str, Any]) -> bool:
+        """Whether a caller with ``params`` may go in one statement with callers whose parameters are
+        ``gathered`` (else it goes in the next)."""
+        return True
+
+    def answers(self, rows: Sequence[Sequence[Any]], params: Sequence[dict[str, Any]]) -> list[tuple[Any, ...] | None]:
+        raise NotImplementedError
+
+
+class Claims(Many):
+    """Claims for many callers: rows of (owner, fence, ...). A caller whose owner token came back claimed its key
+    (its fence, as the single statement's ``RETURNING fence``); the others found it taken (None, as that
+    statement's no row). The same key twice: the insert's conflict decides, as between two statements."""
+
+    __slots__ = ()
+
+    def answers(self, rows: Sequence[Sequence[Any]], params: Sequence[dict[str, Any]]) -> list[tuple[Any, ...] | None]:
         claimed = {row[0]: row[1] for row in rows}
         return [(claimed[p["owner"]],) if p["owner"] in claimed else None for p in params]
+
+
+class Fenced(Many):
+    """A fenced write for many callers: rows of (scope, key, fence), one per record written. A caller whose
+    record came back with its own fence wrote (its fence, as the single statement's ``RETURNING fence``); the
+    others wrote nothing (None), as their statements would not have. A key at most once a statement: Postgres
+    writes a row that several of an ``UPDATE``'s ``FROM`` rows match only once, with one of them, so two callers
+    of the same key and fence could not be told apart (the machine never makes two such writes at once; a second
+    one would go in the next statement)."""
+
+    __slots__ = ()
+
+    def joins(self, gathered: Sequence[dict[str, Any]], params: dict[str, Any]) -> bool:
+        scope, key = params["scope"], params["key"]
+        return not any(p["key"] == key and p["scope"] == scope for p in gathered)
+
+    def answers(self, rows: Sequence[Sequence[Any]], params: Sequence[dict[str, Any]]) -> list[tuple[Any, ...] | None]:
+        written = {(row[0], row[1], row[2]) for row in rows}
+        return [(p["fence"],) if (p["scope"], p["key"], p["fence"]) in written else None for p in params]
 
 
 # The columns a claim's later writes need that its insert does not name (the completion's result), returned by
@@ -88,13 +121,18 @@ class Many:
 CHECKED = "result"
 
 
+def _arrays(params: Sequence[tuple[str, str]]) -> tuple[tuple[str, ...], str]:
+    """The names of a statement's parameters, and their arrays as ``unnest``'s arguments (Postgres)."""
+    return (tuple(name for name, _ in params),
+            ", ".join(f"${i}::{pg_type}[]" for i, (_, pg_type) in enumerate(params, 1)))
+
+
 def gathered_claim(now: str, unsynced: bool, checked: str = CHECKED) -> Many:
     """The claim statement for many callers at once (Postgres), generated from ``NEW_ROW`` as the single one is."""
-    names = tuple(name for name, _ in CLAIM_PARAMS)
-    arrays = ", ".join(f"${i}::{pg_type}[]" for i, (_, pg_type) in enumerate(CLAIM_PARAMS, 1))
+    names, arrays = _arrays(CLAIM_PARAMS)
     columns = ", ".join(name for name, _ in NEW_ROW)
     values = ", ".join(value.format(p="v.", now=now) for _, value in NEW_ROW)
-    return Many(
+    return Claims(
         f"INSERT INTO {TABLE} ({columns}) SELECT {values} FROM unnest({arrays}) AS v({', '.join(names)})"
         f" ORDER BY v.scope, v.key ON CONFLICT (scope, key) DO NOTHING RETURNING owner, fence, {checked}"
         + (f", {UNSYNCED}" if unsynced else ""),
@@ -106,6 +144,40 @@ def _insert(now: str, p: str) -> str:
     columns = ", ".join(name for name, _ in NEW_ROW)
     values = ", ".join(value.format(p=p, now=now) for _, value in NEW_ROW)
     return f"INSERT INTO {TABLE} ({columns}) VALUES ({values}) ON CONFLICT (scope, key) DO NOTHING"
+
+
+# The completion: what it writes, and the record it writes it to — the claim's (its fence), running, or completed
+# already with the same outcome (a recording redone after a cancellation finds its own earlier write) — each with
+# {p} before a parameter's name, {t} before a column's and {now} for the database clock. The completion statement
+# and its form for many callers are both generated from them, with the parameters' Postgres types.
+COMPLETE_PARAMS = (("scope", "text"), ("key", "text"), ("fence", "bigint"), ("state", "text"), ("result", "text"),
+                   ("retention", "float8"), ("audit", "text"))
+COMPLETED = (("state", "{p}state"), ("result", "{p}result"), ("lease_until", "NULL"), ("updated_at", "{now}"),
+             ("expires_at", "{now} + {p}retention"), ("audit", "COALESCE({p}audit, {t}audit)"))
+COMPLETES = ("{t}scope = {p}scope AND {t}key = {p}key AND {t}fence = {p}fence"
+             f" AND ({{t}}state = '{RUNNING}' OR ({{t}}state = {{p}}state AND {{t}}result = {{p}}result))")
+
+
+def _completion(now: str, p: str, t: str) -> tuple[str, str]:
+    """The completion's SET list and its WHERE, with ``p`` before parameters and ``t`` before columns."""
+    return (", ".join(f"{column} = {value.format(p=p, t=t, now=now)}" for column, value in COMPLETED),
+            COMPLETES.format(p=p, t=t))
+
+
+def gathered_complete(now: str, announce: str | None) -> Many:
+    """The completion for many callers at once (Postgres), generated from ``COMPLETED`` as the single one is: one
+    row of (scope, key, fence) per record written, and, where the store announces, each watched one announced.
+    Unlike the claims', its rows need no order: a statement locks only the records whose fence its callers hold,
+    so two statements wait for each other only where each holds a record the other's callers think theirs (a
+    takeover crossing two stale workers' completions both ways at once); Postgres then aborts one after a second,
+    and its callers are answered one by one (``Executor._send_gathered``)."""
+    names, arrays = _arrays(COMPLETE_PARAMS)
+    sets, where = _completion(now, "v.", "c.")
+    update = (f"UPDATE {TABLE} AS c SET {sets} FROM unnest({arrays}) AS v({', '.join(names)}) WHERE {where}"
+              " RETURNING c.scope, c.key, c.fence")
+    if announce is not None:
+        update = f"WITH done AS ({update}, c.watched) SELECT scope, key, fence, {_announcing(announce)} FROM done"
+    return Fenced(update, names)
 
 
 # Postgres: whether a waiter in some process listens for the record's outcome (see _listen). Added to a table
@@ -129,22 +201,27 @@ END $ddl$"""
 UNSYNCED = "set_config('synchronous_commit', 'off', true)"
 
 
+def _announcing(channel: str) -> str:
+    """A column of a written record's (``watched``, ``scope``, ``key``): announced on ``channel`` if a waiter
+    watches it."""
+    return (f"CASE WHEN watched THEN CAST(pg_notify('{channel}', CAST(json_build_array(scope, key) AS text)) AS text)"
+            " END")
+
+
 def announced(update: str, channel: str) -> str:
     """``update`` (an UPDATE ... RETURNING fence) that also announces the record on ``channel`` if a waiter
     watches it: the notification is sent when the statement commits, and only then."""
-    return (
-        f"WITH done AS ({update}, watched, scope, key) SELECT fence, CASE WHEN watched THEN"
-        f" CAST(pg_notify('{channel}', CAST(json_build_array(scope, key) AS text)) AS text) END FROM done"
-    )
+    return f"WITH done AS ({update}, watched, scope, key) SELECT fence, {_announcing(channel)} FROM done"
 
 
 class Statements:
     """The store's statements, for one database clock (``now``, the dialect's SQL for seconds since the
     epoch). ``announce``: the channel on which completions and releases of watched records are announced (Postgres),
     and the statement that marks a record watched. ``unsynced_claim``: a claim's (and a takeover's) transaction
-    commits with ``synchronous_commit`` off (Postgres; see ``UNSYNCED``). ``gather``: also the claim statement
-    for many callers at once (``claim_many``, Postgres). ``row_id``, ``rows_by_id``: the dialect's physical row
-    address and its test of membership in a sub-select (``Dialect.rows_by_id``)."""
+    commits with ``synchronous_commit`` off (Postgres; see ``UNSYNCED``). ``gather``: also the claim and the
+    completion for many callers at once (``claim_many``, ``complete_many``, Postgres). ``row_id``,
+    ``rows_by_id``: the dialect's physical row address and its test of membership in a sub-select
+    (``Dialect.rows_by_id``)."""
 
     def __init__(
         self, now: str, *, announce: str | None = None, unsynced_claim: bool = False, gather: bool = False,
@@ -159,6 +236,7 @@ class Statements:
         self.claim = text(f"{_insert(now, ':')} RETURNING fence, {checked}"
                           + (f", {UNSYNCED}" if unsynced_claim else ""))
         self.claim_many = gathered_claim(now, unsynced_claim, checked) if gather else None
+        self.complete_many = gathered_complete(now, announce) if gather else None
         self.read = text(f"SELECT {select_list(now)} FROM {TABLE} WHERE scope = :scope AND key = :key")
         # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
         # released or lease expired (reset = 0: the same operation goes on, with its steps), or past retention
@@ -193,11 +271,8 @@ class Statements:
         )
         # Both are idempotent for the fence that holds the claim (a recording redone after a cancellation
         # finds its own earlier write), and refuse any other fence.
-        complete = (
-            f"UPDATE {TABLE} SET state = :state, result = :result, lease_until = NULL, updated_at = {now},"
-            f" expires_at = {now} + :retention, audit = COALESCE(:audit, audit) WHERE {where_fenced}"
-            f" AND (state = '{RUNNING}' OR (state = :state AND result = :result)) RETURNING fence"
-        )
+        sets, completes = _completion(now, ":", "")
+        complete = f"UPDATE {TABLE} SET {sets} WHERE {completes} RETURNING fence"
         release = (
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"
             f" expires_at = {now} + :retention, audit = COALESCE(:audit, audit), result = :raised,"

@@ -256,7 +256,7 @@ class SQLStore:
         return await self._executor.claim(plan)
 
     def _ask(self, ask: Ask, params: dict[str, Any]) -> Any:
-        return self._one(ask.what, ask.stmt, params, body_ran=ask.body_ran, writes=ask.writes)
+        return self._one(ask.what, ask.stmt, params, body_ran=ask.body_ran, writes=ask.writes, many=ask.many)
 
     async def read(self, scope: str, key: str) -> Record | None:
         return record(scope, key, await self._ask(self._asks.read, key_params(scope, key)))

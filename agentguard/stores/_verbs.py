@@ -36,7 +36,7 @@ def asks(sql: Statements) -> Asks:
         claim=Ask(CLAIMING, sql.claim, claims=True, many=sql.claim_many),
         take_over=Ask("taking over the claim", sql.take_over),
         renew=Ask("renewing the lease", sql.renew, body_ran=True),
-        complete=Ask(STORING, sql.complete, body_ran=True),
+        complete=Ask(STORING, sql.complete, body_ran=True, many=sql.complete_many),
         release=Ask(RELEASING, sql.release, body_ran=True),
         release_owned=Ask(RELEASING, sql.release_owned, body_ran=None),
     )

@@ -1,7 +1,7 @@
-"""Postgres-only: first calls' claims gathered into one statement while every connection of the loop is in use
-(``Executor._gathered``). The shortcut must answer each caller what its own statement would have, store what its
-own statement would have stored, and never let one caller's fault, cancellation or a second store's gathering
-of the same keys cost another caller its answer."""
+"""Postgres-only: first calls' claims, and completions, gathered into one statement each while every connection of
+the loop is in use (``Executor._gathered``). The shortcut must answer each caller what its own statement would
+have, store what its own statement would have stored, and never let one caller's fault, cancellation or a second
+store's gathering of the same keys cost another caller its answer."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from agentguard import Guard, StoreError, task
 from agentguard._lease import new_fence, new_owner
 from agentguard.stores import Record, SQLStore
 from agentguard.stores._schema import TABLE
-from agentguard.stores._statements import GATHER_MAX
+from agentguard.stores._statements import GATHER_MAX, Many
 
 from conftest import pg_dsn, tid
 
@@ -83,13 +83,15 @@ async def gathered(store: SQLStore, claims: list[dict[str, Any]]) -> list[Any]:
     return list(await asyncio.gather(*tasks, return_exceptions=True))
 
 
-def counting(store: SQLStore, refused: list[BaseException] | None = None) -> list[int]:
-    """The sizes of the statements for many callers the store sends (the dialect's ``fetch_rows``); the errors
-    the database answered them with, into ``refused``."""
+def counting(store: SQLStore, refused: list[BaseException] | None = None, only: Many | None = None) -> list[int]:
+    """The sizes of the statements for many callers the store sends (the dialect's ``fetch_rows``; ``only``: of
+    that statement alone); the errors the database answered them with, into ``refused``."""
     sizes: list[int] = []
     fetch_rows = store.dialect.fetch_rows
 
     async def counted(drv: Any, sql: str, args: Any) -> Any:
+        if only is not None and sql != only.sql:
+            return await fetch_rows(drv, sql, args)
         sizes.append(len(args[0]))
         try:
             return await fetch_rows(drv, sql, args)
@@ -199,7 +201,7 @@ async def test_a_caller_cancelled_while_gathered_leaves_the_others_their_claims(
     async with Guard(store_url, pool_size=1) as guard:
         store = guard._store
         assert isinstance(store, SQLStore)
-        sizes = counting(store)
+        sizes = counting(store, only=store.sql.claim_many)
         gate = asyncio.Event()
 
         @guard.once(key=["order"])
@@ -301,14 +303,15 @@ async def test_two_stores_gathering_the_same_keys_in_opposite_orders_do_not_dead
 
 async def test_many_callers_on_one_connection_run_each_operation_once(store_url: str) -> None:
     """A Guard with a pool of one (three connections with its overflow) and 300 callers of 50 operations, six
-    callers each: the claims gather (checked: at most ``GATHER_MAX`` a statement), every operation runs once, and
-    every caller gets its result."""
+    callers each: the claims gather, and so do the completions (checked: at most ``GATHER_MAX`` a statement),
+    every operation runs once, and every caller gets its result."""
     runs: list[str] = []
     task_id = tid()
     async with Guard(store_url, pool_size=1) as guard:
         store = guard._store
         assert isinstance(store, SQLStore)
-        sizes = counting(store)
+        sizes = counting(store, only=store.sql.claim_many)
+        completions = counting(store, only=store.sql.complete_many)
 
         @guard.once(key=["order"])
         async def charge(order: str) -> dict[str, str]:
@@ -324,3 +327,140 @@ async def test_many_callers_on_one_connection_run_each_operation_once(store_url:
     assert got == [{"charged": f"o-{i % 50}"} for i in range(300)]
     assert sorted(runs) == sorted(f"o-{i}" for i in range(50))
     assert sizes and 1 < max(sizes) <= GATHER_MAX
+    assert completions and 1 < max(completions) <= GATHER_MAX
+
+
+# -- completions ---------------------------------------------------------------------------------------------
+
+
+async def completed(store: SQLStore, completions: list[tuple[Any, ...]], last: int | None = None) -> list[Any]:
+    """Each completion by ``store.complete``, all made while every connection is in use: they go as one statement
+    (or more, where a key comes again: ``Fenced.joins``; ``last``: how many are in the last one)."""
+    async with every_connection_in_use(store):
+        tasks = [asyncio.ensure_future(store.complete(*c)) for c in completions]
+        await joined(store, len(completions) if last is None else last)
+    return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+async def claimed(store: SQLStore, scope: str, keys: list[str]) -> dict[str, int]:
+    """The keys claimed one by one: each one's fence."""
+    fences = {}
+    for key in keys:
+        fence = await store.claim(params(scope, key))
+        assert isinstance(fence, int)
+        fences[key] = fence
+    return fences
+
+
+def outcomes(scope: str, fences: dict[str, int]) -> list[tuple[Any, ...]]:
+    """Completions of every shape a call makes, of the keys ``fences`` names (claimed; k04 and k05 completed
+    already, k06 never claimed): succeeded and failed, with and without an audit, text a single statement binds
+    as it is (quotes, non-ASCII, a newline), the claim's own completion redone (its earlier write found), a stale
+    fence, a second outcome for a completed record, a record that is not there."""
+    return [
+        (scope, "k01", fences["k01"], "succeeded", '{"charge_id": "ch_1"}', RETENTION, None),
+        (scope, "k02", fences["k02"], "failed", '{"error": "CardDeclined"}', RETENTION, '{"tool_call_id": "c2"}'),
+        (scope, "k03", fences["k03"] + 1, "succeeded", '{"charge_id": "ch_3"}', RETENTION, None),
+        (scope, "k04", fences["k04"], "succeeded", '{"charge_id": "ch_4"}', RETENTION, None),
+        (scope, "k05", fences["k05"], "succeeded", '{"charge_id": "another"}', RETENTION, None),
+        (scope, "k06", 1, "succeeded", '{"charge_id": "ch_6"}', RETENTION, None),
+        (scope, "k07", fences["k07"], "succeeded", '{"note": "tâche \'quoted\' \\"twice\\"\\nline"}', 60.0, None),
+    ]
+
+
+async def test_gathered_completions_answer_and_store_what_single_completions_do(store_url: str) -> None:
+    store = SQLStore(store_url, pool_size=1)
+    sizes = counting(store)
+    try:
+        keys = ["k01", "k02", "k03", "k04", "k05", "k07"]
+        alone, together = await claimed(store, "alone", keys), await claimed(store, "together", keys)
+        for scope, fences in (("alone", alone), ("together", together)):  # completed before
+            for key in ("k04", "k05"):
+                assert await store.complete(scope, key, fences[key], "succeeded", f'{{"charge_id": "ch_{key[-1]}"}}',
+                                            RETENTION)
+        one_by_one = [await store.complete(*c) for c in outcomes("alone", alone)]
+        assert sizes == []
+        at_once = await completed(store, outcomes("together", together))
+        assert sizes == [7]  # one statement for them all
+
+        assert at_once == one_by_one == [True, True, False, True, False, False, True]
+
+        def same(record: tuple[Any, ...]) -> tuple[Any, ...]:  # (fences and owners are each claim's own)
+            return record[:6] + record[8:11] + record[12:]
+
+        stored_alone, stored_together = await rows(store, "alone"), await rows(store, "together")
+        assert [same(r) for r in stored_together] == [same(r) for r in stored_alone]
+        by_key = {r[0]: r for r in stored_together}
+        assert [by_key[k][5] for k in keys] == ["succeeded", "failed", "running", "succeeded", "succeeded",
+                                                 "succeeded"]
+        assert by_key["k05"][12] == '{"charge_id": "ch_5"}'  # (the second outcome refused, the first kept)
+        assert (by_key["k02"][13], by_key["k07"][15], by_key["k01"][14]) == ('{"tool_call_id": "c2"}', 60, None)
+    finally:
+        await store.dispose()
+
+
+async def test_two_completions_of_one_key_never_go_in_one_statement(store_url: str) -> None:
+    """A key's completion with a stale fence and its owner's, gathered: Postgres would write the record once for
+    the two (an ``UPDATE ... FROM`` writes a row several of its rows match once), so the second goes in the
+    next statement, with whoever comes after it; each is answered as its own statement would be."""
+    store = SQLStore(store_url, pool_size=1)
+    sizes = counting(store)
+    try:
+        fences = await claimed(store, "s", ["k1", "k2", "k3"])
+        got = await completed(store, [
+            ("s", "k1", fences["k1"], "succeeded", '{"n": 1}', RETENTION, None),
+            ("s", "k2", fences["k2"], "succeeded", '{"n": 2}', RETENTION, None),
+            ("s", "k1", fences["k1"] - 1, "succeeded", '{"n": "stale"}', RETENTION, None),
+            ("s", "k3", fences["k3"], "succeeded", '{"n": 3}', RETENTION, None),
+        ], last=2)
+        assert sizes == [2, 2]
+        assert got == [True, True, False, True]
+        assert [(r[0], r[5], r[12]) for r in await rows(store, "s")] == [
+            ("k1", "succeeded", '{"n": 1}'), ("k2", "succeeded", '{"n": 2}'), ("k3", "succeeded", '{"n": 3}')]
+    finally:
+        await store.dispose()
+
+
+async def test_a_completion_the_database_refuses_costs_the_others_nothing(store_url: str) -> None:
+    store = SQLStore(store_url, pool_size=1)
+    sizes = counting(store)
+    try:
+        fences = await claimed(store, "s", [f"k{i}" for i in range(4)])
+        results = ['{"n": 0}', '{"n": 1}', "nul \x00 in a result", '{"n": 3}']  # Postgres' text cannot hold a NUL
+        got = await completed(store, [("s", k, f, "succeeded", r, RETENTION, None)
+                                      for (k, f), r in zip(fences.items(), results, strict=True)])
+        assert sizes == [4]  # tried together first
+        assert got[:2] == [True, True] and got[3] is True
+        assert isinstance(got[2], StoreError) and "storing the result" in str(got[2])
+        assert [(r[0], r[5]) for r in await rows(store, "s")] == [
+            ("k0", "succeeded"), ("k1", "succeeded"), ("k2", "running"), ("k3", "succeeded")]
+    finally:
+        await store.dispose()
+
+
+async def test_a_gathered_completion_announces_the_watched_records_alone(store_url: str) -> None:
+    """Waiters in other processes hear of a watched record's outcome from its completion's own statement
+    (``_listen``): gathered, the statement announces each watched record it wrote, once, and nothing else."""
+    import asyncpg
+
+    store = SQLStore(store_url, pool_size=1)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(pg_dsn(store_url))
+    try:
+        fences = await claimed(store, "s", ["k1", "k2", "k3"])
+        await listener.add_listener(TABLE, lambda _c, _p, _ch, payload: heard.put_nowait(payload))
+        await listener.execute(f"UPDATE {TABLE} SET watched = true WHERE scope = 's' AND key IN ('k1', 'k3')")
+        got = await completed(store, [
+            ("s", "k1", fences["k1"], "succeeded", '{"n": 1}', RETENTION, None),
+            ("s", "k2", fences["k2"], "succeeded", '{"n": 2}', RETENTION, None),
+            ("s", "k3", fences["k3"] + 1, "succeeded", '{"n": 3}', RETENTION, None),  # (stale: writes nothing)
+        ])
+        assert got == [True, True, False]
+        await listener.execute(f"SELECT pg_notify('{TABLE}', 'end')")  # (delivered after what committed before)
+        payloads = [await asyncio.wait_for(heard.get(), 30)]
+        while payloads[-1] != "end":
+            payloads.append(await asyncio.wait_for(heard.get(), 30))
+        assert payloads == ['["s", "k1"]', "end"]
+    finally:
+        await listener.close()
+        await store.dispose()

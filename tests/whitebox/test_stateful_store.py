@@ -5,8 +5,9 @@ Three simulated workers drive the real ``SQLStore`` (SQLite here, Postgres with
 likely free, likely taken), read, take over (with the fence they saw, or a stale one), renew, complete, release,
 release by owner, steps (put, clear, load), abandon, sweep — while a controllable database clock moves forward by
 amounts chosen around the lease and the retention. The hot verbs go through each executor in turn (``EXECUTORS``):
-the general path, the event loop's own thread where a write can be made at once (SQLite), and a sync tool's own
-thread (``Direct``: stdlib ``sqlite3``, psycopg). ``Protocol`` below is the specification: a few dicts and the
+the general path, the event loop's own thread where a write can be made at once (SQLite), the claim's and the
+completion's form for many callers (Postgres, which gathers them under load), and a sync tool's own thread
+(``Direct``: stdlib ``sqlite3``, psycopg). ``Protocol`` below is the specification: a few dicts and the
 WHERE clauses of docs/architecture.md in Python. Every answer the store gives is compared with the model's, and
 after every step the whole table is. The clock is the store's test seam (``SQLStore(clock=...)``): every statement
 reads the time from a one-row table the test moves.
@@ -38,8 +39,10 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 
 from agentguard.stores import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Record, SQLStore
+from agentguard.stores._claims import Ask, arun
 from agentguard.stores._protocols import Direct
 from agentguard.stores._schema import UNBOUND
+from agentguard.stores._verbs import complete_params
 
 from conftest import BACKEND
 
@@ -242,8 +245,41 @@ class InThread:
         return call
 
 
+class Gathered:
+    """A store's claim and completion in their form for many callers (``_statements.Many``: Postgres gathers them
+    while every connection of a loop is in use), each sent for its one caller and answered as the gathered
+    statement answers each of its callers (``Many.answers``); the claim's read, and every other verb, as the store
+    makes them."""
+
+    def __init__(self, store: SQLStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def _ask(self, ask: Ask, params: dict[str, Any]) -> Any:
+        executor, many = self._store._executor, ask.many
+        if many is None:
+            return await executor.one(ask.what, ask.stmt, params, body_ran=ask.body_ran, writes=ask.writes)
+
+        async def send(drv: Any) -> list[Any]:
+            return many.answers(await executor.dialect.fetch_rows(drv, many.sql, many.args([params])), [params])
+
+        return (await executor.on_driver(ask.what, send, body_ran=ask.body_ran))[0]
+
+    async def claim(self, params: dict[str, Any], likely_taken: bool = False) -> Any:
+        store = self._store
+        plan = (store._plans.taken if likely_taken else store._plans.free)(store._asks.read, store._asks.claim, params)
+        return await arun(plan, lambda ask: self._ask(ask, params))
+
+    async def complete(self, scope: str, key: str, fence: int, state: str, result: str, retention: float,
+                       audit: str | None = None) -> bool:
+        params = complete_params(scope, key, fence, state, result, retention, audit)
+        return await self._ask(self._store._asks.complete, params) is not None
+
+
 # The executors of the hot verbs (claim, read, take over, renew, complete, release, release by owner).
-EXECUTORS = ["general", *(["at once"] if BACKEND == "sqlite" else []), "thread"]
+EXECUTORS = ["general", *(["at once"] if BACKEND == "sqlite" else ["gathered"]), "thread"]
 
 
 class Bench:
@@ -265,6 +301,9 @@ class Bench:
             self._direct = direct
             self._thread = ThreadPoolExecutor(1)
             self.verbs = InThread(direct, self._thread)
+        elif executor == "gathered":
+            assert self.store.sql.claim_many is not None and self.store.sql.complete_many is not None
+            self.verbs = Gathered(self.store)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.runner.run(coro)
@@ -524,7 +563,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 # Examples per executor: the general path's more, it serves every other verb too.
-EXAMPLES = {"general": 300, "at once": 200, "thread": 200}
+EXAMPLES = {"general": 300, "at once": 200, "gathered": 200, "thread": 200}
 
 
 @pytest.fixture
