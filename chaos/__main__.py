@@ -2,13 +2,15 @@
 
 A chaos run on a real fleet: 16 worker processes on one Postgres and 8 on one SQLite file, each making a
 scripted agent's calls (``chaos/_worker.py``) through the guard against a local provider that honours
-idempotency keys and counts charges (``chaos/_provider.py``). A third of the workers call async tools on an
-event loop, a third a sync tool from several threads at once (beside an async tool on the main thread's
-loop), a third a sync tool from their one thread: every way a call is claimed and completed (on the loop, in
-a sync tool's own thread, on the guard's portal) meets the faults, and sync and async callers race for the
-same records. Meanwhile the runner SIGKILLs workers (and starts them again: the agent resumes), SIGSTOPs them
-past their lease and resumes them, terminates their Postgres connections (psycopg's of sync tools' threads
-too; on SQLite: holds the file's write lock for a while), and restarts Postgres once.
+idempotency keys and counts charges (``chaos/_provider.py``). A quarter of the workers call async tools on an
+event loop, a quarter a sync tool from several threads at once (beside an async tool on the main thread's
+loop), a quarter a sync tool from their one thread, and a quarter async tools from several callers at once on
+a pool of one, so that on Postgres their claims and completions are gathered into statements for many callers:
+every way a call is claimed and completed (on the loop, alone or gathered, in a sync tool's own thread, on the
+guard's portal) meets the faults, and sync and async callers race for the same records. Meanwhile the runner
+SIGKILLs workers (and starts them again: the agent resumes), SIGSTOPs them past their lease and resumes them,
+terminates their Postgres connections (psycopg's of sync tools' threads too; on SQLite: holds the file's write
+lock for a while), and restarts Postgres once.
 
 At the end it checks, and exits non-zero unless all hold:
 - exactly one charge per operation at the provider, and one key per operation across every takeover;
@@ -18,6 +20,7 @@ At the end it checks, and exits non-zero unless all hold:
 - no claim left held: every record is completed;
 - sync tools' calls were claimed in their own threads where the store has a sync executor (a SQLite file;
   Postgres with psycopg), so the faults met that path and not only the portal's;
+- on Postgres, the gathered workers' claims and completions went as statements for many callers;
 and prints a summary (operations, faults injected, takeovers, replays) as its last lines.
 
 ``--short`` (the default, part of ``scripts/test.sh``) takes about a minute; ``--long`` several. The random
@@ -51,9 +54,11 @@ from sqlalchemy.engine import make_url
 
 from agentguard import Guard, Operation, task
 
-from ._judge import judge
+from ._judge import SYNC_KINDS, judge
 from ._provider import Provider
-from ._worker import KINDS
+from ._worker import GATHERED_CALLERS, KINDS
+
+GATHERED_ROUNDS = 4  # rounds of charges of its own a gathered worker makes first
 
 LEASE = 2.0
 
@@ -128,20 +133,26 @@ class Fleet:
             backend, url, provider, plan, rng, tmp, pg)
         self.faults = Faults()
         self.ops = operations(plan.operations, backend)
-        self.order_of = {task_id: order for task_id, _, order, _ in self.ops}
         self.workers: list[Worker] = []
+        shared = list(self.ops)
         for i in range(plan.workers):
             # Each agent starts at another operation (so bodies run side by side from the start), then makes
-            # every other one, and a few twice; every operation is called by every worker (a booking by every
-            # worker with an async tool: a multi-step tool is async).
-            start = i * len(self.ops) // plan.workers
-            script = [*self.ops[start:], *self.ops[:start], *rng.sample(self.ops, 3)]
+            # every other one, and a few twice; every shared operation is called by every worker (a booking by
+            # every worker with an async tool: a multi-step tool is async). A gathered worker first makes rounds
+            # of charges of its own (``GATHERED_ROUNDS``), so that its callers' bodies run side by side and end
+            # together whatever the other workers did first: their completions meet a lane in use.
             kind = KINDS[i % len(KINDS)]
+            own = ([(f"{backend}-w{i}-task-{j}", "charge", f"{backend}-w{i}-o{j}", 100 + j)
+                    for j in range(GATHERED_CALLERS * GATHERED_ROUNDS)] if kind == "gathered" else [])
+            self.ops += own
+            start = i * len(shared) // plan.workers
+            script = [*own, *shared[start:], *shared[:start], *rng.sample(shared, 3)]
             ops = frozenset(t for t, tool, _, _ in script if kind != "sync" or tool == "charge")
             w = Worker(i, kind, ops, tmp / f"{backend}-{i}.json", tmp / f"{backend}-{i}.jsonl",
                        tmp / f"{backend}-{i}.log")
             w.script.write_text(json.dumps(script))
             self.workers.append(w)
+        self.order_of = {task_id: order for task_id, _, order, _ in self.ops}
 
     # -- processes ----------------------------------------------------------------------------------------
 
@@ -297,15 +308,19 @@ class Fleet:
         # A sync executor in the callers' threads: a SQLite file's (stdlib sqlite3), Postgres' if psycopg is here.
         own = self.backend == "sqlite" or importlib.util.find_spec("psycopg") is not None
         verdict = judge(self.ops, stats, stored, held, texts, expected={w.index: w.ops for w in self.workers},
-                        kinds={w.index: w.kind for w in self.workers}, own_threads=own)
+                        kinds={w.index: w.kind for w in self.workers}, own_threads=own,
+                        gathers=self.backend == "postgresql")
         outcome.problems += verdict.problems
         clear = ", ".join(f"{n} {k}" for k, n in sorted(verdict.errors.items())) or "none"
         events = verdict.events
         count = collections.Counter(w.kind for w in self.workers)
         kinds = "; ".join(
-            f"{kind} ({count[kind]} workers{f' x {self.plan.threads} threads' if kind == 'threads' else ''}): "
+            f"{kind} ({count[kind]} workers{f' x {self.plan.threads} threads' if kind == 'threads' else ''}"
+            f"{f' x {GATHERED_CALLERS} callers' if kind == 'gathered' else ''}): "
             f"{verdict.by_kind[kind]} calls, {verdict.bodies[kind]} bodies run"
-            + (f", connections of their own threads {verdict.own[kind]}" if kind != "async" else "")
+            + (f", connections of their own threads {verdict.own[kind]}" if kind in SYNC_KINDS else "")
+            + (f", statements for many callers: {verdict.gathered['claim']} claims, {verdict.gathered['complete']}"
+               " completions" if kind == "gathered" and self.backend == "postgresql" else "")
             for kind in KINDS
         )
         outcome.summary = [

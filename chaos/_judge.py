@@ -22,19 +22,22 @@ class Verdict:
     by_kind: collections.Counter[str] = field(default_factory=collections.Counter)  # calls answered, per kind
     bodies: collections.Counter[str] = field(default_factory=collections.Counter)  # bodies started, per kind
     own: collections.Counter[str] = field(default_factory=collections.Counter)  # own-thread connections, per kind
+    gathered: collections.Counter[str] = field(default_factory=collections.Counter)  # statements for many callers
 
 
 def judge(
     ops: Sequence[tuple[str, str, str, int]], stats: dict[str, Any], stored: dict[str, Any], held: list[str],
     results: Sequence[tuple[int, str]], *, expected: Mapping[int, Collection[str]] | None = None,
-    kinds: Mapping[int, str] | None = None, own_threads: bool = False,
+    kinds: Mapping[int, str] | None = None, own_threads: bool = False, gathers: bool = False,
 ) -> Verdict:
     """``ops``: (task id, tool, order id, amount); ``stats``: the provider's; ``stored``: each operation's
     stored result (replayed after the run); ``held``: what the replay found wrong (records left running or
     released, a sync replay unlike the async one), described; ``results``: each worker's index and the lines
     it wrote; ``expected``: the operations each worker calls (default: all); ``kinds``: how each worker calls
     its tools (default: async); ``own_threads``: whether the store has a sync executor, so that sync tools'
-    calls must have been claimed in their callers' threads (on connections those threads opened)."""
+    calls must have been claimed in their callers' threads (on connections those threads opened); ``gathers``:
+    whether the store gathers statements (Postgres), so that the gathered workers' claims and completions must
+    have gone as statements for many callers."""
     v = Verdict(problems=list(held))
     kinds = kinds or {}
     orders = {order for _, _, order, _ in ops}
@@ -63,6 +66,8 @@ def judge(
                 v.bodies[kind] += 1
             elif "own_connection" in entry:
                 v.own[kind] += 1
+            elif "gathered" in entry:
+                v.gathered[entry["gathered"]] += 1
             elif "result" in entry:
                 v.calls += 1
                 v.by_kind[kind] += 1
@@ -84,4 +89,9 @@ def judge(
         if own_threads and not v.own[kind]:
             v.problems.append(f"the {kind} workers' sync tools never claimed in their own threads: the faults "
                               "never met that executor")
+    if gathers and "gathered" in kinds.values():
+        for what, named in (("claim", "claims"), ("complete", "completions")):
+            if not v.gathered[what]:
+                v.problems.append(f"the gathered workers' {named} never went as one statement: the faults never met "
+                                  "that executor")
     return v

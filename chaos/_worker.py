@@ -17,7 +17,13 @@ top: every answer it already had is a replay now.
   the script, from another place in it), while ``book`` runs on the event loop of the main thread, in the
   same guard;
 - ``sync``: ``charge`` a sync tool called by the main thread, no event loop in the process (the script's
-  bookings are left out: a multi-step tool is async).
+  bookings are left out: a multi-step tool is async);
+- ``gathered``: both tools async, ``GATHERED_CALLERS`` callers at once on the event loop (the script's calls in
+  rounds, one each), on a pool of one (three connections): the callers start each round's calls together and
+  their bodies end together, so that the claims and the completions of those who find every connection in use
+  go as one statement each (Postgres gathers them; the runner gives such a worker operations of its own first,
+  which no other worker runs before it). A line is written for each such
+  statement, seen from outside the library (the driver's ``fetch``), so the run shows that its faults met it.
 
 The sync ``charge`` is the same operation as the async one (name, key field, arguments, result), so sync
 and async callers in other processes race for the same records. A sync caller's thread that opens a
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import functools
 import json
 import os
@@ -43,7 +50,10 @@ from agentguard import Guard, GuardError, GuardEvent, InProgressError, LeaseLost
 from ._provider import ProviderError, charge, charge_sync
 
 CLEAR = (InProgressError, LeaseLostError, StoreError, ProviderError)  # what a caller may be told instead
-KINDS = ("async", "threads", "sync")
+KINDS = ("async", "threads", "sync", "gathered")
+GATHERED_CALLERS = 6  # a gathered worker's callers: twice its lane's three connections
+# A gathered worker's callers: when the body of each caller's call of this round ends (the loop's clock).
+ROUND_END: contextvars.ContextVar[float | None] = contextvars.ContextVar("round_end", default=None)
 TRIES = 2000
 STOP = threading.Event()  # a caller of this process failed the run: the others stop too
 
@@ -112,6 +122,27 @@ def _witness_connections(out: Lines, callers: set[threading.Thread]) -> None:
             return _real(*args, **kwargs)
 
         setattr(module, "connect", connect)  # noqa: B010
+
+
+def _witness_gathered(out: Lines) -> None:
+    """Write a line whenever a statement for many callers goes to Postgres (the claims' ``INSERT ... SELECT FROM
+    unnest``, the completions' ``UPDATE ... FROM unnest``): seen from outside the library, as the driver's
+    ``fetch`` is called, so the run shows that its faults met the gathered statements."""
+    try:
+        import asyncpg  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        return
+    real = asyncpg.Connection.fetch
+
+    async def fetch(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        rows = await real(self, query, *args, **kwargs)
+        if "unnest(" in query and "agentguard_calls" in query:
+            what = "claim" if query.startswith("INSERT") else "complete" if "UPDATE" in query else None
+            if what is not None:
+                out.write(gathered=what, callers=len(args[0]) if args else 0, pid=os.getpid())
+        return rows
+
+    asyncpg.Connection.fetch = fetch
 
 
 def _on_event(out: Lines) -> Callable[[GuardEvent], None]:
@@ -183,10 +214,18 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
     threads: list[threading.Thread] = []
     failed: list[BaseException] = []
 
-    async with Guard(args.url, lease=args.lease, on_event=_on_event(out), connect_timeout=5, cache_size=0) as guard:
+    gathered = args.tools == "gathered"
+    if gathered:
+        _witness_gathered(out)
+    async with Guard(args.url, lease=args.lease, on_event=_on_event(out), connect_timeout=5, cache_size=0,
+                     **({"pool_size": 1} if gathered else {})) as guard:
 
         async def body_time() -> None:
-            await asyncio.sleep(rng.uniform(0.1, 0.5))  # the work after the provider call
+            end = ROUND_END.get()
+            if end is None:
+                await asyncio.sleep(rng.uniform(0.1, 0.5))  # the work after the provider call
+            else:  # (a gathered worker's: every body of the round ends at once)
+                await asyncio.sleep(max(0.0, end - asyncio.get_running_loop().time()))
 
         @guard.once(key="order_id")
         async def charge_order(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
@@ -204,6 +243,11 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
             await body_time()
             return {"order": order_id, "charge": answer["id"], "amount": amount, "booked": True}
 
+        tools: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {"charge": charge_order, "book": book}
+        if gathered:
+            print("ready", flush=True)
+            await _gathered_callers(out, script, tools)
+            return
         on_loop = script
         if args.tools == "threads":
             on_loop = [c for c in script if c[1] == "book"]
@@ -214,8 +258,7 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
                 if STOP.is_set():
                     break
                 await asyncio.sleep(rng.uniform(0.05, 0.3))  # the model thinks before its next call
-                fn = charge_order if tool == "charge" else book
-                await call_async(out, rng, task_id, functools.partial(fn, order_id, amount))
+                await call_async(out, rng, task_id, functools.partial(tools[tool], order_id, amount))
         except BaseException:
             STOP.set()
             raise
@@ -224,6 +267,33 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
                 await asyncio.to_thread(t.join)
     if failed:
         raise SystemExit(f"a caller's thread failed: {failed[0]!r}")
+
+
+async def _gathered_callers(out: Lines, script: list[tuple[str, str, str, int]],
+                            tools: dict[str, Callable[..., Awaitable[dict[str, Any]]]]) -> None:
+    """``GATHERED_CALLERS`` callers at once, the script's calls in rounds of one each: every caller starts its call
+    of the round together with the others (a barrier), and the bodies of the round end together (``ROUND_END``),
+    so their claims and completions meet a lane whose every connection is in use. A caller that fails stops the
+    others."""
+    barrier = asyncio.Barrier(GATHERED_CALLERS)
+    rounds = -(-len(script) // GATHERED_CALLERS)
+
+    async def caller(n: int) -> None:
+        rng = random.Random(os.getpid() * 1000 + n)
+        try:
+            for r in range(rounds):
+                await barrier.wait()
+                if r * GATHERED_CALLERS + n >= len(script):
+                    continue  # (the last round's calls are fewer than its callers)
+                task_id, tool, order_id, amount = script[r * GATHERED_CALLERS + n]
+                ROUND_END.set(asyncio.get_running_loop().time() + 0.3)
+                await call_async(out, rng, task_id, functools.partial(tools[tool], order_id, amount))
+        except BaseException:
+            STOP.set()
+            await barrier.abort()
+            raise
+
+    await asyncio.gather(*(caller(n) for n in range(GATHERED_CALLERS)))
 
 
 def _start_threads(guard: Guard, args: argparse.Namespace, script: list[tuple[str, str, str, int]], out: Lines,

@@ -1,7 +1,7 @@
 """The chaos run's own checks (``chaos/``): its provider honours keys, its verdict catches every broken
 outcome it promises to catch, and a fleet of each kind of worker (async tools, a sync tool from threads, a
-sync tool alone) makes its calls on the test's store. The run itself (``python -m chaos --short``) is part of
-``scripts/test.sh``."""
+sync tool alone, async callers gathered) makes its calls on the test's store. The run itself (``python -m chaos
+--short``) is part of ``scripts/test.sh``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from chaos.__main__ import Fleet, Plan
+from chaos.__main__ import GATHERED_ROUNDS, Fleet, Plan
 from chaos._judge import judge
 from chaos._provider import Provider, ProviderError, charge, charge_sync
+from chaos._worker import GATHERED_CALLERS
 
 storeless = pytest.mark.storeless  # independent of the store's backend
 
@@ -89,6 +90,27 @@ def test_a_broken_sync_worker_is_caught(results: str, own_threads: bool, said: s
     assert any(said in p for p in v.problems), v.problems
 
 
+GATHERED_GOOD = GOOD + "\n" + _lines({"gathered": "claim", "callers": 3}, {"gathered": "complete", "callers": 2})
+
+
+@storeless
+@pytest.mark.parametrize(("results", "gathers", "said"), [
+    (GATHERED_GOOD, True, None),
+    (GOOD, False, None),  # (SQLite gathers nothing)
+    (GOOD, True, "gathered workers' claims never went as one statement"),
+    (GOOD + "\n" + _lines({"gathered": "claim", "callers": 3}), True,
+     "gathered workers' completions never went as one statement"),
+])
+def test_gathered_workers_are_judged_on_their_statements_for_many_callers(results: str, gathers: bool,
+                                                                           said: str | None) -> None:
+    v = judge(OPS, _stats(), STORED, [], [(0, GOOD), (1, results)], kinds={0: "async", 1: "gathered"},
+              gathers=gathers)
+    if said is None:
+        assert v.problems == [] and v.by_kind == {"async": 3, "gathered": 3}
+    else:
+        assert any(said in p for p in v.problems), v.problems
+
+
 @storeless
 def test_the_provider_honours_keys() -> None:
     provider = Provider().start()
@@ -125,19 +147,23 @@ def test_the_sync_client_is_the_async_ones_twin() -> None:
 
 @pytest.mark.slow
 def test_a_fleet_of_every_kind_of_worker_makes_its_calls(store_url: str, tmp_path: Path) -> None:
-    """Without faults: an async worker, a sync tool's worker with 3 threads and a sync tool's worker alone, on
-    the test's store, each make every call of their scripts; one charge per operation, every answer the stored
-    one (replayed async and sync), sync tools claiming in their own threads."""
+    """Without faults: an async worker, a sync tool's worker with 3 threads, a sync tool's worker alone and a
+    gathered worker (six async callers on a pool of one), on the test's store, each make every call of their
+    scripts; one charge per operation, every answer the stored one (replayed async and sync), sync tools
+    claiming in their own threads, and on Postgres the gathered worker's claims and completions gathered."""
     provider = Provider().start()
     try:
         backend = make_url(store_url).get_backend_name()
-        outcome = Fleet(backend, store_url, provider, Plan(3, 6, 0.0, 120.0, threads=3), random.Random(7),
+        outcome = Fleet(backend, store_url, provider, Plan(4, 6, 0.0, 120.0, threads=3), random.Random(7),
                         tmp_path).run()
     finally:
         provider.stop()
     assert outcome.problems == [], outcome.problems
     summary = "\n".join(outcome.summary)
-    assert "6 operations" in summary and "6 charges at the provider" in summary, summary
+    ops = 6 + GATHERED_CALLERS * GATHERED_ROUNDS  # (the gathered worker's own operations too)
+    assert f"{ops} operations" in summary and f"{ops} charges at the provider" in summary, summary
     assert "takeovers 0" in summary, summary
+    if backend == "postgresql":
+        assert "statements for many callers:" in summary, summary
 
 
