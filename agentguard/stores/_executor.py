@@ -71,7 +71,7 @@ class Batch:
         lined up in the lane behind it (joining would pass them: first come, first served), and the statement may
         take the caller with those in it (``Many.joins``)."""
         return (not self.sealed and len(self.calls) < GATHER_MAX and lane.arrivals == self.arrivals
-                and many.joins([p for p, _ in self.calls], params))
+                and many.joins((p for p, _ in self.calls), params))  # (read only by a statement that asks)
 
     def ended(self, lane: Lane, _sent: asyncio.Task[None]) -> None:
         """Its task ended: if it never ran (cancelled first, as a closing loop cancels it), its place in the line

@@ -10,7 +10,7 @@ many callers are both generated from it, as the read's columns are generated fro
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import TextClause, text
@@ -76,7 +76,7 @@ class Many:
     def args(self, params: Sequence[dict[str, Any]]) -> tuple[list[Any], ...]:
         return tuple([p[name] for p in params] for name in self.names)
 
-    def joins(self, gathered: Sequence[dict[str, Any]], params: dict[str, Any]) -> bool:
+    def joins(self, gathered: Iterable[dict[str, Any]], params: dict[str, Any]) -> bool:
         """Whether a caller with ``params`` may go in one statement with callers whose parameters are
         ``gathered`` (else it goes in the next)."""
         return True
@@ -107,7 +107,7 @@ class Fenced(Many):
 
     __slots__ = ()
 
-    def joins(self, gathered: Sequence[dict[str, Any]], params: dict[str, Any]) -> bool:
+    def joins(self, gathered: Iterable[dict[str, Any]], params: dict[str, Any]) -> bool:
         scope, key = params["scope"], params["key"]
         return not any(p["key"] == key and p["scope"] == scope for p in gathered)
 
