@@ -118,12 +118,19 @@ class Pooling:
     evidence: str
 
 
-async def detect_pooling(connect: Callable[[], Awaitable[Any]], url_port: int | None) -> Pooling:
+async def detect_pooling(connect: Callable[[], Awaitable[Any]], url_port: int | None,
+                         patience: float = 2.0) -> Pooling:
     """Which pooling a client connection gets. ``SHOW pool_mode`` answers only on PgBouncer's admin console, so
     the behaviour tells: client A's server session (``pg_backend_pid()``) in one transaction; then client B holds
     a transaction open and A asks again. Under transaction pooling A's next transaction runs elsewhere, or B was
-    handed A's session, or A waits for one (a full pool); a session of its own means session pooling or none,
-    told apart by the port the server itself listens on against the URL's."""
+    handed A's session; a session of its own means session pooling or none, told apart by the port the server
+    itself listens on against the URL's.
+
+    Which session answered tells, never how long it took: A's question is not cancelled. Left unanswered for
+    ``patience`` seconds (a loaded server, or a pooler in transaction mode whose every session is taken, B's
+    among them), B's transaction ends and A's answer is awaited. (Cancelling it, as an earlier doctor did after
+    two seconds, took a slow server for transaction pooling, and asyncpg's cancel of a query behind a pooler
+    could leave the connection given a result nobody waited for: a traceback from the event loop.)"""
     import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
     a, b = await connect(), await connect()
@@ -131,14 +138,16 @@ async def detect_pooling(connect: Callable[[], Awaitable[Any]], url_port: int | 
         try:
             for _ in range(3):  # (a pooler may hand B another idle session once; it rarely does three times)
                 first = await _one(a, "SELECT pg_backend_pid()")
-                async with b.transaction():
-                    held = await b.fetchval("SELECT pg_backend_pid()")
-                    try:
-                        again = await asyncio.wait_for(_one(a, "SELECT pg_backend_pid()"), 2.0)
-                    except TimeoutError:
-                        a.terminate()
-                        return Pooling("transaction", "a client waited for a server session while another client "
-                                                      "held one in a transaction (a pool of one, in transaction mode)")
+                asking: asyncio.Future[Any] | None = None
+                try:
+                    async with b.transaction():
+                        held = await b.fetchval("SELECT pg_backend_pid()")
+                        asking = asyncio.ensure_future(_one(a, "SELECT pg_backend_pid()"))
+                        await asyncio.wait((asking,), timeout=patience)
+                finally:
+                    if asking is not None and not asking.done():  # (B's transaction is over: A is served now)
+                        await asyncio.wait((asking,))
+                again = await asking
                 if held == first:
                     return Pooling("transaction", f"the server session of one client (backend {first}) was handed to "
                                                   "another client between its transactions")
