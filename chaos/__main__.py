@@ -70,6 +70,7 @@ class Plan:
     fault_seconds: float  # how long faults are injected
     deadline: float  # the whole run, faults and the finish
     threads: int = 4  # the calling threads of each worker whose sync tool is called from threads
+    lease: float = LEASE  # the workers' lease: short, so that a killed or stopped worker's claim is taken over
 
 
 SHORT = {"postgresql": Plan(16, 48, 15.0, 300.0), "sqlite": Plan(8, 32, 12.0, 300.0)}
@@ -162,7 +163,7 @@ class Fleet:
         with open(w.log, "ab") as log:
             w.proc = subprocess.Popen(
                 [sys.executable, "-m", "chaos._worker", self.url, self.provider.url, str(w.script), str(w.results),
-                 "--lease", str(LEASE), "--tools", w.kind, "--threads", str(self.plan.threads)],
+                 "--lease", str(self.plan.lease), "--tools", w.kind, "--threads", str(self.plan.threads)],
                 stdout=subprocess.DEVNULL, stderr=log, cwd=Path(__file__).resolve().parent.parent,
             )
 
@@ -230,7 +231,7 @@ class Fleet:
         if w := self.target("stop"):
             assert w.proc is not None
             w.proc.send_signal(signal.SIGSTOP)
-            w.stopped_until = time.monotonic() + LEASE + self.rng.uniform(0.5, 1.5)  # past its lease
+            w.stopped_until = time.monotonic() + self.plan.lease + self.rng.uniform(0.5, 1.5)  # past its lease
             self.faults.stops += 1
 
     def resume(self, every: bool = False) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 import functools
 import json
@@ -53,7 +54,32 @@ CLEAR = (InProgressError, LeaseLostError, StoreError, ProviderError)  # what a c
 KINDS = ("async", "threads", "sync", "gathered")
 GATHERED_CALLERS = 6  # a gathered worker's callers: twice its lane's three connections
 # A gathered worker's callers: when the body of each caller's call of this round ends (the loop's clock).
-ROUND_END: contextvars.ContextVar[float | None] = contextvars.ContextVar("round_end", default=None)
+class Round:
+    """A gathered worker's round: its bodies end together, once every caller of the round has reached its body
+    or ended its call without one (a replay, a refusal), and at the latest ``Round.WAIT`` seconds after the
+    first body got there (a caller whose call waits out another worker's claim). Counted, not timed: on a loaded
+    machine the round's claims may take longer than any fixed moment, and bodies that trickled out would meet a
+    free connection each (no gathered completion)."""
+
+    WAIT = 3.0
+
+    def __init__(self, callers: int) -> None:
+        self.callers = callers
+        self.there: set[int] = set()
+        self.ended = asyncio.Event()
+
+    def reached(self, n: int) -> None:
+        self.there.add(n)
+        if len(self.there) >= self.callers:
+            self.ended.set()
+
+    async def body_ends(self, n: int) -> None:
+        self.reached(n)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ended.wait(), self.WAIT)
+
+
+ROUND: contextvars.ContextVar[tuple[Round, int] | None] = contextvars.ContextVar("round", default=None)
 TRIES = 2000
 STOP = threading.Event()  # a caller of this process failed the run: the others stop too
 
@@ -221,11 +247,11 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
                      **({"pool_size": 1} if gathered else {})) as guard:
 
         async def body_time() -> None:
-            end = ROUND_END.get()
-            if end is None:
+            mine = ROUND.get()
+            if mine is None:
                 await asyncio.sleep(rng.uniform(0.1, 0.5))  # the work after the provider call
             else:  # (a gathered worker's: every body of the round ends at once)
-                await asyncio.sleep(max(0.0, end - asyncio.get_running_loop().time()))
+                await mine[0].body_ends(mine[1])
 
         @guard.once(key="order_id")
         async def charge_order(order_id: str, amount: int, idempotency_key: str = "") -> dict[str, Any]:
@@ -272,11 +298,12 @@ async def run(args: argparse.Namespace, script: list[tuple[str, str, str, int]],
 async def _gathered_callers(out: Lines, script: list[tuple[str, str, str, int]],
                             tools: dict[str, Callable[..., Awaitable[dict[str, Any]]]]) -> None:
     """``GATHERED_CALLERS`` callers at once, the script's calls in rounds of one each: every caller starts its call
-    of the round together with the others (a barrier), and the bodies of the round end together (``ROUND_END``),
+    of the round together with the others (a barrier), and the bodies of the round end together (``Round``),
     so their claims and completions meet a lane whose every connection is in use. A caller that fails stops the
     others."""
     barrier = asyncio.Barrier(GATHERED_CALLERS)
     rounds = -(-len(script) // GATHERED_CALLERS)
+    each = [Round(min(GATHERED_CALLERS, len(script) - r * GATHERED_CALLERS)) for r in range(rounds)]
 
     async def caller(n: int) -> None:
         rng = random.Random(os.getpid() * 1000 + n)
@@ -286,8 +313,11 @@ async def _gathered_callers(out: Lines, script: list[tuple[str, str, str, int]],
                 if r * GATHERED_CALLERS + n >= len(script):
                     continue  # (the last round's calls are fewer than its callers)
                 task_id, tool, order_id, amount = script[r * GATHERED_CALLERS + n]
-                ROUND_END.set(asyncio.get_running_loop().time() + 0.3)
-                await call_async(out, rng, task_id, functools.partial(tools[tool], order_id, amount))
+                ROUND.set((each[r], n))
+                try:
+                    await call_async(out, rng, task_id, functools.partial(tools[tool], order_id, amount))
+                finally:
+                    each[r].reached(n)  # (ended without a body, or after it: the others need not wait for it)
         except BaseException:
             STOP.set()
             await barrier.abort()

@@ -223,10 +223,12 @@ def test_a_forked_childs_long_body_is_renewed_by_its_own_heartbeat(store_url: st
         rec = record_of(store_url, t)
         assert rec is not None and rec[0] == "running"
         first = float(rec[1])
-        # Past the lease the claim had when first seen: only the child's heartbeat can have kept it since.
-        assert wait_for(lambda: time.time() > first + 0.2)
+        # Renewed since first seen: only the child's heartbeat can have done it (waited for, not timed: a loaded
+        # machine's child may take a while to renew, and its lease then runs on from the renewal).
+        assert wait_for(lambda: float((record_of(store_url, t) or ("", first))[1]) > first), \
+            "the child's lease was not renewed"
         rec = record_of(store_url, t)
-        assert rec is not None and rec[0] == "running" and float(rec[1]) > first, "the child's lease was not renewed"
+        assert rec is not None and rec[0] == "running"
         try:
             with task(t):
                 tools.charge("o-1")

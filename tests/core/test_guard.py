@@ -844,16 +844,18 @@ async def test_whitebox_a_guard_dropped_unclosed_writes_its_ledger_and_ends_its_
 
 
 async def test_heartbeat_keeps_a_long_call_its_claim(make_guard: Callable[..., Guard]) -> None:
-    """A body that runs for several leases is renewed, never taken over while its worker is alive."""
-    guard = make_guard(lease=0.6)
-    other = make_guard(lease=0.6, on_conflict="raise")
+    """A body that runs for several leases is renewed, never taken over while its worker is alive. (The lease is
+    short for a test, and long enough that a loaded machine's stall of a second costs no renewal: renewed every
+    third of it.)"""
+    guard = make_guard(lease=1.5)
+    other = make_guard(lease=1.5, on_conflict="raise")
     runs = 0
     events: list[str] = []
 
     async def body(n: int) -> int:
         nonlocal runs
         runs += 1
-        await asyncio.sleep(2.0)  # more than three leases
+        await asyncio.sleep(5.0)  # more than three leases
         return n
 
     slow = guard.once(operation="slow")(body)
@@ -861,7 +863,7 @@ async def test_heartbeat_keeps_a_long_call_its_claim(make_guard: Callable[..., G
     with task(tid()):
         first = asyncio.create_task(slow(1))
         for _ in range(3):
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(1.4)
             with pytest.raises(InProgressError):
                 await probe(1)  # the lease is live each time: no takeover
             events.append("refused")

@@ -116,7 +116,7 @@ async def agent_loop(store_url: str, t: str, effects: Path) -> tuple[dict[str, A
         if e.kind == "waiting":
             waiting.set()
 
-    guard = Guard(store_url, lease=0.5, on_event=on_event)
+    guard = Guard(store_url, lease=10, on_event=on_event)  # (o-3 stays its holder's however slow the machine)
 
     @guard.once(key=["order_id"])
     async def charge(order_id: str, amount_cents: int, idempotency_key: str = "") -> dict[str, Any]:

@@ -39,6 +39,16 @@ def log(tmp_path: Path) -> Path:
     return tmp_path / "upstream.jsonl"
 
 
+PROXIES: dict[int, GuardingProxy] = {}  # each client of ``proxied`` (by its id) and the proxy it talks to
+
+
+def patient(client: Client) -> None:
+    """From now on the proxy waits a minute for an answer: a test whose first question is meant to expire (a
+    short ``input_timeout``) asks its later ones in time however slow the machine (questions made from now on
+    take the timeout then: ``Exchanges.timeout``)."""
+    PROXIES[id(client)].exchanges.timeout = 60.0
+
+
 @pytest.fixture
 def proxied(store_url: str, log: Path, host: str) -> Callable[..., Any]:
     @contextlib.asynccontextmanager
@@ -47,7 +57,11 @@ def proxied(store_url: str, log: Path, host: str) -> Callable[..., Any]:
                               f'[proxy]\n{proxy}\n\n{tools}')
         guarding = GuardingProxy(config, upstream=full_upstream.build_server(log), environ={})
         async with guarding.started(), Client(guarding.server, mode=host, **options) as client:
-            yield client
+            PROXIES[id(client)] = guarding
+            try:
+                yield client
+            finally:
+                del PROXIES[id(client)]
 
     return make
 
@@ -157,6 +171,7 @@ async def test_an_error_for_an_answer_refuses_the_call(proxied: Callable[..., An
             with pytest.raises(MCPError, match="no UI"):
                 await client.call_tool("pay", PAY)
         assert paid(log) == []
+        patient(client)
         later = await client.call_tool("pay", PAY)
     assert not later.is_error and len(paid(log)) == 1 and len(user.asked) == 2
 
@@ -238,6 +253,7 @@ async def test_a_confirmation_answered_late_is_refused_once_never_asked_again(
             (record,) = await guard.records()
         assert record.state == "released" and record.audit
         assert record.audit["confirmation"]["answer"] == "expired"
+        patient(client)
         later = await client.call_tool("pay", PAY)  # the model retries: asked again, answered in time
     assert not later.is_error and later.meta and later.meta[META_REPLAYED] is False
     assert len(asked) == 2 and len(paid(log)) == 1
