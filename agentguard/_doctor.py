@@ -518,9 +518,17 @@ def _round_trip(samples: list[float], what: str) -> Line:
                                   "round trips in the store, a replay one")
 
 
-async def _listen(pg: PG) -> Line:
+async def _listen(pg: PG, pooling: PoolMode) -> Line:
     """A notification on a channel of the doctor's own, from one session to another: what waiters in other
-    processes rely on to wake up at once (they poll every second otherwise)."""
+    processes rely on to wake up at once (they poll every second otherwise). Through transaction pooling none
+    can be heard (the LISTEN stays on a server session the client no longer holds): said at once. Otherwise the
+    notification is waited for as long as a connection may take to open (``PG.timeout``): a healthy server
+    delivers it within milliseconds, so the bound only matters where none comes, and a loaded machine's slow
+    delivery is not taken for a missing one."""
+    if pooling == "transaction":
+        return Line("listen/notify", WARN, "not tried: a LISTEN is not heard through transaction pooling (see "
+                                           "pooler), so waiters for another worker's call wake up by polling "
+                                           "(every second)")
     channel = f"agentguard_doctor_{secrets.token_hex(4)}"
     listener = sender = None
     try:
@@ -530,11 +538,11 @@ async def _listen(pg: PG) -> Line:
         t0 = time.perf_counter()
         await _one(sender, "SELECT pg_notify($1, 'ping')", channel)
         try:
-            await asyncio.wait_for(heard.wait(), 3.0)
+            await asyncio.wait_for(heard.wait(), pg.timeout)
         except TimeoutError:
-            return Line("listen/notify", WARN, "no notification arrived within 3 s: waiters for another worker's "
-                                               "call wake up by polling (every second) instead. LISTEN does not "
-                                               "work through transaction pooling")
+            return Line("listen/notify", WARN, f"no notification arrived within {pg.timeout:g} s: waiters for "
+                                               "another worker's call wake up by polling (every second) instead. "
+                                               "LISTEN does not work through transaction pooling")
         return Line("listen/notify", OK, f"a notification arrived in {_ms(time.perf_counter() - t0)}")
     except Exception as exc:
         return Line("listen/notify", WARN, f"LISTEN failed ({_why(exc)}): waiters poll instead")
@@ -575,7 +583,7 @@ async def check_postgres(url: str, settings: Settings, report: Report) -> None:
         first = None if schema is not None else await _first_schema(conn, search_path)
         report.add(privileges_line(await _table_facts(conn), role=role, schema=schema, search_path=search_path,
                                    can_create=bool(can_create or superuser), first_schema=first))
-        report.add(await _listen(pg))
+        report.add(await _listen(pg, pooling.mode))
         samples = []
         for _ in range(20):
             t0 = time.perf_counter()

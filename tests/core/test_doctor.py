@@ -413,6 +413,8 @@ def test_behind_pgbouncer_in_transaction_mode_every_line_passes(store_url: str, 
     pooler = lines(doc)["pooler"]
     assert code == 0 and pooler["status"] == "ok" and pooler["found"].startswith("transaction pooling: "), doc
     assert "keeps no prepared statement" in pooler["found"] and not pooler["fix"]
+    listen = lines(doc)["listen/notify"]  # (said from the pooler's verdict, not by waiting for a notification)
+    assert listen["status"] == "warn" and listen["found"].startswith("not tried: a LISTEN is not heard"), listen
     # The guard works through it (tests/whitebox/test_pgbouncer.py): the race ends with one execution, every caller
     # served.
     assert_race_ran_once(doc)
