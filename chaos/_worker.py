@@ -152,23 +152,28 @@ def _witness_connections(out: Lines, callers: set[threading.Thread]) -> None:
 
 def _witness_gathered(out: Lines) -> None:
     """Write a line whenever a statement for many callers goes to Postgres (the claims' ``INSERT ... SELECT FROM
-    unnest``, the completions' ``UPDATE ... FROM unnest``): seen from outside the library, as the driver's
-    ``fetch`` is called, so the run shows that its faults met the gathered statements."""
+    unnest``, one statement; the completions' ``UPDATE``, once per caller in one pipeline): seen from outside the
+    library, as the driver's ``fetch`` and ``fetchmany`` are called, so the run shows that its faults met the
+    gathered statements."""
     try:
         import asyncpg  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
         return
-    real = asyncpg.Connection.fetch
+    real, real_many = asyncpg.Connection.fetch, asyncpg.Connection.fetchmany
 
     async def fetch(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
         rows = await real(self, query, *args, **kwargs)
-        if "unnest(" in query and "agentguard_calls" in query:
-            what = "claim" if query.startswith("INSERT") else "complete" if "UPDATE" in query else None
-            if what is not None:
-                out.write(gathered=what, callers=len(args[0]) if args else 0, pid=os.getpid())
+        if "unnest(" in query and query.startswith("INSERT INTO agentguard_calls "):
+            out.write(gathered="claim", callers=len(args[0]) if args else 0, pid=os.getpid())
         return rows
 
-    asyncpg.Connection.fetch = fetch
+    async def fetchmany(self: Any, query: str, args: Any, **kwargs: Any) -> Any:
+        rows = await real_many(self, query, args, **kwargs)
+        if "UPDATE agentguard_calls SET state" in query:
+            out.write(gathered="complete", callers=len(args), pid=os.getpid())
+        return rows
+
+    asyncpg.Connection.fetch, asyncpg.Connection.fetchmany = fetch, fetchmany
 
 
 def _on_event(out: Lines) -> Callable[[GuardEvent], None]:

@@ -152,6 +152,12 @@ class Dialect:
         """How many connections the engine's pool allows in all (its size and overflow)."""
         return 1 if self.memory else self.options.pool_size * 3
 
+    @property
+    def gather_at(self) -> int:
+        """How many connections a loop's lane holds before a statement that can be gathered (where ``gathers``)
+        joins those waiting rather than open another: every one it may hold (see ``PostgreSQL.gather_at``)."""
+        return self.capacity
+
     def __init__(self, url: str, options: Options) -> None:
         self.url = url  # normalised: always names the driver
         self.options = options
@@ -192,6 +198,11 @@ class Dialect:
 
     def fetch_rows(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         """One statement on the driver connection ``drv``: all its rows (only where ``gathers``)."""
+        raise NotImplementedError(f"{self.name} gathers no statements")
+
+    def fetch_each(self, drv: Any, sql: str, args: Sequence[Sequence[Any]]) -> Awaitable[Any]:
+        """``sql`` once for each of ``args``, in one round trip and one transaction on ``drv``: all their rows
+        (only where ``gathers``)."""
         raise NotImplementedError(f"{self.name} gathers no statements")
 
     def connection_lost(self, exc: BaseException, drv: Any = None) -> bool:
@@ -395,6 +406,14 @@ class Postgres(Dialect):
         return min(self.options.pool_size * 3, self.budget.limit)
 
     @property
+    def gather_at(self) -> int:
+        """The pool's own size (``pool_size``): past it, claims and completions that find no connection idle
+        join one statement for many rather than open the pool's overflow, which stays for what cannot be
+        gathered (reads, renewals, transactions). A burst is then served by fewer server sessions and one commit
+        for many, where each overflow connection is another backend competing for the server's CPU."""
+        return min(self.options.pool_size, self.capacity)
+
+    @property
     def listens(self) -> bool:
         """Whether a connection that LISTENs hears what is announced (not through transaction pooling)."""
         return self.pooling != "transaction"
@@ -557,6 +576,10 @@ class Postgres(Dialect):
 
     def fetch_rows(self, drv: Any, sql: str, args: Sequence[Any]) -> Awaitable[Any]:
         return drv.fetch(sql, *args)  # type: ignore[no-any-return]
+
+    def fetch_each(self, drv: Any, sql: str, args: Sequence[Sequence[Any]]) -> Awaitable[Any]:
+        # (one pipeline ended by one Sync: an implicit transaction, every statement or none)
+        return drv.fetchmany(sql, args)  # type: ignore[no-any-return]
 
     def listen_connection(self) -> Awaitable[Any]:
         # In the budget's line like any connection (its holders close theirs meanwhile): without a slot in time,

@@ -114,7 +114,7 @@ class Engines:
         engine = self.engine()
         lane = self._lanes.get(loop)
         if lane is None:
-            lane = self._lanes[loop] = Lane(self._dialect.capacity, self._budget)
+            lane = self._lanes[loop] = Lane(self._dialect.capacity, self._budget, self._dialect.gather_at)
         self._last = (weakref.ref(loop), engine, lane)
         return engine, lane
 

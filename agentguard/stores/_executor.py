@@ -170,7 +170,7 @@ class Executor:
         if not self.schema_ready:
             await self.ensure_schema()
         engine, lane = self.engines.here()
-        if many is not None and not lane.free():
+        if many is not None and lane.gathers():
             return await self._gathered(engine, lane, what, stmt, many, params, body_ran)
         sql, getter = self.dialect.compiled(stmt)
         args = getter(params)
@@ -248,12 +248,12 @@ class Executor:
                 return [await self._fetch(drv, sql, getter(params[0]))]
             if not params:  # (every caller was cancelled)
                 return []
-            return many.answers(await self.dialect.fetch_rows(drv, many.sql, many.args(params)), params)
+            return await self.send_many(drv, many, params)
 
         lined, batch.lined = batch.lined, None
         try:
             try:
-                answers: list[Any] = await self._on_lane(engine, lane, what, send, body_ran, lined)
+                answers: list[Any] = await self._on_lane(engine, lane, what, send, body_ran, lined, lane.patience)
             except Exception as exc:
                 params = taken()
                 if len(params) == 1:
@@ -271,6 +271,12 @@ class Executor:
             for _, future in batch.calls:
                 future.cancel()
 
+    async def send_many(self, drv: Any, many: Many, params: list[dict[str, Any]]) -> list[Any]:
+        """``many`` for the callers with ``params`` on the driver connection ``drv`` (one round trip, one
+        transaction): each caller's answer (``Many.answers``)."""
+        fetch = self.dialect.fetch_each if many.pipelined else self.dialect.fetch_rows
+        return many.answers(await fetch(drv, many.sql, many.args(params)), params)
+
     async def on_driver(self, what: str, call: Callable[[Any], Awaitable[T]], *, body_ran: bool | None) -> T:
         """``call(drv)``, one driver call, on the driver connection of a connection of the loop's lane
         (``_lane.Lane``), as :meth:`one`'s statements run: the ledger's chained batches (``_chain``)."""
@@ -280,12 +286,14 @@ class Executor:
         return await self._on_lane(engine, lane, what, call, body_ran)
 
     async def _on_lane(self, engine: AsyncEngine, lane: Lane, what: str, call: Callable[[Any], Awaitable[T]],
-                       body_ran: bool | None, lined: asyncio.Future[Any] | None = None) -> T:
+                       body_ran: bool | None, lined: asyncio.Future[Any] | None = None,
+                       patience: float | None = None) -> T:
         """``call(drv)`` on a connection of ``lane``, run again as :meth:`_retry` says (once on a fresh connection if
-        its connection was lost). ``lined``: the place in the lane's line its first attempt takes (``Lane.line_up``)."""
+        its connection was lost). ``lined``: the place in the lane's line its first attempt takes (``Lane.line_up``),
+        and how long it waits there while the lane may open another (``patience``)."""
         for attempt in itertools.count(1):  # (until _retry says no: it always does, in time)
             try:
-                conn = await lane.acquire(engine, lined if attempt == 1 else None)
+                conn = await lane.acquire(engine, lined if attempt == 1 else None, patience)
             except Exception as exc:  # the pool raises the driver's own errors here, unwrapped
                 raise self.error(what, exc, body_ran) from exc
             raw, drv = conn

@@ -22,6 +22,11 @@ while others wait in the pool's queue until its timeout. So:
 - callers whose statements are gathered into one (``Executor._gathered``) wait in one place in the line, taken
   when the first of them comes (so a connection a statement is done with goes to them, not to the idle list
   for whoever asks next), and a caller joins them only while nobody has lined up behind them;
+- a statement that can be gathered (a first call's claim, its completion) is gathered once no connection is idle
+  and the lane holds ``gather_at`` (the pool's own size), not only once it holds the pool's overflow too: a burst is
+  served by fewer server sessions, and one commit for many (:meth:`Lane.gathers`). Gathered callers kept waiting
+  ``patience`` in line while the lane may open another connection open one after all (the lane's connections held
+  by statements that wait for a lock someone else holds);
 - a connection that may be broken always goes back to the pool (which discards an invalidated one); the slot
   it held passes to the longest-waiting caller here, which checks out a connection of its own with it (so a
   caller that just gave one back cannot take the pool's connection ahead of those in line);
@@ -45,6 +50,9 @@ if TYPE_CHECKING:
 
 IDLE_MIN = 2  # connections kept idle between hot statements however long, per event loop
 IDLE_KEEP = 1.0  # seconds an idle connection beyond those is kept for the next statement
+# Seconds gathered callers wait in line for a connection, past the pool's own size, before they open one of its
+# overflow after all (the lane's connections held long by statements that wait: a lock someone else holds).
+GATHER_PATIENCE = 1.0
 
 Conn = tuple[Any, Any]  # (pool connection, its driver connection): reaching the driver's costs SQLAlchemy three hops
 
@@ -52,11 +60,13 @@ Conn = tuple[Any, Any]  # (pool connection, its driver connection): reaching the
 class Lane:
     """One loop's hot-path connections (see the module docstring)."""
 
-    __slots__ = ("_budget", "_tasks", "_trimming", "arrivals", "capacity", "gathering", "held", "idle", "queue",
-                 "waiting")
+    __slots__ = ("_budget", "_tasks", "_trimming", "arrivals", "capacity", "gather_at", "gathering", "held", "idle",
+                 "patience", "queue", "waiting")
 
-    def __init__(self, capacity: int, budget: Budget | None = None) -> None:
+    def __init__(self, capacity: int, budget: Budget | None = None, gather_at: int | None = None) -> None:
         self.capacity = capacity
+        self.gather_at = capacity if gather_at is None else gather_at  # (see gathers)
+        self.patience = GATHER_PATIENCE  # (gathered callers' wait in line past gather_at: see gathers)
         self._budget = budget  # connections the pool allows in all (its size and overflow)
         self.held = 0  # slots taken: connections the lane has checked out of the pool (in use or idle), or is opening
         self.idle: list[tuple[Conn, float]] = []  # (connection, idle since), the most recently used last
@@ -72,6 +82,13 @@ class Lane:
         open one in."""
         return bool(self.idle) or (self.held < self.capacity and self._may_open())
 
+    def gathers(self) -> bool:
+        """Whether a statement that can be gathered joins the others waiting rather than take a connection: none
+        is idle, and the lane holds ``gather_at`` (the pool's own size) or may open no other. (Those waiting past
+        the pool's size open a connection of its overflow after all if none is handed on within
+        ``GATHER_PATIENCE``: :meth:`acquire`.)"""
+        return not self.idle and (self.held >= self.gather_at or not (self.held < self.capacity and self._may_open()))
+
     def _may_open(self) -> bool:
         """Whether a caller may open a connection for the lane now: the budget has a slot free, or the lane has
         none (a caller with no connection to wait for waits for a slot, in the budget's line)."""
@@ -82,11 +99,12 @@ class Lane:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def acquire(self, engine: AsyncEngine, lined: asyncio.Future[Conn | None] | None = None) -> Conn:
+    async def acquire(self, engine: AsyncEngine, lined: asyncio.Future[Conn | None] | None = None,
+                      patience: float | None = None) -> Conn:
         """A connection for one statement. ``lined``: the caller's place in the line, taken before
-        (:meth:`line_up`)."""
+        (:meth:`line_up`); ``patience``: how long it waits there while the lane may open another connection."""
         if lined is not None:
-            return await self._after(engine, lined)
+            return await self._after(engine, lined, patience)
         if self.idle:
             return self.idle.pop()[0]
         if self.held < self.capacity and self._may_open():
@@ -102,7 +120,18 @@ class Lane:
         self.arrivals += 1
         return waiter
 
-    async def _after(self, engine: AsyncEngine, waiter: asyncio.Future[Conn | None]) -> Conn:
+    async def _after(self, engine: AsyncEngine, waiter: asyncio.Future[Conn | None],
+                     patience: float | None = None) -> Conn:
+        if patience is not None and not waiter.done():
+            try:
+                await asyncio.wait((waiter,), timeout=patience)
+            except asyncio.CancelledError:
+                self.leave(waiter)
+                raise
+            if not waiter.done() and self.held < self.capacity and self._may_open():  # (no await since the check)
+                self.leave(waiter)
+                self.held += 1
+                return await self._open(engine)
         handed = await self._queued(waiter)
         if handed is not None:
             return handed

@@ -10,6 +10,7 @@ many callers are both generated from it, as the read's columns are generated fro
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -63,17 +64,25 @@ GATHER_MAX = 16
 
 
 class Many:
-    """One statement for the parameters of many callers (``sql``: the driver's own, ``$1``..), their parameters
-    as arrays (``names``, in order), and each caller's answer from its rows: the row its own statement would
-    have returned, or None (:meth:`answers`)."""
+    """A statement's form for many callers (``sql``: the driver's own, ``$1``..; ``names``: its parameters, in
+    order), and each caller's answer from the rows: the row its own statement would have returned, or None
+    (:meth:`answers`). Sent in one round trip and one transaction, as one of two kinds:
+
+    - one statement over the callers' parameters as arrays (``pipelined`` False: the dialect's ``fetch_rows``);
+    - the same statement once per caller, all in one pipeline (``pipelined``: the dialect's ``fetch_each``,
+      asyncpg's ``fetchmany``), each planned as the single statement is."""
 
     __slots__ = ("names", "sql")
+    pipelined = False
 
     def __init__(self, sql: str, names: tuple[str, ...]) -> None:
         self.sql = sql
         self.names = names
 
-    def args(self, params: Sequence[dict[str, Any]]) -> tuple[list[Any], ...]:
+    def args(self, params: Sequence[dict[str, Any]]) -> Sequence[Sequence[Any]]:
+        """What the dialect's fetch takes: one array per parameter, or (``pipelined``) one row per caller."""
+        if self.pipelined:
+            return [tuple(p[name] for name in self.names) for p in params]
         return tuple([p[name] for p in params] for name in self.names)
 
     def joins(self, gathered: Iterable[dict[str, Any]], params: dict[str, Any]) -> bool:
@@ -98,14 +107,15 @@ class Claims(Many):
 
 
 class Fenced(Many):
-    """A fenced write for many callers: rows of (scope, key, fence), one per record written. A caller whose
-    record came back with its own fence wrote (its fence, as the single statement's ``RETURNING fence``); the
-    others wrote nothing (None), as their statements would not have. A key at most once a statement: Postgres
-    writes a row that several of an ``UPDATE``'s ``FROM`` rows match only once, with one of them, so two callers
-    of the same key and fence could not be told apart (the machine never makes two such writes at once; a second
-    one would go in the next statement)."""
+    """A fenced write for many callers, each caller's own statement in one pipeline: rows of (scope, key, fence),
+    one per record written. A caller whose record came back with its own fence wrote (its fence, as the single
+    statement's ``RETURNING fence``); the others wrote nothing (None), as their statements would not have. A key
+    at most once a pipeline: its statements share one transaction, so a second write of a key would find the
+    first's, where its own statement would not have (the machine never makes two such writes at once; a second
+    one goes in the next pipeline)."""
 
     __slots__ = ()
+    pipelined = True
 
     def joins(self, gathered: Iterable[dict[str, Any]], params: dict[str, Any]) -> bool:
         scope, key = params["scope"], params["key"]
@@ -165,19 +175,27 @@ def _completion(now: str, p: str, t: str) -> tuple[str, str]:
 
 
 def gathered_complete(now: str, announce: str | None) -> Many:
-    """The completion for many callers at once (Postgres), generated from ``COMPLETED`` as the single one is: one
-    row of (scope, key, fence) per record written, and, where the store announces, each watched one announced.
-    Unlike the claims', its rows need no order: a statement locks only the records whose fence its callers hold,
-    so two statements wait for each other only where each holds a record the other's callers think theirs (a
-    takeover crossing two stale workers' completions both ways at once); Postgres then aborts one after a second,
-    and its callers are answered one by one (``Executor._send_gathered``)."""
-    names, arrays = _arrays(COMPLETE_PARAMS)
-    sets, where = _completion(now, "v.", "c.")
-    update = (f"UPDATE {TABLE} AS c SET {sets} FROM unnest({arrays}) AS v({', '.join(names)}) WHERE {where}"
-              " RETURNING c.scope, c.key, c.fence")
+    """The completion for many callers at once (Postgres): the single completion, generated from ``COMPLETED``
+    and ``COMPLETES`` as it is, returning (scope, key, fence) for the record written, and, where the store
+    announces, each watched one announced; sent once per caller, in one pipeline (one round trip, one commit).
+
+    Each caller's statement names one record by its key, so it is planned through the primary key whatever the
+    planner knows of the table (tests/whitebox/test_key_plans.py). One ``UPDATE ... FROM unnest(...)`` was not:
+    planned generically on a small table without statistics (a new store), it joined the callers to the table by
+    hashing a sequential scan of it, and a prepared statement keeps its plan for the connection's life: 5.5 ms a
+    statement at 30,000 records, a burst's throughput a quarter of a raw pool's (docs/benchmarks.md).
+
+    Its rows need no order: a statement locks only the record whose fence its caller holds, so two pipelines
+    wait for each other only where each holds a record the other's callers think theirs (a takeover crossing two
+    stale workers' completions both ways at once); Postgres then aborts one after a second, and its callers are
+    answered one by one (``Executor._send_gathered``)."""
+    names = tuple(name for name, _ in COMPLETE_PARAMS)
+    sets, where = _completion(now, ":", "")
+    update = f"UPDATE {TABLE} SET {sets} WHERE {where} RETURNING scope, key, fence"
     if announce is not None:
-        update = f"WITH done AS ({update}, c.watched) SELECT scope, key, fence, {_announcing(announce)} FROM done"
-    return Fenced(update, names)
+        update = f"WITH done AS ({update}, watched) SELECT scope, key, fence, {_announcing(announce)} FROM done"
+    # (the driver's own placeholders for the named ones, as the dialect compiles a statement; never a cast's ::)
+    return Fenced(re.sub(r"(?<!:):([a-z_]+)\b", lambda m: f"${names.index(m.group(1)) + 1}", update), names)
 
 
 # Postgres: whether a waiter in some process listens for the record's outcome (see _listen). Added to a table

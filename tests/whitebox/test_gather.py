@@ -84,23 +84,27 @@ async def gathered(store: SQLStore, claims: list[dict[str, Any]]) -> list[Any]:
 
 
 def counting(store: SQLStore, refused: list[BaseException] | None = None, only: Many | None = None) -> list[int]:
-    """The sizes of the statements for many callers the store sends (the dialect's ``fetch_rows``; ``only``: of
-    that statement alone); the errors the database answered them with, into ``refused``."""
+    """The sizes of the statements for many callers the store sends (the dialect's ``fetch_rows``, one statement
+    over arrays, and ``fetch_each``, a statement once per caller in one pipeline; ``only``: of that statement
+    alone); the errors the database answered them with, into ``refused``."""
     sizes: list[int] = []
-    fetch_rows = store.dialect.fetch_rows
 
-    async def counted(drv: Any, sql: str, args: Any) -> Any:
-        if only is not None and sql != only.sql:
-            return await fetch_rows(drv, sql, args)
-        sizes.append(len(args[0]))
-        try:
-            return await fetch_rows(drv, sql, args)
-        except Exception as exc:
-            if refused is not None:
-                refused.append(exc)
-            raise
+    def count(fetch: Any, size: Callable[[Any], int]) -> Any:
+        async def counted(drv: Any, sql: str, args: Any) -> Any:
+            if only is not None and sql != only.sql:
+                return await fetch(drv, sql, args)
+            sizes.append(size(args))
+            try:
+                return await fetch(drv, sql, args)
+            except Exception as exc:
+                if refused is not None:
+                    refused.append(exc)
+                raise
 
-    store.dialect.fetch_rows = counted  # type: ignore[method-assign]
+        return counted
+
+    store.dialect.fetch_rows = count(store.dialect.fetch_rows, lambda args: len(args[0]))  # type: ignore[method-assign]
+    store.dialect.fetch_each = count(store.dialect.fetch_each, len)  # type: ignore[method-assign]
     return sizes
 
 
@@ -463,4 +467,59 @@ async def test_a_gathered_completion_announces_the_watched_records_alone(store_u
         assert payloads == ['["s", "k1"]', "end"]
     finally:
         await listener.close()
+        await store.dispose()
+
+
+async def test_past_the_pools_own_size_claims_gather_rather_than_open_its_overflow(store_url: str) -> None:
+    """The lane holds the pool's own size (``pool_size`` 2), both in use: claims made now join one statement,
+    which goes on the first connection handed on, rather than each opening a connection of the pool's overflow
+    (four more allowed here): fewer server sessions for a burst, and one commit for many."""
+    store = SQLStore(store_url, pool_size=2)
+    sizes = counting(store, only=store.sql.claim_many)
+    try:
+        await store.ensure_schema()
+        engine, lane = store._engines.here()
+        assert (lane.gather_at, lane.capacity) == (2, 6)
+        for conn in [await lane.acquire(engine) for _ in range(3)]:  # (the lane holds three, one of them idle)
+            await lane.release(conn, sound=True)
+        busy = [await lane.acquire(engine) for _ in range(2)]
+        assert lane.free() and not lane.gathers()  # (one idle: a claim takes it)
+        busy.append(await lane.acquire(engine))
+        assert lane.free() and lane.gathers()  # (none idle, three held: past the pool's size, claims gather)
+        claims = [params("s", f"k{i}") for i in range(5)]
+        tasks = [asyncio.ensure_future(store.claim(p)) for p in claims]
+        await joined(store, len(claims))
+        assert lane.held == 3 and sizes == []  # (no connection opened for them)
+        for conn in busy:
+            await lane.release(conn, sound=True)
+        got = await asyncio.gather(*tasks)
+        assert got == [p["fence"] for p in claims] and sizes == [5]
+    finally:
+        await store.dispose()
+
+
+async def test_gathered_callers_kept_waiting_open_a_connection_of_the_overflow_after_all(store_url: str) -> None:
+    """The lane's one connection (``pool_size`` 1) held by a statement that does not end (a lock someone else
+    holds, here a connection taken and kept): claims gathered behind it wait ``patience`` for it, then their
+    statement opens a connection of the pool's overflow and goes, while the other is still held."""
+    store = SQLStore(store_url, pool_size=1)
+    sizes = counting(store, only=store.sql.claim_many)
+    try:
+        await store.ensure_schema()
+        engine, lane = store._engines.here()
+        lane.patience = 0.05
+        taken = [await lane.acquire(engine)]
+        while lane.idle:  # (connections the lane kept: taken too, so that none is idle)
+            taken.append(await lane.acquire(engine))
+        assert lane.gathers() and lane.held < lane.capacity
+        claims = [params("s", f"k{i}") for i in range(3)]
+        try:
+            async with asyncio.timeout(30):  # (a bound, not a measure: without the fallback they wait for ever)
+                got = await asyncio.gather(*(store.claim(p) for p in claims))
+            assert got == [p["fence"] for p in claims] and sizes == [3]
+            assert lane.held == len(taken) + 1  # (the overflow's connection, opened by their statement)
+        finally:
+            for conn in taken:
+                await lane.release(conn, sound=True)
+    finally:
         await store.dispose()

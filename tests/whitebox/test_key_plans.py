@@ -56,6 +56,10 @@ async def _key_statements(url: str) -> dict[str, tuple[str, int]]:
         await store.dispose()
     # (the ones a call makes: found by the text they share, so a new one is checked without being listed here)
     assert {"read", "complete", "release", "renew", "load_steps"} <= set(found), sorted(found)
+    # The completion's form for many callers (each caller's statement, in one pipeline): planned as the single one.
+    many = store.sql.complete_many
+    if many is not None:
+        found["complete_many"] = (many.sql, len(many.names))
     return found
 
 

@@ -263,7 +263,7 @@ class Gathered:
             return await executor.one(ask.what, ask.stmt, params, body_ran=ask.body_ran, writes=ask.writes)
 
         async def send(drv: Any) -> list[Any]:
-            return many.answers(await executor.dialect.fetch_rows(drv, many.sql, many.args([params])), [params])
+            return await executor.send_many(drv, many, [params])
 
         return (await executor.on_driver(ask.what, send, body_ran=ask.body_ran))[0]
 
