@@ -86,7 +86,7 @@ class Lane:
         """Whether a statement that can be gathered joins the others waiting rather than take a connection: none
         is idle, and the lane holds ``gather_at`` (the pool's own size) or may open no other. (Those waiting past
         the pool's size open a connection of its overflow after all if none is handed on within
-        ``GATHER_PATIENCE``: :meth:`acquire`.)"""
+        ``patience``: :meth:`acquire`.)"""
         return not self.idle and (self.held >= self.gather_at or not (self.held < self.capacity and self._may_open()))
 
     def _may_open(self) -> bool:

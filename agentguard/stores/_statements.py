@@ -159,9 +159,9 @@ def _insert(now: str, p: str) -> str:
 # The completion: what it writes, and the record it writes it to — the claim's (its fence), running, or completed
 # already with the same outcome (a recording redone after a cancellation finds its own earlier write) — each with
 # {p} before a parameter's name, {t} before a column's and {now} for the database clock. The completion statement
-# and its form for many callers are both generated from them, with the parameters' Postgres types.
-COMPLETE_PARAMS = (("scope", "text"), ("key", "text"), ("fence", "bigint"), ("state", "text"), ("result", "text"),
-                   ("retention", "float8"), ("audit", "text"))
+# and its form for many callers (the same statement, with the driver's placeholders in this order) are both
+# generated from them.
+COMPLETE_PARAMS = ("scope", "key", "fence", "state", "result", "retention", "audit")
 COMPLETED = (("state", "{p}state"), ("result", "{p}result"), ("lease_until", "NULL"), ("updated_at", "{now}"),
              ("expires_at", "{now} + {p}retention"), ("audit", "COALESCE({p}audit, {t}audit)"))
 COMPLETES = ("{t}scope = {p}scope AND {t}key = {p}key AND {t}fence = {p}fence"
@@ -189,7 +189,7 @@ def gathered_complete(now: str, announce: str | None) -> Many:
     wait for each other only where each holds a record the other's callers think theirs (a takeover crossing two
     stale workers' completions both ways at once); Postgres then aborts one after a second, and its callers are
     answered one by one (``Executor._send_gathered``)."""
-    names = tuple(name for name, _ in COMPLETE_PARAMS)
+    names = COMPLETE_PARAMS
     sets, where = _completion(now, ":", "")
     update = f"UPDATE {TABLE} SET {sets} WHERE {where} RETURNING scope, key, fence"
     if announce is not None:
