@@ -87,7 +87,7 @@ class Lane:
         is idle, and the lane holds ``gather_at`` (the pool's own size) or may open no other. (Those waiting past
         the pool's size open a connection of its overflow after all if none is handed on within
         ``patience``: :meth:`acquire`.)"""
-        return not self.idle and (self.held >= self.gather_at or not (self.held < self.capacity and self._may_open()))
+        return not self.idle and (self.held >= self.gather_at or not self.free())
 
     def _may_open(self) -> bool:
         """Whether a caller may open a connection for the lane now: the budget has a slot free, or the lane has

@@ -80,9 +80,7 @@ class Many:
         self.names = names
 
     def args(self, params: Sequence[dict[str, Any]]) -> Sequence[Sequence[Any]]:
-        """What the dialect's fetch takes: one array per parameter, or (``pipelined``) one row per caller."""
-        if self.pipelined:
-            return [tuple(p[name] for name in self.names) for p in params]
+        """What the dialect's fetch takes: one array per parameter (a pipelined form: one row per caller)."""
         return tuple([p[name] for p in params] for name in self.names)
 
     def joins(self, gathered: Iterable[dict[str, Any]], params: dict[str, Any]) -> bool:
@@ -116,6 +114,9 @@ class Fenced(Many):
 
     __slots__ = ()
     pipelined = True
+
+    def args(self, params: Sequence[dict[str, Any]]) -> Sequence[Sequence[Any]]:
+        return [tuple(p[name] for name in self.names) for p in params]
 
     def joins(self, gathered: Iterable[dict[str, Any]], params: dict[str, Any]) -> bool:
         scope, key = params["scope"], params["key"]
