@@ -53,11 +53,12 @@ from ._provider import ProviderError, charge, charge_sync
 CLEAR = (InProgressError, LeaseLostError, StoreError, ProviderError)  # what a caller may be told instead
 KINDS = ("async", "threads", "sync", "gathered")
 GATHERED_CALLERS = 6  # a gathered worker's callers: twice its lane's three connections
-# A gathered worker's callers: when the body of each caller's call of this round ends (the loop's clock).
+
+
 class Round:
     """A gathered worker's round: its bodies end together, once every caller of the round has reached its body
-    or ended its call without one (a replay, a refusal), and at the latest ``Round.WAIT`` seconds after the
-    first body got there (a caller whose call waits out another worker's claim). Counted, not timed: on a loaded
+    or ended its call without one (a replay, a refusal); a body waits at most ``Round.WAIT`` seconds for the
+    others (a caller whose call waits out another worker's claim). Counted, not timed: on a loaded
     machine the round's claims may take longer than any fixed moment, and bodies that trickled out would meet a
     free connection each (no gathered completion)."""
 
@@ -79,6 +80,7 @@ class Round:
             await asyncio.wait_for(self.ended.wait(), self.WAIT)
 
 
+# A gathered worker's caller: the round of its call, and its number in it.
 ROUND: contextvars.ContextVar[tuple[Round, int] | None] = contextvars.ContextVar("round", default=None)
 TRIES = 2000
 STOP = threading.Event()  # a caller of this process failed the run: the others stop too
