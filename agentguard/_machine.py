@@ -195,6 +195,15 @@ class Waiting:
         self.watcher: Watcher | None = None
 
 
+def claim_retention(retention: float, lease: float) -> float:
+    """The retention a claim (and a takeover) writes: the guard's, and a margin of the lease, at most a hundredth of
+    the retention. The completion moves the expiry only where it is earlier than its own retention from then
+    (``_statements.COMPLETED``), so a body that ends within the margin completes without changing it: on Postgres
+    that completion changes no indexed column, a HOT update that writes no index entry. A record is kept at least
+    its retention after its outcome, and at most the margin longer."""
+    return retention + min(lease, retention / 100)
+
+
 class Replaying:
     """Whether a call's key is likely taken already, so that its claim is asked the way that then costs least —
     the store reads before it inserts. Kept only where a read costs less than a claim that finds its key
@@ -245,6 +254,7 @@ class Machine:
         self.portal = portal
         self.lease = lease
         self.retention = retention
+        self.claim_retention = claim_retention(retention, lease)
         self.window = window
         self.events = events
         self.cache = cache
@@ -300,7 +310,7 @@ class Machine:
         return {
             "scope": call.scope, "key": call.key, "task_id": call.task_id, "operation": call.operation,
             "fingerprint": call.fingerprint, "arg_hashes": call.arg_hashes_json, "owner": owner,
-            "lease": self.lease, "retention": self.retention, "audit": call.audit, "tool": call.tool,
+            "lease": self.lease, "retention": self.claim_retention, "audit": call.audit, "tool": call.tool,
             "arguments": call.arguments, "fence": new_fence(),
         }
 

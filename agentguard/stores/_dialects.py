@@ -134,6 +134,7 @@ class Dialect:
     # (the sweep's batches: ``Statements``).
     row_id = "rowid"
     rows_by_id = "rowid IN ({})"
+    greatest = "max"  # the larger of two values (SQLite's max() of two arguments)
     step_isolation: str  # of the transactions that record a step
     read_is_cheaper = False  # a plain read of a record costs less than a claim that finds it
     claim_unsynced = False  # a claim's commit does not wait for its WAL to be flushed (see Statements)
@@ -377,6 +378,7 @@ class Postgres(Dialect):
     schema_lock = "SELECT pg_advisory_xact_lock(7283950271)"
     row_id = "ctid"
     rows_by_id = "ctid = ANY(ARRAY({}))"  # a TID scan, whatever the planner estimates
+    greatest = "GREATEST"
     step_isolation = "READ COMMITTED"
     # A plain SELECT of a record costs less than the claim of a key likely free that finds it (the insert, then
     # the read), so a call that is likely a replay may read first (the guard decides when).

@@ -159,23 +159,30 @@ def _insert(now: str, p: str) -> str:
 
 # The completion: what it writes, and the record it writes it to — the claim's (its fence), running, or completed
 # already with the same outcome (a recording redone after a cancellation finds its own earlier write) — each with
-# {p} before a parameter's name, {t} before a column's and {now} for the database clock. The completion statement
-# and its form for many callers (the same statement, with the driver's placeholders in this order) are both
-# generated from them.
+# {p} before a parameter's name, {t} before a column's, {now} for the database clock and {greatest} for the
+# dialect's larger of two values. The completion statement and its form for many callers (the same statement, with
+# the driver's placeholders in this order) are both generated from them.
+#
+# Its expiry only moves forward: to retention from now, where the claim's is earlier (a claim writes a margin past
+# the retention: ``_machine.claim_retention``). A body that ends within that margin leaves the expiry as the claim
+# wrote it, so the completion changes no indexed column and Postgres writes it as a HOT update, in the record's
+# page alone, no index touched (docs/benchmarks.md, "The completion touches no index"). Either way a record is
+# kept at least its retention after its outcome.
 COMPLETE_PARAMS = ("scope", "key", "fence", "state", "result", "retention", "audit")
 COMPLETED = (("state", "{p}state"), ("result", "{p}result"), ("lease_until", "NULL"), ("updated_at", "{now}"),
-             ("expires_at", "{now} + {p}retention"), ("audit", "COALESCE({p}audit, {t}audit)"))
+             ("expires_at", "{greatest}({t}expires_at, {now} + {p}retention)"),
+             ("audit", "COALESCE({p}audit, {t}audit)"))
 COMPLETES = ("{t}scope = {p}scope AND {t}key = {p}key AND {t}fence = {p}fence"
              f" AND ({{t}}state = '{RUNNING}' OR ({{t}}state = {{p}}state AND {{t}}result = {{p}}result))")
 
 
-def _completion(now: str, p: str, t: str) -> tuple[str, str]:
+def _completion(now: str, greatest: str, p: str, t: str) -> tuple[str, str]:
     """The completion's SET list and its WHERE, with ``p`` before parameters and ``t`` before columns."""
-    return (", ".join(f"{column} = {value.format(p=p, t=t, now=now)}" for column, value in COMPLETED),
-            COMPLETES.format(p=p, t=t))
+    sets = (f"{column} = {value.format(p=p, t=t, now=now, greatest=greatest)}" for column, value in COMPLETED)
+    return ", ".join(sets), COMPLETES.format(p=p, t=t)
 
 
-def gathered_complete(now: str, announce: str | None) -> Many:
+def gathered_complete(now: str, greatest: str, announce: str | None) -> Many:
     """The completion for many callers at once (Postgres): the single completion, generated from ``COMPLETED``
     and ``COMPLETES`` as it is, returning (scope, key, fence) for the record written, and, where the store
     announces, each watched one announced; sent once per caller, in one pipeline (one round trip, one commit).
@@ -191,7 +198,7 @@ def gathered_complete(now: str, announce: str | None) -> Many:
     stale workers' completions both ways at once); Postgres then aborts one after a second, and its callers are
     answered one by one (``Executor._send_gathered``)."""
     names = COMPLETE_PARAMS
-    sets, where = _completion(now, ":", "")
+    sets, where = _completion(now, greatest, ":", "")
     update = f"UPDATE {TABLE} SET {sets} WHERE {where} RETURNING scope, key, fence"
     if announce is not None:
         update = f"WITH done AS ({update}, watched) SELECT scope, key, fence, {_announcing(announce)} FROM done"
@@ -240,11 +247,11 @@ class Statements:
     commits with ``synchronous_commit`` off (Postgres; see ``UNSYNCED``). ``gather``: also the claim and the
     completion for many callers at once (``claim_many``, ``complete_many``, Postgres). ``row_id``,
     ``rows_by_id``: the dialect's physical row address and its test of membership in a sub-select
-    (``Dialect.rows_by_id``)."""
+    (``Dialect.rows_by_id``); ``greatest``: its two-argument maximum (``Dialect.greatest``)."""
 
     def __init__(
         self, now: str, *, announce: str | None = None, unsynced_claim: bool = False, gather: bool = False,
-        row_id: str = "rowid", rows_by_id: str = "rowid IN ({})",
+        row_id: str = "rowid", rows_by_id: str = "rowid IN ({})", greatest: str = "max",
     ) -> None:
         live = live_sql(now)
         where_fenced = "scope = :scope AND key = :key AND fence = :fence"
@@ -255,7 +262,7 @@ class Statements:
         self.claim = text(f"{_insert(now, ':')} RETURNING fence, {checked}"
                           + (f", {UNSYNCED}" if unsynced_claim else ""))
         self.claim_many = gathered_claim(now, unsynced_claim, checked) if gather else None
-        self.complete_many = gathered_complete(now, announce) if gather else None
+        self.complete_many = gathered_complete(now, greatest, announce) if gather else None
         self.read = text(f"SELECT {select_list(now)} FROM {TABLE} WHERE scope = :scope AND key = :key")
         # A takeover needs the fence it saw (so exactly one taker wins) and a record that is not live:
         # released or lease expired (reset = 0: the same operation goes on, with its steps), or past retention
@@ -290,7 +297,7 @@ class Statements:
         )
         # Both are idempotent for the fence that holds the claim (a recording redone after a cancellation
         # finds its own earlier write), and refuse any other fence.
-        sets, completes = _completion(now, ":", "")
+        sets, completes = _completion(now, greatest, ":", "")
         complete = f"UPDATE {TABLE} SET {sets} WHERE {completes} RETURNING fence"
         release = (
             f"UPDATE {TABLE} SET state = '{RELEASED}', lease_until = NULL, updated_at = {now},"

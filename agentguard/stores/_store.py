@@ -99,7 +99,8 @@ class SQLStore:
         self.read_is_cheaper = self.dialect.read_is_cheaper
         self.sql = Statements(self.dialect.now, announce=self.dialect.channel if self.dialect.announces else None,
                               unsynced_claim=self.dialect.unsynced_in_statement, gather=self.dialect.gathers,
-                              row_id=self.dialect.row_id, rows_by_id=self.dialect.rows_by_id)
+                              row_id=self.dialect.row_id, rows_by_id=self.dialect.rows_by_id,
+                              greatest=self.dialect.greatest)
         self.announces = self.dialect.announces
         self._executor = Executor(self.dialect, self._create)
         self.ledger = AttemptLedger(self._executor)  # the ledger of attempts' verbs (below: ``LedgerStore``)

@@ -359,8 +359,9 @@ async def claimed(store: SQLStore, scope: str, keys: list[str]) -> dict[str, int
 def outcomes(scope: str, fences: dict[str, int]) -> list[tuple[Any, ...]]:
     """Completions of every shape a call makes, of the keys ``fences`` names (claimed; k04 and k05 completed
     already, k06 never claimed): succeeded and failed, with and without an audit, text a single statement binds
-    as it is (quotes, non-ASCII, a newline), the claim's own completion redone (its earlier write found), a stale
-    fence, a second outcome for a completed record, a record that is not there."""
+    as it is (quotes, non-ASCII, a newline) and a retention past the claim's (the expiry moved on), the claim's own
+    completion redone (its earlier write found), a stale fence, a second outcome for a completed record, a record
+    that is not there."""
     return [
         (scope, "k01", fences["k01"], "succeeded", '{"charge_id": "ch_1"}', RETENTION, None),
         (scope, "k02", fences["k02"], "failed", '{"error": "CardDeclined"}', RETENTION, '{"tool_call_id": "c2"}'),
@@ -368,7 +369,8 @@ def outcomes(scope: str, fences: dict[str, int]) -> list[tuple[Any, ...]]:
         (scope, "k04", fences["k04"], "succeeded", '{"charge_id": "ch_4"}', RETENTION, None),
         (scope, "k05", fences["k05"], "succeeded", '{"charge_id": "another"}', RETENTION, None),
         (scope, "k06", 1, "succeeded", '{"charge_id": "ch_6"}', RETENTION, None),
-        (scope, "k07", fences["k07"], "succeeded", '{"note": "tâche \'quoted\' \\"twice\\"\\nline"}', 60.0, None),
+        (scope, "k07", fences["k07"], "succeeded", '{"note": "tâche \'quoted\' \\"twice\\"\\nline"}',
+         2 * RETENTION, None),
     ]
 
 
@@ -398,7 +400,8 @@ async def test_gathered_completions_answer_and_store_what_single_completions_do(
         assert [by_key[k][5] for k in keys] == ["succeeded", "failed", "running", "succeeded", "succeeded",
                                                  "succeeded"]
         assert by_key["k05"][12] == '{"charge_id": "ch_5"}'  # (the second outcome refused, the first kept)
-        assert (by_key["k02"][13], by_key["k07"][15], by_key["k01"][14]) == ('{"tool_call_id": "c2"}', 60, None)
+        assert (by_key["k02"][13], by_key["k07"][15], by_key["k01"][14]) == ('{"tool_call_id": "c2"}', 2 * RETENTION,
+                                                                              None)
     finally:
         await store.dispose()
 

@@ -38,6 +38,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import text
 
+from agentguard._machine import claim_retention
 from agentguard.stores import DONE, FAILED, RELEASED, RUNNING, STARTED, SUCCEEDED, Record, SQLStore
 from agentguard.stores._claims import Ask, arun
 from agentguard.stores._protocols import Direct
@@ -51,6 +52,9 @@ T = TypeVar("T")
 CLOCK_TABLE = "agentguard_test_clock"
 CLOCK = f"(SELECT t FROM {CLOCK_TABLE})"
 LEASE, RETENTION = 10.0, 100.0
+# A claim's and a takeover's retention, as the machine gives it (a margin of 1 s past RETENTION here): a completion
+# within the first clock step keeps the claim's expiry, a later one moves it to RETENTION from then.
+CLAIM_RETENTION = claim_retention(RETENTION, LEASE)
 START = 1_000_000.0
 SCOPE = "s"
 KEYS = ("k0", "k1")
@@ -111,8 +115,8 @@ class Protocol:
         if row is not None:
             return row
         self._issue(key, fence)
-        self.rows[key] = Row(RUNNING, fence, fence, 1, owner, self.now + self.lease, self.now + self.retention,
-                             fingerprint)
+        self.rows[key] = Row(RUNNING, fence, fence, 1, owner, self.now + self.lease,
+                             self.now + claim_retention(self.retention, self.lease), fingerprint)
         return fence
 
     def take_over(self, key: str, seen: int, reset: bool, owner: str, fingerprint: str) -> tuple[int, int] | None:
@@ -125,7 +129,7 @@ class Protocol:
         self._issue(key, fence)
         self.rows[key] = Row(
             RUNNING, fence, fence if reset else row.origin, 1 if reset else row.attempts + 1, owner,
-            self.now + self.lease, self.now + self.retention, fingerprint,
+            self.now + self.lease, self.now + claim_retention(self.retention, self.lease), fingerprint,
         )
         return fence, self.rows[key].origin
 
@@ -145,7 +149,9 @@ class Protocol:
             row.state == RUNNING or (row.state == state and row.result == result)
         ):
             return False
-        row.state, row.result, row.lease_until, row.expires_at = state, result, None, self.now + self.retention
+        # (the expiry moves only forward: a completion within the claim's margin leaves it as the claim wrote it)
+        row.state, row.result, row.lease_until = state, result, None
+        row.expires_at = max(row.expires_at, self.now + self.retention)
         return True
 
     def release(self, key: str, fence: int, raised: str | None = None, bound: bool = True) -> bool:
@@ -349,7 +355,7 @@ def _params(key: str, fence: int, owner: str, fingerprint: str, **more: Any) -> 
     return {
         "scope": SCOPE, "key": key, "task_id": "t", "operation": "op", "fingerprint": fingerprint,
         "arg_hashes": "{}", "fence": fence, "tool": "tool", "arguments": None, "owner": owner, "lease": LEASE,
-        "retention": RETENTION, "audit": None, **more,
+        "retention": CLAIM_RETENTION, "audit": None, **more,
     }
 
 
