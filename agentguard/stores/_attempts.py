@@ -16,6 +16,7 @@ records, each chain from its start (``_chain``).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import time
@@ -137,10 +138,11 @@ def keys_ddl(sqlite: bool) -> list[str]:
     old = " OR ".join(f"to_regclass('{name}') IS NOT NULL" for name in OLD_KEY_INDEXES)
     drops = " ".join(f"DROP INDEX IF EXISTS {name};" for name in OLD_KEY_INDEXES)
     return [
-        # (a statement's deleted rows at once: a sweep's batch is one INSERT)
+        # (a statement's deleted rows at once: a sweep's batch is one INSERT; in the keys' order, as the ledger's
+        # writer writes its key rows: ``kept_keys``)
         f"CREATE OR REPLACE FUNCTION {KEYS_TRIGGER}() RETURNS trigger LANGUAGE plpgsql AS $fn$ BEGIN"
         f" INSERT INTO {KEYS} AS k ({columns}) SELECT key, scope, task_id, expires_at + {KEPT_AFTER} FROM gone"
-        f" {_MOVED_ON[False]}; RETURN NULL; END $fn$",
+        f" ORDER BY key, scope {_MOVED_ON[False]}; RETURN NULL; END $fn$",
         "DO $ddl$ BEGIN"
         f" IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('{TABLE}')"
         f" AND tgname = '{KEYS_TRIGGER}') THEN"
@@ -152,9 +154,27 @@ def keys_ddl(sqlite: bool) -> list[str]:
 
 
 # A key's row written beside a refusal's or a late entry (key, scope, task id, the entry's expiry), by each driver.
+# Every statement that writes keys' rows takes them in the keys' order (``kept_keys``, the records' trigger), so that
+# two transactions that write the same keys never each hold one the other waits for: on Postgres a ledger batch and
+# a sweep's (or a forget's) deletion of the same records, crosswise, were a deadlock, one of them aborted.
 _KEEP_KEY = {True: f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) VALUES (?, ?, ?, ?) {_MOVED_ON[True]}",
              False: f"INSERT INTO {KEYS} AS k (key, scope, task_id, expires_at) VALUES ($1, $2, $3, $4)"
                     f" {_MOVED_ON[False]}"}
+
+
+
+def kept_keys(entries: Sequence[Sequence[Any]], late: float) -> list[tuple[str, str, str, float]]:
+    """The key rows a batch of entries (values of ``WRITTEN``) writes beside them, in the keys' order, one per key
+    (its latest expiry): a refusal's (its call may have left no record: the store was down) and a late entry's (its
+    record and its key row may both be gone), ``late`` the time before which an entry is late."""
+    keyed: dict[tuple[str, str], tuple[str, str, str, float]] = {}
+    for v in entries:
+        if v[1] and (v[5] == REFUSED or v[10] < late):
+            held = keyed.get((v[1], v[0]))
+            if held is None or v[13] > held[3]:
+                keyed[(v[1], v[0])] = (v[1], v[0], v[2], v[13])
+    return [keyed[k] for k in sorted(keyed)]
+
 
 # The keys' tasks of a store that had a key index, copied from its ledger (once, as the index is dropped).
 KEYS_FILL = (f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) SELECT key, scope, min(task_id), max(expires_at)"
@@ -526,8 +546,7 @@ class AttemptLedger:
             entries = _chain.prepared(rows)  # (hashed before the heads are locked)
             # A key's row, in the same transaction, where its record may not find it: a refusal's key may have no
             # record (the store was down), and an entry written late may find its record and its row both gone.
-            late = time.time() - LATE
-            keyed = [(v[1], v[0], v[2], v[13]) for v, _ in entries if v[1] and (v[5] == REFUSED or v[10] < late)]
+            keyed = kept_keys([v for v, _ in entries], time.time() - LATE)
             also = [(_KEEP_KEY[sqlite], keyed)] if keyed else []
             if sqlite:
                 await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced, also)
@@ -575,11 +594,11 @@ class AttemptLedger:
 
         async def keys(size: int) -> int:
             async def one(conn: AsyncConnection) -> int:
-                rows = [tuple(r) for r in await conn.execute(sql.expired_keys, {"batch": size})]
-                for stmt, entries_left in ((sql.drop_key, False), (sql.keep_key, True)):
-                    params = [{"key": r[0], "scope": r[1]} for r in rows if bool(r[2]) is entries_left]
-                    if params:
-                        await conn.execute(stmt, params)
+                rows = sorted(tuple(r) for r in await conn.execute(sql.expired_keys, {"batch": size}))
+                # each row dropped or moved on in the keys' order (see ``kept_keys``), runs of either in one call
+                for entries_left, run in itertools.groupby(rows, key=lambda r: bool(r[2])):
+                    await conn.execute(sql.keep_key if entries_left else sql.drop_key,
+                                       [{"key": r[0], "scope": r[1]} for r in run])
                 return len(rows)
 
             return await self._executor.run("sweeping the ledger's keys", one, body_ran=None, transaction=True)
