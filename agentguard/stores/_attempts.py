@@ -154,13 +154,12 @@ def keys_ddl(sqlite: bool) -> list[str]:
 
 
 # A key's row written beside a refusal's or a late entry (key, scope, task id, the entry's expiry), by each driver.
-# Every statement that writes keys' rows takes them in the keys' order (``kept_keys``, the records' trigger), so that
-# two transactions that write the same keys never each hold one the other waits for: on Postgres a ledger batch and
-# a sweep's (or a forget's) deletion of the same records, crosswise, were a deadlock, one of them aborted.
+# Every statement that writes keys' rows takes them in the keys' order (``kept_keys``, the records' trigger, the keys'
+# sweep), so that two transactions that write the same keys never each hold one the other waits for: on Postgres a
+# ledger batch and a sweep's (or a forget's) deletion of the same records, crosswise, were a deadlock, one aborted.
 _KEEP_KEY = {True: f"INSERT INTO {KEYS} (key, scope, task_id, expires_at) VALUES (?, ?, ?, ?) {_MOVED_ON[True]}",
              False: f"INSERT INTO {KEYS} AS k (key, scope, task_id, expires_at) VALUES ($1, $2, $3, $4)"
                     f" {_MOVED_ON[False]}"}
-
 
 
 def kept_keys(entries: Sequence[Sequence[Any]], late: float) -> list[tuple[str, str, str, float]]:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from agentguard import Guard, task
 from agentguard._machine import claim_retention
 
-from conftest import BACKEND
+from conftest import BACKEND, pg_dsn
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +83,7 @@ async def test_quick_completions_are_hot_updates_on_postgres(store_url: str) -> 
                 await charge(f"o{n}")
     finally:
         await guard.aclose()  # (its sessions end, and each reports its counts to the server as it ends)
-    conn = await asyncpg.connect(store_url.replace("+asyncpg", ""))
+    conn = await asyncpg.connect(pg_dsn(store_url))
     try:
         for _ in range(600):  # until the ended sessions' counts arrive (a state, not a time)
             updates, hot = await conn.fetchrow(

@@ -99,6 +99,11 @@ class Protocol:
     steps: dict[tuple[str, int, str], StepRow] = field(default_factory=dict)
     issued: dict[str, set[int]] = field(default_factory=dict)  # every fence each key ever had
 
+    @property
+    def claim_retention(self) -> float:
+        """The retention a claim and a takeover write (the machine's: a margin past ``retention``)."""
+        return claim_retention(self.retention, self.lease)
+
     def live(self, row: Row) -> bool:
         return row.state == RUNNING and row.lease_until is not None and row.lease_until > self.now
 
@@ -116,7 +121,7 @@ class Protocol:
             return row
         self._issue(key, fence)
         self.rows[key] = Row(RUNNING, fence, fence, 1, owner, self.now + self.lease,
-                             self.now + claim_retention(self.retention, self.lease), fingerprint)
+                             self.now + self.claim_retention, fingerprint)
         return fence
 
     def take_over(self, key: str, seen: int, reset: bool, owner: str, fingerprint: str) -> tuple[int, int] | None:
@@ -129,7 +134,7 @@ class Protocol:
         self._issue(key, fence)
         self.rows[key] = Row(
             RUNNING, fence, fence if reset else row.origin, 1 if reset else row.attempts + 1, owner,
-            self.now + self.lease, self.now + claim_retention(self.retention, self.lease), fingerprint,
+            self.now + self.lease, self.now + self.claim_retention, fingerprint,
         )
         return fence, self.rows[key].origin
 
