@@ -11,8 +11,8 @@ Task id: ``task_id=`` (a callable of the ``ToolContext``) → ``with agentguard.
 ``ctx.context.task_id`` → refused. Never the trace id or the tool call id: both change on re-invocation.
 
 Refusals are returned as the tool's output text, which is how the SDK reports tool errors to the model.
-(Raising would reach the model only as the default "An error occurred while running the tool. Please try
-again." — an invitation to repeat the call.)
+(Raising would reach the model only as the SDK's default "An error occurred while running the tool." — before
+openai-agents 0.25, "... Please try again." — which hides the reason and invites a repeat of the call.)
 
 A replayed string output is told to the model: the replay note, a blank line, then the stored text unchanged.
 The SDK sends the model its tool's output and keeps that same object as the run item's ``output``, so there is
