@@ -55,6 +55,7 @@ from ._extras import MissingExtraError, install_line, require
 
 if TYPE_CHECKING:
     from ._storeconfig import StoreRef
+    from .stores._schema import Replacement
 
 T = TypeVar("T")
 
@@ -215,13 +216,15 @@ def _migrate(args: argparse.Namespace) -> int:
     if args.sql:
         from .stores._attempts import keys_ddl
         from .stores._dialects import dialect_for
-        from .stores._schema import TABLE, schema_ddl, task_index_ddl
+        from .stores._schema import TABLE, schema_ddl
         from .stores._server import grants
         from .stores._statements import WATCHED_COLUMN
+        from .stores._store import REPLACEMENTS
 
         dialect = dialect_for(ref.url)
         more = [f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {WATCHED_COLUMN}"] if dialect.announces else []
-        more += task_index_ddl()[1:]  # (the task index an earlier version made; the new one is made above)
+        more += [f"DROP INDEX IF EXISTS {index.old}" for index in REPLACEMENTS]  # (an earlier version's; the new
+        # ones are made above)
         more += keys_ddl(sqlite=dialect.name == "sqlite")  # (the records' trigger; a key index's upgrade)
         if args.grant:
             more += grants(args.grant)
@@ -231,22 +234,20 @@ def _migrate(args: argparse.Namespace) -> int:
         print("COMMIT;")
         return 0
 
-    async def go() -> bool:
+    async def go() -> list[Replacement]:
         from .stores import SQLStore
 
         store = SQLStore(ref.url)
         try:
             await store.ensure_schema()
-            return await store.replace_task_index()
+            return await store.replace_indexes()
         finally:
             await store.dispose()
 
-    replaced = _arun(go())
     from ._redact import redact_url
-    from .stores._schema import OLD_TASK_INDEX, TASK_INDEX
 
-    if replaced:
-        print(f"replaced the task index of an earlier version ({OLD_TASK_INDEX}) with {TASK_INDEX}")
+    for index in _arun(go()):
+        print(f"replaced {index.what} of an earlier version ({index.old}) with {index.name}")
     print(f"the store's tables are ready at {redact_url(ref.url)}")
     return 0
 

@@ -31,7 +31,7 @@ from .._errors import StoreError
 from . import _chain
 from ._aiosqlite import on_thread
 from ._chain import CHAIN_COLUMNS, CHAINS, Chain, ChainCheck
-from ._schema import HELD_LEASE, RUNNING, STEPS, TABLE, metadata
+from ._schema import HELD_LEASE, RUNNING, STEPS, TABLE, Replacement, metadata
 from ._sweep import paced
 
 if TYPE_CHECKING:
@@ -54,6 +54,15 @@ ENDED = (RAN, TOOK_OVER, RELEASED_KIND, LEASE_LOST, NOT_STORED, WENT_AWAY)
 # Entries of a record's current life are those at or after its creation, by the database's clock, less this margin
 # for the callers' clocks (an earlier life's last entries are a whole retention older).
 SKEW = 60.0
+
+# The expiry index holds only the entries outside any chain (written before the store had one), which the sweep
+# deletes by their expiry; a chained entry is swept by its place, from its chain's start (``_chain``), so an index
+# of every entry's expiry was upkeep for nothing on each entry written (about 1 us of a Postgres COPY's 7 a row:
+# docs/benchmarks.md, "The ledger's expiry index holds only unchained entries"). A store made before has that
+# index: ``agentguard migrate`` replaces it (``SQLStore.replace_indexes``).
+UNCHAINED, UNCHAINED_INDEX = "seq IS NULL", f"{ATTEMPTS}_unchained_idx"
+UNCHAINED_REPLACEMENT = Replacement(ATTEMPTS, UNCHAINED_INDEX, ("expires_at",), f"{ATTEMPTS}_expires_idx",
+                                    "the ledger's expiry index", UNCHAINED)
 
 attempts = Table(
     ATTEMPTS,
@@ -81,7 +90,7 @@ attempts = Table(
     Column("digest", String(64)),
     Index(f"{ATTEMPTS}_task_idx", "task_id", "at"),
     Index(f"{ATTEMPTS}_at_idx", "at"),
-    Index(f"{ATTEMPTS}_expires_idx", "expires_at"),
+    Index(UNCHAINED_INDEX, "expires_at", sqlite_where=text(UNCHAINED), postgresql_where=text(UNCHAINED)),
     # One entry per place (whatever a writer's lock did); a chain is walked, and cut, in order of place.
     Index(f"{ATTEMPTS}_chain_idx", "scope", "seq", unique=True),
 )

@@ -40,6 +40,33 @@ STARTED, DONE = "started", "done"  # step states
 TASK_INDEX, TASK_INDEX_COLUMNS = f"{TABLE}_by_task_idx", ("task_id", "scope", "created_at")
 OLD_TASK_INDEX = f"{TABLE}_task_idx"  # (scope, task_id, created_at)
 
+
+@dataclass(frozen=True)
+class Replacement:
+    """An index a store made by an earlier version has (``old``) and the one that replaces it (``name`` on
+    ``table``'s ``columns``, only of the rows ``where`` says, if given), built by ``agentguard migrate``, never when
+    a guard opens a store: a build that blocks writes would hold every writer for as long as it takes (Postgres
+    builds it without blocking writes, ``_server.replace_index``). ``what``: the index, for a person."""
+
+    table: str
+    name: str
+    columns: tuple[str, ...]
+    old: str
+    what: str
+    where: str | None = None
+
+    def create(self, concurrently: bool = False) -> str:
+        how = " CONCURRENTLY" if concurrently else ""
+        where = f" WHERE {self.where}" if self.where else ""
+        return f"CREATE INDEX{how} IF NOT EXISTS {self.name} ON {self.table} ({', '.join(self.columns)}){where}"
+
+    def ddl(self) -> list[str]:
+        """The new index made where it is missing and the old one dropped (SQLite, under its write lock)."""
+        return [self.create(), f"DROP INDEX IF EXISTS {self.old}"]
+
+
+TASK_REPLACEMENT = Replacement(TABLE, TASK_INDEX, TASK_INDEX_COLUMNS, OLD_TASK_INDEX, "the task index")
+
 metadata = MetaData()
 calls = Table(
     TABLE,
@@ -77,7 +104,7 @@ calls = Table(
     # scope's records, each compared with the key), and Postgres planned the read and the completion so while the
     # table was small and had no statistics, a generic plan it then kept for the connection's life: every call
     # read the whole scope (issue 34: 41 -> 234 us a read after 2,800 records; tests/whitebox/test_key_plans.py).
-    # A store made with the scope first has it replaced by ``agentguard migrate`` (``SQLStore.replace_task_index``);
+    # A store made with the scope first has it replaced by ``agentguard migrate`` (``SQLStore.replace_indexes``);
     # a Postgres one says so when opened.
     Index(TASK_INDEX, *TASK_INDEX_COLUMNS),
 )
@@ -120,13 +147,6 @@ async def create_schema(conn: AsyncConnection, begin: str, lock: str | None, mor
         with contextlib.suppress(Exception):
             await conn.exec_driver_sql("ROLLBACK")
         raise
-
-
-def task_index_ddl() -> list[str]:
-    """The task index made where it is missing and the one it replaces dropped (a store made before it; Postgres'
-    ``agentguard migrate`` builds it without blocking writes instead: ``_server.replace_task_index``)."""
-    return [f"CREATE INDEX IF NOT EXISTS {TASK_INDEX} ON {TABLE} ({', '.join(TASK_INDEX_COLUMNS)})",
-            f"DROP INDEX IF EXISTS {OLD_TASK_INDEX}"]
 
 
 def schema_ddl(dialect: Any, more: Sequence[str] = ()) -> list[str]:

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import StoreError
 from ._attempts import ATTEMPTS, KEYS, KEYS_TRIGGER
 from ._chain import CHAINS
-from ._schema import OLD_TASK_INDEX, STEPS, TABLE, TASK_INDEX, TASK_INDEX_COLUMNS, create_schema
+from ._schema import OLD_TASK_INDEX, STEPS, TABLE, TASK_INDEX, TASK_REPLACEMENT, Replacement, create_schema
 
 log = logging.getLogger("agentguard")
 
@@ -72,29 +72,25 @@ async def missing_objects(conn: AsyncConnection) -> list[str]:
     return missing
 
 
-# Whether a store was made before its task index came first: the old index there, or the new one missing or left
-# invalid (a concurrent build interrupted).
-_OUTDATED = (f"SELECT to_regclass('{OLD_TASK_INDEX}') IS NOT NULL OR NOT COALESCE((SELECT indisvalid FROM pg_index"
-             f" WHERE indexrelid = to_regclass('{TASK_INDEX}')), false)")
+async def outdated(conn: AsyncConnection, index: Replacement) -> bool:
+    """Whether the store has the index ``index`` replaces, or lacks the new one (valid: a concurrent build
+    interrupted leaves it invalid)."""
+    return bool((await conn.exec_driver_sql(
+        f"SELECT to_regclass('{index.old}') IS NOT NULL OR NOT COALESCE((SELECT indisvalid FROM pg_index"
+        f" WHERE indexrelid = to_regclass('{index.name}')), false)")).scalar())
 
 
-async def outdated_task_index(conn: AsyncConnection) -> bool:
-    """Whether the store's records lack ``_schema.TASK_INDEX`` (valid), or still have the index it replaces."""
-    return bool((await conn.exec_driver_sql(_OUTDATED)).scalar())
-
-
-async def replace_task_index(conn: AsyncConnection) -> bool:
-    """On ``conn`` (autocommit): ``_schema.TASK_INDEX`` built without blocking writes (``CONCURRENTLY``; one left
-    invalid by an interrupted build is dropped and built again), then the index it replaces dropped so too.
-    Whether anything was done (nothing, on a store made with it)."""
-    if not await outdated_task_index(conn):
+async def replace_index(conn: AsyncConnection, index: Replacement) -> bool:
+    """On ``conn`` (autocommit): the new index built without blocking writes (``CONCURRENTLY``; one left invalid by
+    an interrupted build is dropped and built again), then the one it replaces dropped so too. Whether anything was
+    done (nothing, on a store made with it)."""
+    if not await outdated(conn, index):
         return False
-    valid = f"SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('{TASK_INDEX}')"
+    valid = f"SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('{index.name}')"
     if (await conn.exec_driver_sql(valid)).scalar() is False:
-        await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {TASK_INDEX}")
-    await conn.exec_driver_sql(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {TASK_INDEX} ON {TABLE}"
-                               f" ({', '.join(TASK_INDEX_COLUMNS)})")
-    await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {OLD_TASK_INDEX}")
+        await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {index.name}")
+    await conn.exec_driver_sql(index.create(concurrently=True))
+    await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {index.old}")
     return True
 
 
@@ -150,7 +146,7 @@ async def prepare(conn: AsyncConnection, begin: str, lock: str | None, more: Seq
                 f"the role {await current_role(conn)} may not create the store's {', '.join(missing)} "
                 f"({str(exc.orig).strip().splitlines()[0]}): have an administrator run the DDL that "
                 "`agentguard migrate --sql` prints, or use a role that may create tables") from None
-    elif await outdated_task_index(conn):
+    elif await outdated(conn, TASK_REPLACEMENT):
         # Never built here: a build that blocks writes would hold every worker's completions and renewals for as
         # long as it takes, their leases running out meanwhile.
         log.warning("the store's records have the task index of an earlier version (%s, the scope first), through "

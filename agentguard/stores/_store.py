@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .._fork import on_fork
 from .._redact import redact_url
 from . import _attempts
-from ._attempts import Attempt, AttemptLedger, RecordDetail
+from ._attempts import UNCHAINED_REPLACEMENT, Attempt, AttemptLedger, RecordDetail
 from ._chain import ChainCheck
 from ._claims import Ask, Claimed
 from ._decisions import Decided, How, decide
@@ -35,15 +35,14 @@ from ._executor import Executor
 from ._listen import News
 from ._schema import (
     DONE,
-    OLD_TASK_INDEX,
-    TASK_INDEX,
+    TASK_REPLACEMENT,
     Listing,
     Record,
+    Replacement,
     create_schema,
     listing_from_row,
-    task_index_ddl,
 )
-from ._server import prepare, replace_task_index
+from ._server import prepare, replace_index
 from ._statements import WATCHED_DDL, Statements
 from ._sweep import paced
 from ._verbs import (
@@ -69,6 +68,20 @@ T = TypeVar("T")
 NO_JIT = text("SET LOCAL jit = off")
 
 STEP = "recording a step"
+
+
+# The indexes a store made by an earlier version has, each with the one that replaces it (``agentguard migrate``).
+REPLACEMENTS = (TASK_REPLACEMENT, UNCHAINED_REPLACEMENT)
+
+
+async def _replace_on_sqlite(conn: AsyncConnection, index: Replacement) -> bool:
+    names = {row[0] for row in await conn.exec_driver_sql(
+        f"SELECT name FROM sqlite_master WHERE name IN ('{index.name}', '{index.old}')")}
+    if names == {index.name}:
+        return False
+    for ddl in index.ddl():
+        await conn.exec_driver_sql(ddl)
+    return True
 
 
 class SQLStore:
@@ -161,25 +174,20 @@ class SQLStore:
         else:
             await create_schema(conn, d.schema_begin, d.schema_lock, [], upgrade)
 
-    async def replace_task_index(self) -> bool:
-        """A store made before its task index came first (``_schema.TASK_INDEX``) has it built and the old one
-        dropped (``agentguard migrate``), never when a guard opens the store: a build that blocks writes would hold
-        every worker's completions and renewals for as long as it takes. Postgres builds it without blocking writes
-        (``_server.replace_task_index``); SQLite, where the old index never served a record's own read (its planner
-        takes the primary key for a key), under its write lock. Whether anything was done."""
-        if self.dialect.name == "postgresql":
-            return await self._executor.run("replacing the task index", replace_task_index, body_ran=None)
-
-        async def on_sqlite(conn: AsyncConnection) -> bool:
-            names = {row[0] for row in await conn.exec_driver_sql(
-                f"SELECT name FROM sqlite_master WHERE name IN ('{TASK_INDEX}', '{OLD_TASK_INDEX}')")}
-            if names == {TASK_INDEX}:
-                return False
-            for ddl in task_index_ddl():
-                await conn.exec_driver_sql(ddl)
-            return True
-
-        return await self._executor.run("replacing the task index", on_sqlite, body_ran=None)
+    async def replace_indexes(self) -> list[Replacement]:
+        """The indexes an earlier version made that this one replaces (``REPLACEMENTS``): each new one built and
+        the old one dropped (``agentguard migrate``), never when a guard opens the store: a build that blocks
+        writes would hold every writer for as long as it takes (on SQLite, every worker's claims and completions).
+        Postgres builds each without blocking writes (``_server.replace_index``); SQLite under its write lock.
+        Those replaced (none on a store made by this version)."""
+        done = []
+        for index in REPLACEMENTS:
+            replace = replace_index if self.dialect.name == "postgresql" else _replace_on_sqlite
+            replaced = await self._executor.run(f"replacing {index.what}", functools.partial(replace, index=index),
+                                                body_ran=None)
+            if replaced:
+                done.append(index)
+        return done
 
     async def dispose(self) -> None:
         """Dispose the engine of the running loop (and the sync tools' own connections, reopened on use)."""

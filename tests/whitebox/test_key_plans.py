@@ -230,10 +230,10 @@ async def test_sqlite_reads_a_record_by_its_key_with_either_index_and_migrate_re
         await reopened.ensure_schema()  # (opening builds nothing)
         indexes, plan = look()
         assert OLD_TASK_INDEX in indexes and TASK_INDEX not in indexes and plan == by_key, (indexes, plan)
-        assert await reopened.replace_task_index()
+        assert [index.name for index in await reopened.replace_indexes()] == [TASK_INDEX]
         indexes, plan = look()
         assert OLD_TASK_INDEX not in indexes and "(task_id, scope, created_at)" in indexes[TASK_INDEX], indexes
         assert plan == by_key
-        assert not await reopened.replace_task_index()  # (nothing left to do)
+        assert await reopened.replace_indexes() == []  # (nothing left to do)
     finally:
         await reopened.dispose()
