@@ -57,9 +57,9 @@ SKEW = 60.0
 
 # The expiry index holds only the entries outside any chain (written before the store had one), which the sweep
 # deletes by their expiry; a chained entry is swept by its place, from its chain's start (``_chain``), so an index
-# of every entry's expiry was upkeep for nothing on each entry written (about 1 us of a Postgres COPY's 7 a row:
-# docs/benchmarks.md, "The ledger's expiry index holds only unchained entries"). A store made before has that
-# index: ``agentguard migrate`` replaces it (``SQLStore.replace_indexes``).
+# of every entry's expiry was upkeep for nothing on each entry written (about 1 us of the 7 to 9 a Postgres COPY
+# costs a row: docs/benchmarks.md, "The ledger's expiry index holds only the entries outside a chain"). A store
+# made before has that index: ``agentguard migrate`` replaces it (``SQLStore.replace_indexes``).
 UNCHAINED, UNCHAINED_INDEX = "seq IS NULL", f"{ATTEMPTS}_unchained_idx"
 UNCHAINED_REPLACEMENT = Replacement(ATTEMPTS, UNCHAINED_INDEX, ("expires_at",), f"{ATTEMPTS}_expires_idx",
                                     "the ledger's expiry index", UNCHAINED)
