@@ -223,8 +223,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
         dialect = dialect_for(ref.url)
         more = [f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {WATCHED_COLUMN}"] if dialect.announces else []
-        more += [f"DROP INDEX IF EXISTS {index.old}" for index in REPLACEMENTS]  # (an earlier version's; the new
-        # ones are made above)
+        more += [index.drop_old() for index in REPLACEMENTS]  # (an earlier version's; the new ones are made above)
         more += keys_ddl(sqlite=dialect.name == "sqlite")  # (the records' trigger; a key index's upgrade)
         if args.grant:
             more += grants(args.grant)

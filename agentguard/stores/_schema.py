@@ -60,9 +60,12 @@ class Replacement:
         where = f" WHERE {self.where}" if self.where else ""
         return f"CREATE INDEX{how} IF NOT EXISTS {self.name} ON {self.table} ({', '.join(self.columns)}){where}"
 
+    def drop_old(self, concurrently: bool = False) -> str:
+        return f"DROP INDEX{' CONCURRENTLY' if concurrently else ''} IF EXISTS {self.old}"
+
     def ddl(self) -> list[str]:
         """The new index made where it is missing and the old one dropped (SQLite, under its write lock)."""
-        return [self.create(), f"DROP INDEX IF EXISTS {self.old}"]
+        return [self.create(), self.drop_old()]
 
 
 TASK_REPLACEMENT = Replacement(TABLE, TASK_INDEX, TASK_INDEX_COLUMNS, OLD_TASK_INDEX, "the task index")

@@ -90,7 +90,7 @@ async def replace_index(conn: AsyncConnection, index: Replacement) -> bool:
     if (await conn.exec_driver_sql(valid)).scalar() is False:
         await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {index.name}")
     await conn.exec_driver_sql(index.create(concurrently=True))
-    await conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {index.old}")
+    await conn.exec_driver_sql(index.drop_old(concurrently=True))
     return True
 
 
