@@ -10,8 +10,9 @@ aiosqlite runs each connection on a thread of its own and hands every call to it
 - :func:`on_thread` runs any function there, one hop (the ledger's chained batches: ``_chain.sqlite_append``).
 
 Each statement runs through :func:`statement`: a write waits for SQLite's write lock in short sleeps of its own
-(:func:`written`, as on a sync tool's own connection: ``_direct``), a claim's insert commits unsynced where the
-store's claims do (:class:`Unsynced`).
+(:func:`written`, as on a sync tool's own connection: ``_direct``), or, while a long write of the store's own holds
+it (a ledger batch, a restarting checkpoint: :class:`Waiters`), until told it ended; a claim's insert commits
+unsynced where the store's claims do (:class:`Unsynced`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import make_url
@@ -107,18 +108,29 @@ class Waiters:
     aiosqlite's thread or a sync tool's own). While any does, an event loop's thread makes no write at once
     (``_direct.DirectSQLite.now``): its writes would take the lock every time it came free — the loop's
     thread holds the GIL between them, and a waiting thread mostly wakes while the lock is held — and starve
-    the waiting ones; they hop and wait in turn instead."""
+    the waiting ones; they hop and wait in turn instead.
 
-    __slots__ = ("_lock", "count")
+    And whether a long write of this store's own holds the lock now (:meth:`holding`: a batch of the ledger's
+    entries, a checkpoint restarting the WAL). A write that finds the lock busy meanwhile is told when it is let
+    go — a thread waits in :meth:`wait_released`, a loop's writer on :meth:`released` — rather than trying again
+    in sleeps, which mostly wake while the batch still holds it, and then sleep longer, past its end (another
+    process's write, which nothing here can announce, is still waited out in sleeps)."""
+
+    __slots__ = ("_let_go", "_lock", "_paused", "count", "held")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._let_go = threading.Condition(self._lock)
         self.count = 0
+        self.held = 0  # long writes of this store holding the lock now
+        self._paused: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # loops' writers told
 
     def after_fork(self) -> None:
-        """In a forked child: the writes that waited were the parent's threads'."""
+        """In a forked child: the writes that waited, and those that held the lock, were the parent's threads'."""
         self._lock = threading.Lock()
-        self.count = 0
+        self._let_go = threading.Condition(self._lock)
+        self.count = self.held = 0
+        self._paused = []
 
     def __enter__(self) -> Waiters:
         with self._lock:
@@ -128,6 +140,54 @@ class Waiters:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self.count -= 1
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Around a long write of this store's that holds the write lock (entered once it has it, or once it is
+        about to wait for it ahead of every other writer, as a restarting checkpoint does): the writes kept
+        waiting meanwhile are told when it ends, however it ends."""
+        with self._lock:
+            self.held += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.held -= 1
+                paused: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+                if not self.held:
+                    self._let_go.notify_all()
+                    paused, self._paused = self._paused, []
+            for loop, resumed in paused:  # in the order they came
+                with contextlib.suppress(RuntimeError):  # (a loop closed meanwhile)
+                    loop.call_soon_threadsafe(_resolve, resumed)
+
+    def wait_released(self, deadline: float) -> bool:
+        """On a thread whose write found the lock busy: if a long write of this store holds it, wait until it lets
+        go (or ``deadline``, ``time.monotonic()``), and say so; False at once if none does."""
+        with self._lock:
+            if not self.held:
+                return False
+            self._let_go.wait_for(lambda: not self.held, max(deadline - time.monotonic(), 0.0))
+            return True
+
+    def released(self) -> asyncio.Future[None] | None:
+        """On an event loop whose writer found the lock busy: while a long write of this store holds it, a future
+        of this loop resolved when it lets go, so that the loop's writers wait for it together and go on in the
+        order they came (``_direct.DirectSQLite.at_once``); None if none does."""
+        if not self.held:
+            return None
+        loop = asyncio.get_running_loop()
+        resumed: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if not self.held:  # (it ended just now)
+                return None
+            self._paused.append((loop, resumed))
+        return resumed
+
+
+def _resolve(resumed: asyncio.Future[None]) -> None:
+    if not resumed.done():
+        resumed.set_result(None)
 
 
 def written(conn: Any, sql: str, args: Sequence[Any], *, waits: bool = True, waiting: Waiters | None = None
@@ -151,7 +211,8 @@ def written(conn: Any, sql: str, args: Sequence[Any], *, waits: bool = True, wai
 
 
 def patiently(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None = None) -> list[Any]:
-    """``sql`` on ``conn``, whose busy handler never waits: SQLITE_BUSY waited out in :func:`written`'s sleeps."""
+    """``sql`` on ``conn``, whose busy handler never waits: SQLITE_BUSY waited out in :func:`written`'s sleeps, or,
+    while a long write of ``waiting``'s store holds the lock, until it lets go (``Waiters.wait_released``)."""
     try:
         return list(conn.execute(sql, args).fetchall())  # fetch all: the statement ends, it commits
     except sqlite3.OperationalError as exc:
@@ -160,8 +221,9 @@ def patiently(conn: Any, sql: str, args: Sequence[Any], waiting: Waiters | None 
     with waiting if waiting is not None else contextlib.nullcontext():
         delay, deadline = 0.00025, time.monotonic() + BUSY_MS / 1000
         while True:
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, HANDOFF_MAX)
+            if waiting is None or not waiting.wait_released(deadline):
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, HANDOFF_MAX)
             try:
                 return list(conn.execute(sql, args).fetchall())
             except sqlite3.OperationalError as exc:

@@ -557,7 +557,8 @@ class AttemptLedger:
             keyed = kept_keys([v for v, _ in entries], time.time() - LATE)
             also = [(_KEEP_KEY[sqlite], keyed)] if keyed else []
             if sqlite:
-                await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced, also)
+                await on_thread(drv, _chain.sqlite_append, chain, entries, dialect.claim_unsynced, also,
+                                dialect.waiters)
             else:
                 await _chain.pg_append(drv, chain, entries, known, also)
 

@@ -36,7 +36,7 @@ from sqlalchemy import BigInteger, Column, String, Table, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._stdlib_shims import encoder
-from ._aiosqlite import Unsynced
+from ._aiosqlite import Unsynced, Waiters
 from ._schema import metadata
 
 if TYPE_CHECKING:
@@ -315,30 +315,33 @@ class Chain:
 Also = Sequence[tuple[str, Sequence[Sequence[Any]]]]  # more statements of a batch's transaction, each with its rows
 
 
-def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced: bool, also: Also = ()) -> None:
+def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced: bool, also: Also = (),
+                  waiters: Waiters | None = None) -> None:
     """On an aiosqlite connection's thread (autocommit): ``entries`` placed after their scopes' heads and
     written, and the heads moved, in one transaction that holds the write lock from its start (so no other
     writer can place entries meanwhile); ``also`` run in it after them. ``unsynced``: its commit not synced, as
-    a claim's is (``_aiosqlite.Unsynced``)."""
+    a claim's is (``_aiosqlite.Unsynced``). ``waiters``: the store's, told that this long write holds the lock
+    (a write of the store kept waiting meanwhile goes on as it ends: ``Waiters.holding``)."""
     with Unsynced(conn) if unsynced else contextlib.nullcontext():
         conn.execute("BEGIN IMMEDIATE")
-        try:
-            heads: Heads = {}
-            for scope in sorted({values[0] for values, _ in entries}):
-                head = conn.execute(chain.sq_head, (scope,)).fetchone()
-                if head is None:
-                    head = _sqlite_new_head(conn, chain, scope)
-                heads[scope] = (int(head[0]), str(head[1]))
-            rows, moved = place(entries, heads)
-            conn.executemany(chain.sq_insert, rows)
-            conn.executemany(chain.sq_move, [(seq, digest, scope) for scope, (seq, digest) in moved.items()])
-            for sql, params in also:
-                conn.executemany(sql, params)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        with waiters.holding() if waiters is not None else contextlib.nullcontext():
+            try:
+                heads: Heads = {}
+                for scope in sorted({values[0] for values, _ in entries}):
+                    head = conn.execute(chain.sq_head, (scope,)).fetchone()
+                    if head is None:
+                        head = _sqlite_new_head(conn, chain, scope)
+                    heads[scope] = (int(head[0]), str(head[1]))
+                rows, moved = place(entries, heads)
+                conn.executemany(chain.sq_insert, rows)
+                conn.executemany(chain.sq_move, [(seq, digest, scope) for scope, (seq, digest) in moved.items()])
+                for sql, params in also:
+                    conn.executemany(sql, params)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
 
 
 def _sqlite_new_head(conn: Any, chain: Chain, scope: str) -> tuple[int, str]:

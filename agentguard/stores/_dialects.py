@@ -143,6 +143,8 @@ class Dialect:
     plans_in_one_hop = False  # a claim plan runs in one driver call (``fetch_plan``), not statement by statement
     memory = False  # the database lives in one connection (in-memory SQLite): use it from one loop only
     single_writer = False  # one write lock for the whole database (SQLite): a long writer makes others wait
+    # This store's writes waiting for that lock, and its own long writes holding it (SQLite: ``Waiters``).
+    waiters: Waiters | None = None
     # Outcomes of watched records are announced to other processes (Postgres: LISTEN/NOTIFY, see _listen).
     announces = False
     channel = TABLE
@@ -290,7 +292,7 @@ class SQLite(Dialect):
         # replay never takes the write lock; whatever executor runs it, in one hop at most (``fetch_plan``).
         # No separate read is cheaper.
         self.plans = Plans(ReadFirst, ReadFirst)
-        self.waiters = Waiters()  # this store's writes waiting for the write lock, on any thread
+        self.waiters: Waiters = Waiters()  # (on any thread)
 
     def driver_dialect(self) -> Any:
         from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite

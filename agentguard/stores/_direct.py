@@ -34,7 +34,6 @@ a file whose thread has had no commits to count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import sqlite3
@@ -97,11 +96,6 @@ def _at_once(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
     conn.execute(sql, args)
 
 
-def _resolve(resumed: asyncio.Future[None]) -> None:
-    if not resumed.done():
-        resumed.set_result(None)
-
-
 class DirectSQLite(SyncVerbs):
     """The store's statements of one SQLite file, each on the calling thread's own connection: the ``Direct`` verbs
     in a sync tool's thread, and a statement made at once on an event loop's (:meth:`now`)."""
@@ -122,9 +116,7 @@ class DirectSQLite(SyncVerbs):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self.commits = 0  # commits made here (any thread) since the last checkpoint was started
-        self._restarting = False  # a checkpoint holds writers off (see _checkpoint)
         self._lines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Line] = weakref.WeakKeyDictionary()
-        self._paused: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # writers it holds off
         self.waiters = waiters  # (the dialect's: every write of the store that waits for the lock)
         self._checkpointing = False
 
@@ -167,7 +159,7 @@ class DirectSQLite(SyncVerbs):
         closing one here may clean up under the parent), only abandoned (``_fork``); each thread opens its own."""
         abandon(self._conns, self._local)
         self._pid, self._local, self._conns = os.getpid(), threading.local(), {}
-        self._checkpointing, self._restarting, self._paused = False, False, []
+        self._checkpointing = False
         self._lock = threading.Lock()  # (a lock held by another thread at the fork stays held in the child)
         self._lines = weakref.WeakKeyDictionary()
         self.commits = 0
@@ -246,9 +238,10 @@ class DirectSQLite(SyncVerbs):
         starts the WAL again from its beginning once all of it is copied. Under writes that never pause, all
         of it never is (2,000 back-to-back first calls left 47 MB of it); so past ``WAL_RESTART_FRAMES`` the
         checkpoint restarts the WAL itself: it waits (its busy handler, on this thread) for the writer of the
-        moment and holds new writers off while it copies the rest and syncs — the loops' writers meanwhile try
-        again shortly, yielding (``DirectSQLite.at_once``). A failure is left to the next checkpoint; one cut off
-        by the process's exit is harmless, as any checkpoint is."""
+        moment and holds new writers off while it copies the rest and syncs, and says so (``Waiters.holding``):
+        this store's writes that find the lock busy meanwhile wait for its end, told as it ends (on a loop
+        yielding: ``DirectSQLite.at_once``). A failure is left to the next checkpoint; one cut off by the process's
+        exit is harmless, as any checkpoint is."""
         try:
             connect: Any = sqlite3.connect
             conn: sqlite3.Connection = connect(*self._cargs, **{**self._cparams, "isolation_level": None,
@@ -256,27 +249,24 @@ class DirectSQLite(SyncVerbs):
             try:
                 _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 if frames > WAL_RESTART_FRAMES:
-                    self._restarting = True
-                    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                    with self.waiters.holding():
+                        conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
             finally:
                 conn.close()
         except (sqlite3.Error, OSError, TypeError, ValueError):
             pass
         finally:
             with self._lock:
-                self._restarting, self._checkpointing = False, False
-                paused, self._paused = self._paused, []
-            for loop, resumed in paused:  # in the order they came
-                with contextlib.suppress(RuntimeError):  # (a loop closed meanwhile)
-                    loop.call_soon_threadsafe(_resolve, resumed)
+                self._checkpointing = False
 
     async def at_once(self, attempt: Callable[[], T | NotNow]) -> T | NotNow:
         """``attempt`` (a write on the loop's thread that never waits), made at once if it can be. If SQLite's write
         lock is busy, the writer joins the loop's line (``line``, first come first served, so that a
         writer arriving as the lock comes free never takes it ahead of those already waiting): the first in line
         tries again in short jittered sleeps (0.25 ms doubling to at most 4 ms, as ``_aiosqlite.written`` waits on a
-        thread), the others wait their turn. While a checkpoint holds writers off, the first waits for its end
-        (``paused``). If the lock stays busy for ``AT_ONCE_WAIT``, BUSY_NOW: the caller hops (:meth:`hop`) and
+        thread), the others wait their turn. While a long write of this store's holds the lock (a ledger batch, a
+        checkpoint restarting the WAL), the first waits for its end (``Waiters.released``). If the lock stays busy
+        for ``AT_ONCE_WAIT`` otherwise, BUSY_NOW: the caller hops (:meth:`hop`) and
         waits on aiosqlite's thread, and so does the rest of the line for a while. The line keeps its place
         there: until those it sent are back, a writer arriving joins the line, and its first waits for them
         (else a caller whose writes are made at once would go round after round while callers sent to the
@@ -303,7 +293,7 @@ class DirectSQLite(SyncVerbs):
                     if loop.time() >= deadline:  # held long (another process's long write): the line hops a while
                         line.hop_until = loop.time() + AT_ONCE_WAIT
                         break
-                    paused = self.paused()
+                    paused = self.waiters.released()
                     if paused is not None:
                         await paused
                         deadline = loop.time() + AT_ONCE_WAIT
@@ -336,20 +326,6 @@ class DirectSQLite(SyncVerbs):
         if line is None:
             line = self._lines[loop] = Line()
         return line
-
-    def paused(self) -> asyncio.Future[None] | None:
-        """While a checkpoint holds writers off (restarting the WAL): a future of this loop, resolved when it
-        ends, so that the loop's writers wait for it together and go on in the order they came, rather than
-        each trying again in its own sleeps (and some falling back to the hop, behind the others)."""
-        if not self._restarting:
-            return None
-        loop = asyncio.get_running_loop()
-        resumed: asyncio.Future[None] = loop.create_future()
-        with self._lock:
-            if not self._restarting:  # (it ended just now)
-                return None
-            self._paused.append((loop, resumed))
-        return resumed
 
     def close(self) -> None:
         """Close every connection opened here (each thread opens a new one on its next call)."""

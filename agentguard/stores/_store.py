@@ -152,9 +152,8 @@ class SQLStore:
         self._making_direct = threading.Lock()  # (a lock held by another thread at the fork stays held here)
         if shared:  # (a sync tool's claims in its own thread too: they take the general path, which refuses)
             self._direct, self._no_direct = None, True
-        waiters = getattr(self.dialect, "waiters", None)
-        if waiters is not None:
-            waiters.after_fork()
+        if self.dialect.waiters is not None:
+            self.dialect.waiters.after_fork()
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
