@@ -93,10 +93,10 @@ def test_a_sync_tools_write_kept_waiting_by_a_ledger_batch_goes_on_as_it_ends(
             runs.append(order_id)
             return f"ch-{order_id}"
 
-        with task("t-warm"):
-            charge("warm")  # (the schema made; its entry is the batch held below)
-        waiters: Waiters = guard._store.dialect.waiters  # type: ignore[attr-defined]
         batch = HeldBatch(monkeypatch, announced)
+        with task("t-warm"):
+            charge("warm")  # (the schema made; its entry is the batch held)
+        waiters: Waiters = guard._store.dialect.waiters  # type: ignore[attr-defined]
         assert batch.holding.wait(WAIT), "the ledger's batch never began"  # (written within its interval)
         assert waiters.held == (1 if announced else 0)
         slept = _counting_sleeps(monkeypatch)
@@ -137,11 +137,11 @@ async def test_a_loops_writer_kept_waiting_by_a_ledger_batch_waits_for_its_end(
             runs.append(order_id)
             return f"ch-{order_id}"
 
+        batch = HeldBatch(monkeypatch, announced)
         with task("t-warm"):
-            await charge("warm")
+            await charge("warm")  # (the schema made; its entry is the batch held)
         waiters: Waiters = guard._store.dialect.waiters  # type: ignore[attr-defined]
         line = guard._store.direct().line()  # type: ignore[attr-defined]
-        batch = HeldBatch(monkeypatch, announced)
         assert await asyncio.to_thread(batch.holding.wait, WAIT), "the ledger's batch never began"
         with task("t-1"):
             call = asyncio.ensure_future(charge("o-1"))
