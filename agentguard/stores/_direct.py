@@ -57,7 +57,12 @@ T = TypeVar("T")
 CHECKPOINT_EVERY = 300  # commits made here (any thread) between two checkpoints (about 1,000 WAL pages)
 CHECKPOINT_WAIT = 2.0  # seconds a restarting checkpoint waits for the writer of the moment (and readers)
 AT_ONCE_WAIT = 0.05  # seconds an event loop's write tries again for SQLite's write lock before it hops
-WAL_RESTART_FRAMES = 4000  # WAL frames (pages written: about 16 MB) past which a checkpoint restarts the WAL
+# WAL frames (pages written: about 64 MB) past which a checkpoint restarts the WAL, holding writers off while it
+# copies the rest and syncs (milliseconds, more as the file grows). Below it a WAL starts again by itself whenever
+# the writes pause as a checkpoint ends, as an agent's calls do between its model's turns; at 4,000 frames bursts of
+# first calls with short pauses still met a restart every few hundred calls (docs/benchmarks.md, "The WAL restarted
+# past 16,000 frames").
+WAL_RESTART_FRAMES = 16000
 # The engine's connections (aiosqlite's: the ledger's batches, hops, sweeps, steps) checkpoint only past this many
 # WAL frames: a net for a file whose checkpoint thread has no commits to count, never the cadence (see ``_dialects``)
 ENGINE_CHECKPOINT_FRAMES = 2 * WAL_RESTART_FRAMES
