@@ -271,8 +271,8 @@ class DirectSQLite(SyncVerbs):
         tries again in short jittered sleeps (0.25 ms doubling to at most 4 ms, as ``_aiosqlite.written`` waits on a
         thread), the others wait their turn. While a long write of this store's holds the lock (a ledger batch, a
         checkpoint restarting the WAL), the first waits for its end (``Waiters.released``). If the lock stays busy
-        for ``AT_ONCE_WAIT`` otherwise, BUSY_NOW: the caller hops (:meth:`hop`) and
-        waits on aiosqlite's thread, and so does the rest of the line for a while. The line keeps its place
+        for ``AT_ONCE_WAIT`` otherwise, BUSY_NOW: the caller hops (:meth:`hop`) and waits on aiosqlite's thread,
+        and so does the rest of the line for a while. The line keeps its place
         there: until those it sent are back, a writer arriving joins the line, and its first waits for them
         (else a caller whose writes are made at once would go round after round while callers sent to the
         general path wait for its connections). Cancelled while it waits, it has written nothing."""
