@@ -248,7 +248,7 @@ class Run:
             if not alone:
                 await self.sqlite()
             if self.racing:
-                await race_sqlite(race, reps=c.reps, n=c.race_n, log=_log)
+                await race_sqlite(race, reps=c.reps, n=c.race_n, log=_log, grow=not self.args.quick)
         if self.want("postgres"):
             async with self.pg_database() as url:
                 if not alone:
