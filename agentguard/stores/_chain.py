@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
+import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +46,11 @@ if TYPE_CHECKING:
 
 CHAINS = "agentguard_ledger_chains"
 GENESIS = "0" * 64  # the digest the first entry of a chain follows
+# Entries one INSERT of a SQLite batch carries at most (``insert_rows``): one statement, one step, where
+# ``executemany`` takes a step per entry, each letting go of the GIL and waiting to take it back from the callers'
+# threads (docs/benchmarks.md, "The ledger's batch in a few statements"). Each size's compiled statement is kept by
+# the connection: those of 1 to 64 rows, about 260 kB in all.
+ROWS_PER_INSERT = 64
 CHAIN_COLUMNS = ("seq", "prev", "digest")  # an entry's place in its chain, the digest it follows, its own
 
 chains = Table(
@@ -254,6 +261,7 @@ class Chain:
         self.sq_new_head = (f"INSERT INTO {CHAINS} (scope, seq, digest, anchor_seq, anchor) VALUES (?, ?, ?, ?, ?)"
                             " ON CONFLICT (scope) DO NOTHING")
         self.sq_insert = (f"INSERT INTO {attempts} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})")
+        self._inserts: dict[int, str] = {}  # rows -> an INSERT of that many (sq_insert_rows)
         self.sq_move = f"UPDATE {CHAINS} SET seq = ?, digest = ? WHERE scope = ?"
         # Postgres, through asyncpg ($n)
         self.pg_new_heads = (
@@ -308,6 +316,24 @@ class Chain:
         )
         self.first_id = text(f"SELECT min(id) FROM {attempts} WHERE scope = :scope AND seq IS NOT NULL")
 
+    def sq_insert_rows(self, n: int) -> str:
+        """SQLite: an INSERT of ``n`` entries (``sq_insert``'s columns, ``n`` rows of values). ``OR ROLLBACK``: a
+        constraint it breaks ends the batch's whole transaction, as the batch's own ``ROLLBACK`` would, so SQLite
+        keeps no statement journal for it (a copy of every page it changes, spilled to a temporary file past 64 KiB,
+        which cost a statement of many rows more than an insert of each)."""
+        text = self._inserts.get(n)
+        if text is None:
+            one = f"({', '.join('?' * len(self.columns))})"
+            text = self._inserts[n] = (f"INSERT OR ROLLBACK INTO {self.attempts} ({', '.join(self.columns)}) VALUES "
+                                       + ", ".join([one] * n))
+        return text
+
+    def rows_per_insert(self, conn: sqlite3.Connection) -> int:
+        """Entries one INSERT carries on ``conn``: ``ROWS_PER_INSERT``, fewer where its limit of variables is lower
+        (999 before SQLite 3.32), a power of two."""
+        fits = max(conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(self.columns), 1)
+        return min(ROWS_PER_INSERT, 1 << (fits.bit_length() - 1))
+
 
 # -- writing: a batch placed after its scopes' heads, in one transaction ----------------------------------------
 
@@ -333,7 +359,7 @@ def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced
                         head = _sqlite_new_head(conn, chain, scope)
                     heads[scope] = (int(head[0]), str(head[1]))
                 rows, moved = place(entries, heads)
-                conn.executemany(chain.sq_insert, rows)
+                insert_rows(conn, chain, rows)
                 conn.executemany(chain.sq_move, [(seq, digest, scope) for scope, (seq, digest) in moved.items()])
                 for sql, params in also:
                     conn.executemany(sql, params)
@@ -342,6 +368,17 @@ def sqlite_append(conn: Any, chain: Chain, entries: Sequence[Prepared], unsynced
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+
+def insert_rows(conn: sqlite3.Connection, chain: Chain, rows: Sequence[Sequence[Any]]) -> None:
+    """``rows`` (each ``Chain.columns``' values) inserted in their order, as ``executemany(chain.sq_insert, rows)``
+    inserts them, in a few statements: as many as ``Chain.rows_per_insert`` in each, the rest in powers of two (so
+    that a connection compiles a handful of statements, never one per batch size)."""
+    most, at = chain.rows_per_insert(conn), 0
+    while at < len(rows):
+        n = min(most, 1 << ((len(rows) - at).bit_length() - 1))
+        conn.execute(chain.sq_insert_rows(n), list(itertools.chain.from_iterable(rows[at:at + n])))
+        at += n
 
 
 def _sqlite_new_head(conn: Any, chain: Chain, scope: str) -> tuple[int, str]:

@@ -4,6 +4,7 @@ swept with the records, and added to a store made by an earlier version."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sqlite3
 import threading
@@ -338,6 +339,55 @@ async def test_a_copied_batch_stores_what_the_inserts_store_but_a_refused_entry(
     assert [tuple(e.values()) for e in copied] == [
         (*row[:10], float(row[10]), row[11], row[12]) for row in (SHAPES[0], kept, *SHAPES[1:])
     ]
+
+
+def _inserts_into(seen: list[str], sql: str) -> None:
+    """A trace callback: the ledger's INSERTs, as run."""
+    if sql.startswith("INSERT") and " agentguard_attempts " in sql:
+        seen.append(sql)
+
+
+@pytest.mark.parametrize(("limit", "most"), [(None, 64), (999, 32), (40, 2), (17, 1)])
+async def test_a_sqlite_batch_in_a_few_inserts_stores_what_an_insert_per_entry_stores(limit: int | None,
+                                                                                      most: int) -> None:
+    """On SQLite a batch's entries go in a few INSERTs of many rows each (``_chain.insert_rows``: a step per
+    statement, not per entry), beside ``executemany`` of the one-row INSERT (the reference): the same rows in the
+    same order (their ids), every value as bound (doubles exact, NULLs, quotes, newlines, non-ASCII). As many rows
+    to a statement as the connection's limit of variables allows (999 before SQLite 3.32; one row at the least),
+    at most ``ROWS_PER_INSERT``, the rest in powers of two: a handful of statements a batch, and of texts a
+    connection compiles."""
+    from sqlalchemy.dialects import sqlite as sqlite_dialect
+    from sqlalchemy.schema import CreateTable
+
+    from agentguard.stores import _chain
+    from agentguard.stores._attempts import ATTEMPTS, WRITTEN, attempts
+
+    ddl = str(CreateTable(attempts).compile(dialect=sqlite_dialect.dialect()))
+    chain = _chain.Chain(ATTEMPTS, WRITTEN, "0")
+    for n in (0, 1, 2, 3, 31, 64, 65, 127, 500):
+        entries = [(*SHAPES[i % 3][:6], f"entry {i}", *SHAPES[i % 3][7:10], SHAPES[i % 3][10] + i / 7,
+                    *SHAPES[i % 3][11:]) for i in range(n)]
+        rows, _ = _chain.place(_chain.prepared(entries), {s[0]: (0, _chain.GENESIS) for s in SHAPES})
+        stored = []
+        inserts: list[str] = []
+        for many in (False, True):
+            conn = sqlite3.connect(":memory:", isolation_level=None)
+            conn.execute(ddl)
+            if limit is not None:
+                conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
+            conn.set_trace_callback(functools.partial(_inserts_into, inserts))
+            if many:
+                conn.executemany(chain.sq_insert, rows)
+            else:
+                assert chain.rows_per_insert(conn) == most
+                _chain.insert_rows(conn, chain, rows)
+                assert len(inserts) == n // most + bin(n % most).count("1"), (n, most)
+            stored.append(conn.execute(f"SELECT * FROM {ATTEMPTS} ORDER BY id").fetchall())
+            conn.close()
+        assert stored[0] == stored[1]
+        assert [r[1:] for r in stored[0]] == [tuple(r) for r in rows]
+        assert [r[0] for r in stored[0]] == list(range(1, n + 1))
+    assert set(chain._inserts) <= {1 << b for b in range(7)}  # (powers of two up to 64: a handful of texts)
 
 
 async def _plan(store_url: str, sql: str, params: Any) -> str:
