@@ -347,15 +347,15 @@ def _inserts_into(seen: list[str], sql: str) -> None:
         seen.append(sql)
 
 
-@pytest.mark.parametrize(("limit", "most"), [(None, 64), (999, 32), (40, 2), (17, 1)])
-async def test_a_sqlite_batch_in_a_few_inserts_stores_what_an_insert_per_entry_stores(limit: int | None,
-                                                                                      most: int) -> None:
+@pytest.mark.parametrize(("limit", "most"), [(32766, 64), (999, 32), (40, 2), (17, 1)])
+async def test_a_sqlite_batch_in_a_few_inserts_stores_what_an_insert_per_entry_stores(limit: int, most: int) -> None:
     """On SQLite a batch's entries go in a few INSERTs of many rows each (``_chain.insert_rows``: a step per
     statement, not per entry), beside ``executemany`` of the one-row INSERT (the reference): the same rows in the
     same order (their ids), every value as bound (doubles exact, NULLs, quotes, newlines, non-ASCII). As many rows
     to a statement as the connection's limit of variables allows (999 before SQLite 3.32; one row at the least),
     at most ``ROWS_PER_INSERT``, the rest in powers of two: a handful of statements a batch, and of texts a
-    connection compiles."""
+    connection compiles. An entry the database refuses ends the batch's transaction, the entries of the statements
+    before its own too (``OR ROLLBACK``: as the batch's rollback ended it; then written again one by one)."""
     from sqlalchemy.dialects import sqlite as sqlite_dialect
     from sqlalchemy.schema import CreateTable
 
@@ -373,8 +373,7 @@ async def test_a_sqlite_batch_in_a_few_inserts_stores_what_an_insert_per_entry_s
         for many in (False, True):
             conn = sqlite3.connect(":memory:", isolation_level=None)
             conn.execute(ddl)
-            if limit is not None:
-                conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
             conn.set_trace_callback(functools.partial(_inserts_into, inserts))
             if many:
                 conn.executemany(chain.sq_insert, rows)
@@ -388,6 +387,20 @@ async def test_a_sqlite_batch_in_a_few_inserts_stores_what_an_insert_per_entry_s
         assert [r[1:] for r in stored[0]] == [tuple(r) for r in rows]
         assert [r[0] for r in stored[0]] == list(range(1, n + 1))
     assert set(chain._inserts) <= {1 << b for b in range(7)}  # (powers of two up to 64: a handful of texts)
+
+    entries = [(*SHAPES[0][:2], None if i == 2 * most + 1 else f"t-{i}", *SHAPES[0][3:]) for i in range(3 * most + 1)]
+    rows, _ = _chain.place(_chain.prepared(entries), {"s": (0, _chain.GENESIS)})
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute(ddl)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
+        conn.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+            _chain.insert_rows(conn, chain, rows)
+        assert not conn.in_transaction
+        assert conn.execute(f"SELECT count(*) FROM {ATTEMPTS}").fetchone() == (0,)
+    finally:
+        conn.close()
 
 
 async def _plan(store_url: str, sql: str, params: Any) -> str:
