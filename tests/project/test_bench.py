@@ -220,6 +220,21 @@ def test_the_digests_benchmark_runs(python: str) -> None:
 
 
 @pytest.mark.storeless
+def test_the_ledger_batch_benchmark_runs(python: str) -> None:
+    """``python -m benchmarks.ledger_batch`` on a small run: every way stored the same rows (the script compares
+    its files and fails otherwise), and a row is printed for each way with a time alone and beside the caller, the
+    caller's pace and its time lost. No time or ratio is asserted."""
+    cmd = [python, "-m", "benchmarks.ledger_batch", "--batches", "2", "--size", "70"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = {line[:28].strip(): line[28:].split() for line in proc.stdout.splitlines()[2:-1]}
+    assert list(rows) == ["executemany", "insert_rows", "insert_rows, plain INSERT"], proc.stdout
+    assert all(len(r) == 4 and float(r[0]) > 0 and float(r[1]) > 0 and float(r[3]) >= 0 for r in rows.values()), (
+        proc.stdout)
+    assert "the same rows stored by every way" in proc.stdout
+
+
+@pytest.mark.storeless
 @pytest.mark.parametrize("slices", ["0", "-2", "x"])
 def test_a_bad_number_of_slices_is_refused_before_anything_runs(python: str, slices: str) -> None:
     """``--slices`` takes a whole number, 1 or more; anything else is refused by name (exit 2), nothing started."""
