@@ -30,8 +30,11 @@ from .stores._attempts import DROPPED
 log = logging.getLogger("agentguard")
 
 QUEUE_MAX = 10_000  # entries waiting to be written, at most; beyond: dropped and counted
-BATCH = 500  # entries per insert
-INTERVAL = 0.2  # seconds the writer gathers entries before a write (it writes at once when a batch is full)
+BATCH = 500  # entries per batch (one transaction)
+# Seconds the writer gathers entries before a write, unless a full batch is queued as it starts to (batches then go
+# back to back; a writer woken as each batch fills measured no better: docs/benchmarks.md, "The ledger's batch in a few
+# statements")
+INTERVAL = 0.2
 
 _process = ""
 
