@@ -42,13 +42,18 @@ from agentguard.stores._attempts import ATTEMPTS, WRITTEN, attempts
 CHAIN = _chain.Chain(ATTEMPTS, WRITTEN, "0")
 
 
+class _PlainChain(_chain.Chain):
+    """The chain's statements with the many-row INSERTs made plain (no ``OR ROLLBACK``)."""
+
+    def sq_insert_rows(self, n: int) -> str:
+        return super().sq_insert_rows(n).replace("INSERT OR ROLLBACK INTO", "INSERT INTO", 1)
+
+
+PLAIN = _PlainChain(ATTEMPTS, WRITTEN, "0")
+
+
 def _plain(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    most, at = CHAIN.rows_per_insert(conn), 0
-    while at < len(rows):
-        n = min(most, 1 << ((len(rows) - at).bit_length() - 1))
-        sql = CHAIN.sq_insert_rows(n).replace("INSERT OR ROLLBACK INTO", "INSERT INTO", 1)
-        conn.execute(sql, [v for row in rows[at:at + n] for v in row])
-        at += n
+    _chain.insert_rows(conn, PLAIN, rows)
 
 
 def _each(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
