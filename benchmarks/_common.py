@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentguard import Guard, task
+from agentguard._lease import new_owner
 from agentguard.stores import Record, SQLStore, Store, record_of
 
 AMOUNT = 4900
@@ -189,9 +190,11 @@ async def observe(url: str, store_kw: dict[str, Any]) -> Observed:
 # -- the raw drivers ------------------------------------------------------------------------------------------
 
 def claim_params(obs: Observed, key: str, order: str, fence: int) -> dict[str, Any]:
-    """The parameters a guarded first call passed to its store's claim, for another key, order and fence."""
+    """The parameters a guarded first call passed to its store's claim, for another key, order and fence, and an
+    owner token of its own, as each of the guard's claims has."""
     p = obs.claim
-    return {**p, "key": key, "fence": fence, "operation": p["operation"].replace('"o-1"', f'"{order}"')}
+    return {**p, "key": key, "fence": fence, "owner": new_owner(),
+            "operation": p["operation"].replace('"o-1"', f'"{order}"')}
 
 
 class Raw:

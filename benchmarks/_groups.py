@@ -188,9 +188,10 @@ def _floors(
         key = keys["store"][i]
         value = await result(i, key)
         fence = await store.claim(raw.claim_params(key, orders[i], secrets.randbits(62)))
-        if not isinstance(fence, int) or not await store.complete(scope, key, fence, done["state"], value,
-                                                                   done["retention"]):
-            raise AssertionError("the store did not claim and complete a fresh key")
+        if not isinstance(fence, int):
+            raise AssertionError(f"the store did not claim a fresh key: its claim answered {fence!r}")
+        if not await store.complete(scope, key, fence, done["state"], value, done["retention"]):
+            raise AssertionError(f"the store did not complete a fresh key it claimed (fence {fence})")
 
     async def store_read(i: int) -> None:
         rec = await store.read(scope, keys["sread"][i])

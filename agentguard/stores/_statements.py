@@ -95,9 +95,16 @@ class Many:
 class Claims(Many):
     """Claims for many callers: rows of (owner, fence, ...). A caller whose owner token came back claimed its key
     (its fence, as the single statement's ``RETURNING fence``); the others found it taken (None, as that
-    statement's no row). The same key twice: the insert's conflict decides, as between two statements."""
+    statement's no row). The same key twice: the insert's conflict decides, as between two statements. An owner
+    token at most once a statement: it is how a row finds its caller (the machine's tokens are each claim's own;
+    a caller of the store that passes one twice has the second claim go in the next statement, answered as its
+    own statement would be, never with another's fence)."""
 
     __slots__ = ()
+
+    def joins(self, gathered: Iterable[dict[str, Any]], params: dict[str, Any]) -> bool:
+        owner = params["owner"]
+        return not any(p["owner"] == owner for p in gathered)
 
     def answers(self, rows: Sequence[Sequence[Any]], params: Sequence[dict[str, Any]]) -> list[tuple[Any, ...] | None]:
         claimed = {row[0]: row[1] for row in rows}

@@ -185,6 +185,41 @@ async def test_gathered_claims_answer_and_store_what_single_claims_do(store_url:
         await store.dispose()
 
 
+async def test_claims_sharing_an_owner_token_are_each_answered_as_their_own_statement_would_be(
+    store_url: str,
+) -> None:
+    """A row of the gathered claim finds its caller by the owner token. The machine's tokens are each claim's own,
+    but the store's ``claim`` is public: a caller that passes one token for several claims still gets, for each,
+    its own fence or the record that holds its key, never another claim's fence (the later claims go in
+    statements of their own, in their order)."""
+    store = SQLStore(store_url, pool_size=1)
+    sizes = counting(store, only=store.sql.claim_many)
+    _, lane = store._engines.here()
+    try:
+        owner = new_owner()
+        claims = [params("s", "k1", owner=owner), params("s", "k2", owner=owner), params("s", "k2", owner=owner),
+                  params("s", "k3")]
+        async with every_connection_in_use(store):
+            tasks = []
+            for p in claims:
+                tasks.append(asyncio.ensure_future(store.claim(p)))
+                for _ in range(10_000):  # until it waits in a gathered statement (each in its turn)
+                    if any(p is q for b in lane.gathering.values() for q, _ in b.calls):
+                        break
+                    await asyncio.sleep(0)
+                else:
+                    raise AssertionError("a claim never gathered")
+        got = await asyncio.gather(*tasks)
+        assert got[:2] + got[3:] == [claims[0]["fence"], claims[1]["fence"], claims[3]["fence"]]
+        assert isinstance(got[2], Record) and got[2].fence == claims[1]["fence"]
+        assert sizes == [2]  # the first two went alone (as the statement itself); k3, another owner's, joined the last
+        stored = {r[0]: (r[6], r[11]) for r in await rows(store, "s")}
+        assert stored == {"k1": (claims[0]["fence"], owner), "k2": (claims[1]["fence"], owner),
+                          "k3": (claims[3]["fence"], claims[3]["owner"])}
+    finally:
+        await store.dispose()
+
+
 async def test_a_claim_the_database_refuses_costs_the_others_nothing(store_url: str) -> None:
     store = SQLStore(store_url, pool_size=1)
     sizes = counting(store)
