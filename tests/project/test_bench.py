@@ -234,6 +234,34 @@ def test_the_ledger_batch_benchmark_runs(python: str) -> None:
     assert "the same rows stored by every way" in proc.stdout
 
 
+@pytest.mark.storeless  # (SQLite only: the race's stores are files of its own)
+@pytest.mark.slow
+def test_the_race_runs_on_grown_stores(python: str, tmp_path: Path) -> None:
+    """``python -m benchmarks --race --only sqlite --reps 1``: at ``FULL`` and at ``NORMAL`` every store (agentguard's,
+    agent-once's and the stdlib ``sqlite3`` floor's) is grown first, in chunks, and its first calls in the growth are
+    timed apart; the bodies ran once per first call, the growth's included, and never for a replay (the race checks
+    it: ``valid``); and every target of the race is judged. No time or ratio is asserted."""
+    out = tmp_path / "race.json"
+    cmd = [python, "-m", "benchmarks", "--race", "--only", "sqlite", "--reps", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    race = json.loads(out.read_text())["race"]
+    assert sorted(race) == ["agent_once", "sqlite FULL", "sqlite NORMAL"], race
+    for level in ("sqlite FULL", "sqlite NORMAL"):
+        got = race[level]
+        assert got["valid"] is True, got["runs"]
+        fresh = got["fresh store"]
+        assert fresh["calls"] == 2000
+        assert sorted(fresh["grown"]) == sorted(fresh["us"]) == ["agent-once", "agentguard", "stdlib sqlite3"], fresh
+        assert all(n >= 2000 and n % 500 == 0 for n in fresh["grown"].values()), fresh
+        assert all(us > 0 for us in fresh["us"].values()), fresh
+        ratios = [v for v in got.values() if isinstance(v, dict) and "ratios" in v]
+        assert len(ratios) == 10 and all(len(r["ratios"]) == 1 and r["ratio"] > 0 for r in ratios), got
+    targets = {t["id"]: t["result"] for t in json.loads(out.read_text())["targets"]}
+    assert len(targets) == 16 and set(targets.values()) <= {"PASS", "FAIL"}, targets
+    assert all(level in proc.stdout for level in ("sqlite FULL", "sqlite NORMAL", "fresh store")), proc.stdout
+
+
 @pytest.mark.storeless
 @pytest.mark.parametrize("slices", ["0", "-2", "x"])
 def test_a_bad_number_of_slices_is_refused_before_anything_runs(python: str, slices: str) -> None:
