@@ -16,7 +16,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from benchmarks import _load
+from benchmarks import _load, _race
 from benchmarks._drivers import dsn_of
 
 from conftest import BACKEND, ROOT
@@ -251,9 +251,9 @@ def test_the_race_runs_on_grown_stores(python: str, tmp_path: Path) -> None:
         got = race[level]
         assert got["valid"] is True, got["runs"]
         fresh = got["fresh store"]
-        assert fresh["calls"] == 2000
+        assert fresh["calls"] == _race.FRESH
         assert sorted(fresh["grown"]) == sorted(fresh["us"]) == ["agent-once", "agentguard", "stdlib sqlite3"], fresh
-        assert all(n >= 2000 and n % 500 == 0 for n in fresh["grown"].values()), fresh
+        assert all(n >= _race.FRESH and n % _race.GROW_CHUNK == 0 for n in fresh["grown"].values()), fresh
         assert all(us > 0 for us in fresh["us"].values()), fresh
         ratios = [v for v in got.values() if isinstance(v, dict) and "ratios" in v]
         assert len(ratios) == 10 and all(len(r["ratios"]) == 1 and r["ratio"] > 0 for r in ratios), got
