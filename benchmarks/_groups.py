@@ -18,6 +18,8 @@ from dataclasses import replace
 from typing import Any
 
 from agentguard import Guard, task
+from agentguard._calls import Replay
+from agentguard._drive import run as drive_plan
 from agentguard.stores import Record, Store
 
 from ._common import AMOUNT, Body, Raw, fake_key, guarded, guarded_sync, run_id
@@ -90,6 +92,29 @@ async def calls(
             await flushes["cached", False]()
             bodies[cached.name].runs = 0
 
+    def machine_alone(name: str, tag: str, ref: str) -> Variant:
+        """A replay by the state machine alone: the claim plan driven on the loop as the async driver drives it,
+        the replay decoded, for calls whose identity was derived before the slices (untimed). Between the store's
+        verb and the whole call: what a replay costs beyond the machine is the decorator's (binding, the identity),
+        the driver's and the observer's (the note, the ledger's entry)."""
+        closers.append((g := Guard(store=new_store(), ledger=False)).aclose)
+        spec = guarded(g, Body()).__agentguard__  # type: ignore[attr-defined]
+        machine = spec.machine
+        made: list[Any] = []  # the rep's calls, their identity derived
+
+        async def prepare(rep: int, k: int) -> None:
+            await replayed(tag)(rep, k)
+            with task(tids[tag]):
+                made[:] = [spec.call((orders[i], AMOUNT), {})[0] for i in range(k)]
+
+        async def call(i: int) -> None:
+            outcome = await drive_plan(machine, machine.begin(made[i % len(made)]))
+            if not isinstance(outcome, Replay):
+                raise AssertionError(f"the state machine did not replay a completed call: {outcome!r}")
+            outcome.result()
+
+        return Variant(name, call, prepare, ref)
+
     plain = Body()
 
     async def unguarded(i: int) -> None:
@@ -116,7 +141,8 @@ async def calls(
                            sync=True)]
     if callers == 1:
         cached = guard("agentguard: cached replay", "cached", fill_cache, ref=replay_ref)
-        variants += [*replays, guard("agentguard: replay", "replay", replayed("replay"), ref=replay_ref),
+        variants += [*replays, machine_alone("agentguard, the state machine alone: replay", "mreplay", replay_ref),
+                     guard("agentguard: replay", "replay", replayed("replay"), ref=replay_ref),
                      guard("agentguard: replay, first of its task", "lone", replayed("lone", True), True, replay_ref),
                      cached, *(replace(v, ref=first_ref if v.name.endswith("first call") else replay_ref)
                                for v, _ in peers)]

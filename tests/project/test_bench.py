@@ -50,7 +50,8 @@ def test_quick_benchmark_runs(store_url: str, tmp_path: Path, python: str) -> No
         assert all("unavailable" not in v for v in doc["groups"][key]["variants"]), doc["groups"][key]
     names = {v["name"] for v in doc["groups"][f"{BACKEND}.sequential"]["variants"]}
     assert {"unguarded call", "agentguard: first call", "agentguard: replay", "agentguard: replay, first of its task",
-            "agentguard: cached replay", "store only (SQLStore): claim + complete"} <= names
+            "agentguard: cached replay", "store only (SQLStore): claim + complete",
+            "agentguard, the state machine alone: replay"} <= names
     if BACKEND == "postgres":  # a sync tool, beside the driver on its own thread (psycopg, as its statements are)
         assert {"raw psycopg: claim + complete", "raw psycopg: SELECT", "agentguard: sync tool, first call",
                 "agentguard: sync tool, replay"} <= names
